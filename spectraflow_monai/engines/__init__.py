@@ -1,1 +1,19 @@
-__all__: list[str] = []
+"""Training engines of SpectraFlow (Stage-1 MeanFlow pretraining as a MONAI trainer)."""
+
+from .pretrainer import (
+    EncoderExportHandler,
+    MeanFlowPretrainer,
+    encoder_export_state_dict,
+    linear_lr_schedule,
+    normalize_latent,
+    save_encoder_export,
+)
+
+__all__: list[str] = [
+    "EncoderExportHandler",
+    "MeanFlowPretrainer",
+    "encoder_export_state_dict",
+    "linear_lr_schedule",
+    "normalize_latent",
+    "save_encoder_export",
+]

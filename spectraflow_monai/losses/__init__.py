@@ -1,1 +1,11 @@
-__all__: list[str] = []
+from .dice_bce_boundary import DiceBCEBoundaryLoss
+from .dispersive import DispersiveLoss
+from .meanflow import MeanFlowLoss, math_sdpa, meanflow_target
+
+__all__: list[str] = [
+    "DiceBCEBoundaryLoss",
+    "DispersiveLoss",
+    "MeanFlowLoss",
+    "math_sdpa",
+    "meanflow_target",
+]

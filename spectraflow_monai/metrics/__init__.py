@@ -1,1 +1,28 @@
+from .handler import MetricSuiteHandler, name_from_path
+from .segmentation import (
+    EMPTY_CONVENTIONS,
+    METRIC_KEYS,
+    SegmentationMetricSuite,
+    binarize_prediction,
+    evaluate_segmentation,
+    write_text_atomic,
+)
+from .surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled, transunet_case_metrics
+
 __all__: list[str] = []
+
+__all__ += [
+    "EMPTY_CONVENTIONS",
+    "HD95_DEFINITIONS",
+    "HD95_SHORT_LABELS",
+    "METRIC_KEYS",
+    "MetricSuiteHandler",
+    "SegmentationMetricSuite",
+    "binarize_prediction",
+    "evaluate_segmentation",
+    "hd95_monai",
+    "hd95_pooled",
+    "name_from_path",
+    "transunet_case_metrics",
+    "write_text_atomic",
+]

@@ -1,1 +1,6 @@
-__all__: list[str] = []
+"""Full networks of SpectraFlow: the segmentation network and the Stage-1 MeanFlow head."""
+
+from .meanflow_head import MeanFlowHead
+from .spectraflow import SpectraFlowNet
+
+__all__: list[str] = ["MeanFlowHead", "SpectraFlowNet"]

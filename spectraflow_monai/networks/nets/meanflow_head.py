@@ -193,7 +193,7 @@ class MeanFlowHead(nn.Module):
         self.norm_out = nn.LayerNorm(hidden_channels, elementwise_affine=False, eps=1e-6)
         self.ada_ln_out = nn.Sequential(nn.SiLU(), nn.Linear(hidden_channels, 2 * hidden_channels))
         self.out_proj = nn.Linear(hidden_channels, in_channels)
-        self._pos_cache: dict[tuple[int, int], Tensor] = {}
+        self._pos_cache: dict[tuple, Tensor] = {}
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -215,13 +215,15 @@ class MeanFlowHead(nn.Module):
         nn.init.zeros_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
-    def _pos_embed(self, h: int, w: int) -> Tensor:
-        if (h, w) not in self._pos_cache:
+    def _pos_embed(self, h: int, w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """Fixed 2-D sin-cos position embedding ``(1, h*w, hidden_channels)``, cached per grid, device and dtype."""
+        key = (h, w, str(device), dtype)
+        if key not in self._pos_cache:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # monai's meshgrid call omits `indexing`
                 pe = build_sincos_position_embedding([h, w], self.hidden_channels, spatial_dims=2).data
-            self._pos_cache[(h, w)] = pe
-        return self._pos_cache[(h, w)]
+            self._pos_cache[key] = pe.to(device=device, dtype=dtype)
+        return self._pos_cache[key]
 
     @staticmethod
     def _as_batch_times(x: Tensor | float, batch: int, name: str, ref: Tensor) -> Tensor:
@@ -229,7 +231,9 @@ class MeanFlowHead(nn.Module):
         if x.ndim == 0:
             return x.expand(batch)
         if x.numel() != batch or any(d != 1 for d in x.shape[1:]) or x.shape[0] != batch:
-            raise ValueError(f"{name} must be a scalar or have shape ({batch},) or ({batch}, 1, ...), got {tuple(x.shape)}.")
+            raise ValueError(
+                f"{name} must be a scalar or have shape ({batch},) or ({batch}, 1, ...), got {tuple(x.shape)}."
+            )
         return x.reshape(batch)
 
     def forward(self, z: Tensor, t: Tensor, s: Tensor, domain: Tensor | None = None) -> Tensor:
@@ -259,12 +263,13 @@ class MeanFlowHead(nn.Module):
                 domain_idx = torch.as_tensor(domain, device=z.device)
                 if domain_idx.is_floating_point() or domain_idx.is_complex():
                     raise ValueError(f"domain must hold integers, got dtype {domain_idx.dtype}.")
+                domain_shape = tuple(domain_idx.shape)
                 domain_idx = domain_idx.long()
                 if domain_idx.ndim == 0:
                     domain_idx = domain_idx.expand(b)
                 domain_idx = domain_idx.reshape(-1)
                 if domain_idx.numel() != b:
-                    raise ValueError(f"domain must be a scalar or have {b} entries, got shape {tuple(domain.shape)}.")
+                    raise ValueError(f"domain must be a scalar or have {b} entries, got shape {domain_shape}.")
                 lo, hi = int(domain_idx.min()), int(domain_idx.max())
                 if lo < 0 or hi >= self.num_domains:
                     raise ValueError(
@@ -275,7 +280,7 @@ class MeanFlowHead(nn.Module):
             raise ValueError("domain was given but the head was built with num_domains=0.")
 
         x = self.in_proj(z.flatten(2).transpose(1, 2))  # (B, h*w, D)
-        x = x + self._pos_embed(h, w).to(device=x.device, dtype=x.dtype)
+        x = x + self._pos_embed(h, w, x.device, x.dtype)
         for block in self.blocks:
             x = block(x, c, (h, w))
         shift, scale = self.ada_ln_out(c).chunk(2, dim=-1)

@@ -1,0 +1,189 @@
+"""Stage-2 segmentation loss of SpectraFlow: Dice + (B)CE + beta * boundary loss.
+
+SpectraFlow (Chen et al.), Sec. "Stage-2: Segmentation Finetuning", eq. 7: ``L_S2 = L_seg + beta * L_bd`` where
+``L_seg`` combines Dice and BCE and ``L_bd`` is a boundary term. The region term is MONAI's ``DiceCELoss`` and the
+boundary term MONAI's ``BoundaryLoss`` (Kervadec et al., "Boundary loss for highly unbalanced segmentation",
+MIDL 2019), whose weight can be ramped up over the first epochs as in Kervadec et al.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.modules.loss import _Loss
+
+from monai.losses import BoundaryLoss, DiceCELoss
+
+__all__ = ["DiceBCEBoundaryLoss"]
+
+
+class DiceBCEBoundaryLoss(_Loss):
+    """``lambda_dice * Dice + lambda_ce * (B)CE + beta * Boundary``, the Stage-2 loss of SpectraFlow (eq. 7).
+
+    - Binary / multi-label (``sigmoid=True``, the default): ``input`` holds logits (B, N, H, W[, D]) and ``target``
+      the same shape in {0, 1}; the CE term is ``BCEWithLogitsLoss``.
+    - Multi-class (``softmax=True``, e.g. Synapse with 9 channels): ``input`` holds logits (B, N, H, W[, D]);
+      ``target`` is a class-index map (B, 1, H, W[, D]) with ``to_onehot_y=True``, or one-hot (B, N, ...);
+      the CE term is ``CrossEntropyLoss``.
+
+    ``Dice + CE`` is ``monai.losses.DiceCELoss`` and the boundary term is ``monai.losses.BoundaryLoss``
+    (``mean(p * phi)`` with ``phi`` the signed distance map of the ground truth, in pixels; computed per (b, c)
+    under ``no_grad``: cuCIM on CUDA tensors when installed, scipy otherwise). Because ``phi`` is measured in
+    pixels, ``beta`` should be small (0.01 following Kervadec et al.). ``beta = 0`` skips the distance transforms.
+
+    Ramping ``beta``: with ``beta_max`` and ``ramp_epochs`` set, ``set_epoch(e)`` (``e`` = 0-based epoch index)
+    sets ``beta = beta_start + (beta_max - beta_start) * min(e, ramp_epochs) / ramp_epochs``, reaching ``beta_max``
+    at epoch ``ramp_epochs`` and staying there. With ignite / ``monai.engines`` call it on ``EPOCH_STARTED``;
+    :meth:`attach` does exactly that, so the loss object itself can be listed among a trainer's ``train_handlers``
+    (in a bundle config: ``"train_handlers": ["@loss", ...]``)::
+
+        loss = DiceBCEBoundaryLoss(beta=0.01, beta_max=0.1, ramp_epochs=20)
+        loss.attach(trainer)  # same as:
+        # trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: loss.set_epoch(e.state.epoch - 1))
+
+    Args:
+        sigmoid: apply a sigmoid to the logits for the Dice and boundary terms; CE is BCE-with-logits.
+            Defaults to True.
+        softmax: apply a softmax to the logits for the Dice and boundary terms; CE is cross entropy.
+            Exactly one of ``sigmoid`` / ``softmax`` must be True (the CE term always takes logits).
+            Defaults to False.
+        to_onehot_y: convert a class-index ``target`` (B, 1, ...) to one-hot using ``input.shape[1]`` classes.
+            Defaults to False.
+        include_background: if False, channel 0 is excluded from the Dice and boundary terms (not from CE, as in
+            ``DiceCELoss``). Defaults to True.
+        lambda_dice: weight of the Dice term, >= 0. Defaults to 1.0.
+        lambda_ce: weight of the (B)CE term, >= 0. Defaults to 1.0.
+        beta: weight of the boundary term (the starting value when ramping), >= 0. Defaults to 0.01.
+        beta_max: final boundary weight of the linear ramp, >= ``beta``; None disables the ramp. Defaults to None.
+        ramp_epochs: number of epochs of the ramp, >= 0; must be > 0 when ``beta_max`` differs from ``beta``.
+            Defaults to 0.
+        smooth_nr: numerator smoothing of the Dice term. Defaults to 1e-5.
+        smooth_dr: denominator smoothing of the Dice term. Defaults to 1e-5.
+        reduction: ``"mean"`` or ``"sum"`` over batch and channels (``"none"`` is not supported by
+            ``DiceCELoss``). Defaults to ``"mean"``.
+
+    Raises:
+        ValueError: when both or neither of ``sigmoid`` / ``softmax`` are set, a weight is negative,
+            ``beta_max < beta``, ``ramp_epochs`` is negative (or 0 with a ramp), or ``reduction`` is unsupported.
+    """
+
+    def __init__(
+        self,
+        sigmoid: bool = True,
+        softmax: bool = False,
+        to_onehot_y: bool = False,
+        include_background: bool = True,
+        lambda_dice: float = 1.0,
+        lambda_ce: float = 1.0,
+        beta: float = 0.01,
+        beta_max: float | None = None,
+        ramp_epochs: int = 0,
+        smooth_nr: float = 1e-5,
+        smooth_dr: float = 1e-5,
+        reduction: str = "mean",
+    ) -> None:
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
+        super().__init__(reduction=reduction)
+        if sigmoid and softmax:
+            raise ValueError("sigmoid and softmax cannot both be True, got sigmoid=True, softmax=True.")
+        if not sigmoid and not softmax:
+            raise ValueError(
+                "one of sigmoid / softmax must be True (the CE term takes logits), got sigmoid=False, softmax=False."
+            )
+        for name, value in (("lambda_dice", lambda_dice), ("lambda_ce", lambda_ce), ("beta", beta)):
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}.")
+        if beta_max is not None and not beta_max >= beta:
+            raise ValueError(f"beta_max must be >= beta ({beta!r}), got {beta_max!r}.")
+        if isinstance(ramp_epochs, bool) or int(ramp_epochs) != ramp_epochs or ramp_epochs < 0:
+            raise ValueError(f"ramp_epochs must be an integer >= 0, got {ramp_epochs!r}.")
+        if beta_max is not None and beta_max != beta and ramp_epochs == 0:
+            raise ValueError(f"ramp_epochs must be > 0 to ramp beta from {beta!r} to beta_max={beta_max!r}, got 0.")
+
+        self.sigmoid = sigmoid
+        self.softmax = softmax
+        self.to_onehot_y = to_onehot_y
+        self.beta_start = float(beta)
+        self.beta_max = None if beta_max is None else float(beta_max)
+        self.ramp_epochs = int(ramp_epochs)
+        self._beta = float(beta)
+        self.dice_ce = DiceCELoss(
+            include_background=include_background,
+            to_onehot_y=to_onehot_y,
+            sigmoid=sigmoid,
+            softmax=softmax,
+            reduction=reduction,
+            smooth_nr=smooth_nr,
+            smooth_dr=smooth_dr,
+            lambda_dice=lambda_dice,
+            lambda_ce=lambda_ce,
+        )
+        self.boundary = BoundaryLoss(
+            include_background=include_background,
+            to_onehot_y=to_onehot_y,
+            sigmoid=sigmoid,
+            softmax=softmax,
+            reduction=reduction,
+        )
+
+    @property
+    def beta(self) -> float:
+        """The current weight of the boundary term."""
+        return self._beta
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set ``beta`` for the 0-based ``epoch`` following the linear ramp (a no-op without ``beta_max``).
+
+        Args:
+            epoch: 0-based epoch index (ignite's ``engine.state.epoch - 1`` at ``EPOCH_STARTED``); negative values
+                are treated as 0.
+        """
+        if self.beta_max is None or self.ramp_epochs == 0:
+            return
+        frac = min(max(int(epoch), 0), self.ramp_epochs) / self.ramp_epochs
+        self._beta = self.beta_start + (self.beta_max - self.beta_start) * frac
+
+    def attach(self, engine: Any) -> None:
+        """Register :meth:`set_epoch` on an ignite engine's ``EPOCH_STARTED`` event (MONAI handler protocol).
+
+        Args:
+            engine: an ``ignite.engine.Engine`` (e.g. a ``monai.engines.SupervisedTrainer``).
+        """
+        from ignite.engine import Events
+
+        engine.add_event_handler(Events.EPOCH_STARTED, lambda e: self.set_epoch(e.state.epoch - 1))
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """
+        Args:
+            input: logits of shape (B, N, H, W[, D]).
+            target: (B, N, H, W[, D]) binary / one-hot, or (B, 1, H, W[, D]) class indices with ``to_onehot_y``.
+
+        Raises:
+            ValueError: when the shapes of ``input`` and ``target`` are incompatible.
+        """
+        if input.dim() not in (4, 5):
+            raise ValueError(f"input must be (B, N, H, W) or (B, N, H, W, D) logits, got shape {tuple(input.shape)}.")
+        if target.dim() != input.dim() or target.shape[0] != input.shape[0] or target.shape[2:] != input.shape[2:]:
+            raise ValueError(
+                "target must have the batch and spatial shape of input, got input shape "
+                f"{tuple(input.shape)} and target shape {tuple(target.shape)}."
+            )
+        n_in, n_t = input.shape[1], target.shape[1]
+        if n_t != n_in and not (n_t == 1 and self.to_onehot_y and n_in > 1):
+            hint = " (set to_onehot_y=True for a class-index target)" if n_t == 1 else ""
+            raise ValueError(
+                f"target has {n_t} channel(s) but input has {n_in}{hint}: input shape {tuple(input.shape)}, "
+                f"target shape {tuple(target.shape)}."
+            )
+        if self.to_onehot_y and n_in > 1 and n_t != 1:
+            raise ValueError(
+                f"to_onehot_y=True expects a class-index target with 1 channel, got target shape {tuple(target.shape)}"
+                f" for input shape {tuple(input.shape)} (set to_onehot_y=False for a one-hot target)."
+            )
+        loss: torch.Tensor = self.dice_ce(input, target)
+        if self._beta > 0:
+            loss = loss + self._beta * self.boundary(input, target)
+        return loss

@@ -1,0 +1,176 @@
+"""An ignite handler that feeds :class:`~spectraflow_monai.metrics.SegmentationMetricSuite` during evaluation.
+
+It complements MONAI's metric handlers (``MeanDice``, ``MeanIoUHandler``, ``ConfusionMatrix``, ``HausdorffDistance``,
+which give the curves): at the end of each evaluation epoch it writes the per-image ``metrics.csv``, the Markdown
+``summary.md`` table of the SpectraFlow protocol (Chen et al.) and ``summary.json``, and logs the table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from monai.config import IgniteInfo
+from monai.handlers.utils import from_engine
+from monai.utils import min_version, optional_import
+
+from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
+
+Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
+if TYPE_CHECKING:
+    from ignite.engine import Engine
+else:
+    Engine, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Engine")
+
+__all__ = ["MetricSuiteHandler", "name_from_path"]
+
+_EXTENSIONS = (".nii.gz", ".nii", ".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy", ".npz", ".h5", ".nrrd")
+
+
+def name_from_path(path: Any) -> str:
+    """The file name of ``path`` without its folder and known image extension (``a/b/case1.nii.gz`` -> ``case1``)."""
+    s = str(path)
+    base = os.path.basename(s.rstrip("/\\")) or s
+    low = base.lower()
+    for ext in _EXTENSIONS:
+        if low.endswith(ext) and len(base) > len(ext):
+            return base[: -len(ext)]
+    return base
+
+
+def _item_name(item: Any, name_key: str, meta_keys: Sequence[str]) -> Any:
+    """Find an image name in one decollated batch item (a dict), or None."""
+    if not isinstance(item, Mapping):
+        return None
+    if name_key in item:
+        return item[name_key]
+    for key in meta_keys:
+        value = item.get(key)
+        meta = getattr(value, "meta", None)
+        if isinstance(meta, Mapping) and name_key in meta:
+            return meta[name_key]
+        meta = item.get(f"{key}_meta_dict")
+        if isinstance(meta, Mapping) and name_key in meta:
+            return meta[name_key]
+    return None
+
+
+class MetricSuiteHandler:
+    """Collect per-image SpectraFlow metrics during an ignite evaluation and write the reports at epoch end.
+
+    Events: ``EPOCH_STARTED`` resets the suite, ``ITERATION_COMPLETED`` scores ``output_transform(engine.state.output)``
+    (binary masks after post-transforms, e.g. ``Activationsd`` + ``AsDiscreted(threshold=0.5)``), and
+    ``EPOCH_COMPLETED`` writes ``metrics.csv``, ``summary.md`` and ``summary.json`` into ``output_dir`` (atomically),
+    logs the Markdown table with ``engine.logger`` and stores the summary in :attr:`last_summary`.
+
+    Image names come from ``batch_transform(engine.state.batch)`` (as in :class:`monai.handlers.MetricsSaver`): for a
+    decollated list of dicts (or a collated dict) the handler looks for ``name_key`` in the item itself, then in the
+    ``.meta`` of the MetaTensors under ``meta_keys`` (and the legacy ``<key>_meta_dict``); paths are shortened to the
+    file name without extension. Items without a name are numbered.
+
+    The handler runs in one process; in a multi-process evaluation each rank would only see its own images.
+
+    Args:
+        output_dir: folder for the reports (created when missing).
+        suite: the metric suite to fill; defaults to ``SegmentationMetricSuite()``.
+        output_transform: maps ``engine.state.output`` to ``(pred, label)``, each a batch tensor or a list of
+            per-image (C, *spatial) tensors. Defaults to ``from_engine(["pred", "label"])``.
+        batch_transform: maps ``engine.state.batch`` to what names are read from. Defaults to identity.
+        name_key: key of the image name. Defaults to ``"filename_or_obj"``.
+        meta_keys: keys whose MetaTensor metadata may hold ``name_key``. Defaults to ``("image", "label", "pred")``.
+        csv_name: per-image CSV file name. Defaults to ``"metrics.csv"``.
+        summary_name: Markdown summary file name. Defaults to ``"summary.md"``.
+        json_name: JSON summary file name, ``None`` to skip. Defaults to ``"summary.json"``.
+        metric_prefix: when not ``None``, the scalar summary values are also put in ``engine.state.metrics`` under
+            ``f"{metric_prefix}{key}"`` (e.g. ``suite_mDSC``). Defaults to ``None``.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        suite: SegmentationMetricSuite | None = None,
+        output_transform: Callable = from_engine(["pred", "label"]),
+        batch_transform: Callable = lambda x: x,
+        name_key: str = "filename_or_obj",
+        meta_keys: Sequence[str] = ("image", "label", "pred"),
+        csv_name: str = "metrics.csv",
+        summary_name: str = "summary.md",
+        json_name: str | None = "summary.json",
+        metric_prefix: str | None = None,
+    ) -> None:
+        if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
+            raise ValueError(f"output_dir must be a non-empty path, got {output_dir!r}.")
+        if suite is not None and not isinstance(suite, SegmentationMetricSuite):
+            raise ValueError(f"suite must be a SegmentationMetricSuite, got {type(suite).__name__}.")
+        self.output_dir = os.fspath(output_dir)
+        self.suite = suite if suite is not None else SegmentationMetricSuite()
+        self.output_transform = output_transform
+        self.batch_transform = batch_transform
+        self.name_key = name_key
+        self.meta_keys = tuple(meta_keys)
+        self.csv_name, self.summary_name, self.json_name = csv_name, summary_name, json_name
+        self.metric_prefix = metric_prefix
+        self.last_summary: dict[str, Any] | None = None
+
+    def attach(self, engine: Engine) -> None:
+        """Register the handler's events on ``engine``."""
+        engine.add_event_handler(Events.EPOCH_STARTED, self.epoch_started)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.iteration_completed)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.epoch_completed)
+
+    def epoch_started(self, engine: Engine) -> None:
+        """Reset the suite."""
+        self.suite.reset()
+
+    @staticmethod
+    def _stack(x: Any, what: str) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            return x
+        if isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(i, torch.Tensor) for i in x):
+            return torch.stack([i.as_tensor() if hasattr(i, "as_tensor") else i for i in x], dim=0)
+        raise ValueError(
+            f"output_transform must give ({what} batch tensor or list of per-image tensors), got {type(x).__name__}."
+        )
+
+    def _names(self, engine: Engine, batch_size: int) -> list[str]:
+        data = self.batch_transform(engine.state.batch)
+        found: list[Any] = []
+        if isinstance(data, Mapping):
+            value = _item_name(data, self.name_key, self.meta_keys)
+            if isinstance(value, (list, tuple)):
+                found = list(value)
+            elif value is not None and batch_size == 1:
+                found = [value]
+        elif isinstance(data, (list, tuple)):
+            found = [_item_name(item, self.name_key, self.meta_keys) for item in data]
+        if len(found) != batch_size:
+            found = [None] * batch_size
+        offset = len(self.suite)
+        return [
+            name_from_path(n) if n is not None else f"image_{offset + i:05d}" for i, n in enumerate(found)
+        ]
+
+    def iteration_completed(self, engine: Engine) -> None:
+        """Score the iteration's predictions."""
+        out = self.output_transform(engine.state.output)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError("output_transform must return (pred, label).")
+        pred, label = self._stack(out[0], "pred"), self._stack(out[1], "label")
+        self.suite.update(pred, label, name=self._names(engine, pred.shape[0]))
+
+    def epoch_completed(self, engine: Engine) -> None:
+        """Write the reports, log the table and optionally publish the summary in ``engine.state.metrics``."""
+        summary = self.suite.save(self.output_dir, self.csv_name, self.summary_name, self.json_name)
+        self.last_summary = summary
+        engine.logger.info(
+            "SpectraFlow metric suite (%d images), reports in %s:\n%s",
+            len(self.suite),
+            self.output_dir,
+            self.suite.summary_markdown(summary),
+        )
+        if self.metric_prefix is not None:
+            for key, value in summary.items():
+                if isinstance(value, float):
+                    engine.state.metrics[f"{self.metric_prefix}{key}"] = value

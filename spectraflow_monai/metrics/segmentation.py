@@ -1,0 +1,461 @@
+"""The SpectraFlow evaluation protocol: per-image mIoU, mDSC, recall, precision and HD95, averaged over a set.
+
+SpectraFlow (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for Medical Image
+Segmentation", Sec. "Datasets and Metrics") computes every metric per image at 224x224 and averages over the
+evaluation set; overlap metrics are reported in percent and HD95 in pixels. The pieces come from ``monai.metrics``
+(:func:`~monai.metrics.compute_dice`, :func:`~monai.metrics.compute_iou`,
+:func:`~monai.metrics.get_confusion_matrix`, :func:`~monai.metrics.compute_hausdorff_distance`); this module adds the
+bookkeeping (per-image rows with names, empty-mask conventions, both HD95 definitions, CSV and Markdown reports).
+
+Empty-mask conventions (argument ``empty`` of :class:`SegmentationMetricSuite`):
+
+==============================  ==================  ==================  ==================
+case (per image and class)      ``"one"`` (default)  ``"nan"``           ``"monai"``
+==============================  ==================  ==================  ==================
+both empty: Dice, IoU           1                   NaN                 NaN
+both empty: precision, recall   1                   NaN                 NaN
+gt empty, pred not: Dice, IoU   0                   0                   NaN
+gt empty, pred not: recall      0                   NaN                 NaN
+gt empty, pred not: precision   0                   0                   0
+pred empty, gt not: Dice, IoU   0                   0                   0
+pred empty, gt not: precision   0                   NaN                 NaN
+pred empty, gt not: recall      0                   0                   0
+either empty: HD95 (both defs)  NaN                 NaN                 NaN
+==============================  ==================  ==================  ==================
+
+``"one"`` scores a correct "nothing here" as perfect (the clinical reading) and every other undefined ratio (0/0) as
+0, so an empty prediction is never rewarded. ``"nan"`` leaves every 0/0 ratio undefined. ``"monai"`` reproduces
+MONAI's defaults (``ignore_empty=True``: Dice/IoU are NaN whenever the ground truth is empty; confusion-matrix ratios
+are NaN when their denominator is 0), i.e. the values MONAI's ``MeanDice``/``MeanIoUHandler``/``ConfusionMatrix``
+handlers average. NaN values are excluded from the means and counted in the summary (``excluded``). HD95 is
+undefined whenever either mask is empty under every convention; the TransUNet conventions for Synapse are in
+:func:`~spectraflow_monai.metrics.surface.transunet_case_metrics`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.metrics import compute_confusion_matrix_metric, compute_dice, compute_iou, get_confusion_matrix
+from monai.networks.utils import one_hot
+
+from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled
+
+__all__ = [
+    "EMPTY_CONVENTIONS",
+    "METRIC_KEYS",
+    "SegmentationMetricSuite",
+    "binarize_prediction",
+    "evaluate_segmentation",
+    "write_text_atomic",
+]
+
+EMPTY_CONVENTIONS = ("one", "nan", "monai")
+#: per-row metric keys, in CSV column order (HD95 keys are added for the selected definitions)
+METRIC_KEYS = ("iou", "dice", "recall", "precision")
+_SUMMARY_NAMES = {"iou": "mIoU", "dice": "mDSC", "recall": "recall", "precision": "precision"}
+_MARKDOWN_LABELS = {"mIoU": "mIoU", "mDSC": "mDSC", "recall": "Recall", "precision": "Precision"}
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then ``os.replace``)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def binarize_prediction(
+    logits: torch.Tensor | np.ndarray, sigmoid: bool = True, threshold: float = 0.5
+) -> torch.Tensor:
+    """Turn network outputs into the binary masks :class:`SegmentationMetricSuite` expects.
+
+    Args:
+        logits: (B, C, *spatial) network output. With C == 1 it is a foreground logit (or probability when
+            ``sigmoid=False``) and the result is ``act(logits) > threshold`` with shape (B, 1, *spatial). With C > 1
+            the result is the one-hot encoded argmax over channels, shape (B, C, *spatial).
+        sigmoid: apply a sigmoid before thresholding (single channel only). Defaults to ``True``.
+        threshold: foreground threshold for the single-channel case. Defaults to 0.5.
+
+    Returns:
+        A float tensor of 0/1 values.
+    """
+    x = torch.as_tensor(logits)
+    if x.ndim < 3:
+        raise ValueError(f"logits must have shape (B, C, *spatial), got {tuple(x.shape)}.")
+    if x.shape[1] == 1:
+        x = x.float()
+        if sigmoid:
+            x = torch.sigmoid(x)
+        return (x > threshold).float()
+    return one_hot(torch.argmax(x, dim=1, keepdim=True), num_classes=x.shape[1], dim=1)
+
+
+def _to_tensor(x: Any, name: str) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor or numpy array, got {type(x).__name__}.")
+    x = x.detach()
+    x = x.as_tensor() if hasattr(x, "as_tensor") else x  # MetaTensor -> plain tensor
+    return x.cpu().double()
+
+
+def _nanmean(values: Sequence[float]) -> tuple[float, int]:
+    """Mean of the finite values and the number of NaNs left out."""
+    arr = np.asarray(values, dtype=np.float64)
+    nan = np.isnan(arr)
+    kept = arr[~nan]
+    return (float(kept.mean()) if kept.size else float("nan")), int(nan.sum())
+
+
+class SegmentationMetricSuite:
+    """Per-image segmentation metrics of the SpectraFlow protocol, built on ``monai.metrics``.
+
+    For every image (and every foreground class) the suite records Dice, IoU, precision, recall and HD95 in the
+    selected definitions (see :mod:`spectraflow_monai.metrics.surface`), then averages over images: the SpectraFlow
+    paper (Chen et al.) reports mIoU, mDSC, recall, precision in percent and HD95 in pixels, per image at 224x224.
+    For multi-class input each class is averaged over images first, then the classes are averaged (the TransUNet
+    Synapse convention). Empty-mask conventions are described in the module docstring.
+
+    Example::
+
+        suite = SegmentationMetricSuite()
+        suite.update(binarize_prediction(logits), labels, name=["a", "b"])
+        suite.summary()["mDSC"], suite.summary_markdown()
+
+    Args:
+        hd95: HD95 definition(s) to compute, ``"monai"`` and/or ``"pooled"``; an empty sequence or ``None`` skips
+            HD95. Defaults to ``("monai", "pooled")``.
+        include_background: for multi-channel (one-hot) input, whether channel 0 is scored. Single-channel binary
+            input is always the foreground. Defaults to ``False``.
+        empty: empty-mask convention, ``"one"``, ``"nan"`` or ``"monai"``. Defaults to ``"one"``.
+        num_classes: number of classes (background included) when masks are given as (B, 1, ...) integer label maps
+            with more than two classes; ``None`` means single-channel input is binary. Defaults to ``None``.
+        class_names: names of the scored classes in channel order (background included when
+            ``include_background``); defaults to ``"foreground"`` for binary input and the channel index otherwise.
+        spacing: default pixel/voxel size for HD95 (``None``: pixels); ``update`` may override it per call.
+    """
+
+    def __init__(
+        self,
+        hd95: str | Sequence[str] | None = ("monai", "pooled"),
+        include_background: bool = False,
+        empty: str = "one",
+        num_classes: int | None = None,
+        class_names: Sequence[str] | None = None,
+        spacing: float | Sequence[float] | None = None,
+    ) -> None:
+        defs = (hd95,) if isinstance(hd95, str) else tuple(hd95 or ())
+        for d in defs:
+            if d not in HD95_DEFINITIONS:
+                raise ValueError(f"hd95 must be a subset of {tuple(HD95_DEFINITIONS)}, got {hd95!r}.")
+        if len(set(defs)) != len(defs):
+            raise ValueError(f"hd95 must not repeat a definition, got {hd95!r}.")
+        if empty not in EMPTY_CONVENTIONS:
+            raise ValueError(f"empty must be one of {EMPTY_CONVENTIONS}, got {empty!r}.")
+        if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
+            raise ValueError(f"num_classes must be None or an integer >= 2, got {num_classes!r}.")
+        self.hd95 = defs
+        self.include_background = bool(include_background)
+        self.empty = empty
+        self.num_classes = num_classes
+        self.class_names = None if class_names is None else [str(c) for c in class_names]
+        self.spacing = spacing
+        self._rows: list[dict[str, Any]] = []
+        self._count = 0
+        self._units = "pixels" if spacing is None else "spacing units"
+
+    # ------------------------------------------------------------------ inputs
+    @property
+    def metric_keys(self) -> tuple[str, ...]:
+        """Per-row metric keys: ``iou, dice, recall, precision`` then ``hd95_<definition>``."""
+        return METRIC_KEYS + tuple(f"hd95_{d}" for d in self.hd95)
+
+    def reset(self) -> None:
+        """Forget all recorded images."""
+        self._rows = []
+        self._count = 0
+        self._units = "pixels" if self.spacing is None else "spacing units"
+
+    def _prepare(self, pred: Any, gt: Any) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        p, g = _to_tensor(pred, "pred"), _to_tensor(gt, "gt")
+        if p.ndim not in (4, 5) or g.ndim not in (4, 5):
+            raise ValueError(
+                f"pred and gt must be (B, C, H, W) or (B, C, H, W, D), got {tuple(p.shape)} and {tuple(g.shape)}."
+            )
+        if p.shape[0] != g.shape[0] or p.shape[2:] != g.shape[2:]:
+            raise ValueError(f"pred and gt must share batch and spatial shape, got {tuple(p.shape)} and {tuple(g.shape)}.")
+        if p.shape[1] == 1 and g.shape[1] == 1 and self.num_classes in (None, 2):
+            for x, nm in ((p, "pred"), (g, "gt")):
+                if bool(((x != 0) & (x != 1)).any()):
+                    raise ValueError(
+                        f"{nm} must be a binary (0/1) mask; threshold probabilities first, e.g. with "
+                        "binarize_prediction(), or set num_classes for an integer label map."
+                    )
+            names = self.class_names or ["foreground"]
+            if len(names) != 1:
+                raise ValueError(f"class_names must have 1 entry for binary input, got {self.class_names!r}.")
+            return p, g, list(names)
+        n_cls = self.num_classes or max(p.shape[1], g.shape[1])
+        converted = []
+        for x, nm in ((p, "pred"), (g, "gt")):
+            if x.shape[1] == 1:
+                if bool(((x < 0) | (x >= n_cls) | (x != torch.round(x))).any()):
+                    raise ValueError(f"{nm} label map must hold integer labels in [0, {n_cls - 1}].")
+                x = one_hot(x.long(), num_classes=n_cls, dim=1).float()
+            elif x.shape[1] != n_cls:
+                raise ValueError(f"{nm} has {x.shape[1]} channels but {n_cls} classes are expected.")
+            elif bool(((x != 0) & (x != 1)).any()):
+                raise ValueError(f"{nm} must be one-hot (0/1 values); use binarize_prediction() on logits.")
+            converted.append(x)
+        p, g = converted
+        start = 0 if self.include_background else 1
+        p, g = p[:, start:], g[:, start:]
+        names = [str(c) for c in range(start, n_cls)]
+        if self.class_names is not None:
+            if len(self.class_names) not in (n_cls, n_cls - start):
+                raise ValueError(
+                    f"class_names must have {n_cls} (all) or {n_cls - start} (scored) entries, got {self.class_names!r}."
+                )
+            names = self.class_names[start:] if len(self.class_names) == n_cls else list(self.class_names)
+        return p, g, names
+
+    @staticmethod
+    def _names(name: str | Sequence[str] | None, batch: int, offset: int) -> list[str]:
+        if name is None:
+            return [f"image_{offset + i:05d}" for i in range(batch)]
+        if isinstance(name, (str, os.PathLike)):
+            if batch != 1:
+                raise ValueError(f"name must be a sequence of {batch} names for a batch of {batch}, got {name!r}.")
+            return [os.fspath(name)]
+        names = [os.fspath(n) if isinstance(n, os.PathLike) else str(n) for n in name]
+        if len(names) != batch:
+            raise ValueError(f"name must have {batch} entries (one per image), got {len(names)}.")
+        return names
+
+    def _apply_empty(self, value: float, den_empty: bool, both_empty: bool) -> float:
+        """Convention for a ratio whose denominator is empty (0/0)."""
+        if not den_empty:
+            return value
+        if self.empty == "one":
+            return 1.0 if both_empty else 0.0
+        return float("nan")
+
+    def update(
+        self,
+        pred: torch.Tensor | np.ndarray,
+        gt: torch.Tensor | np.ndarray,
+        name: str | Sequence[str] | None = None,
+        spacing: float | Sequence[float] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Score a batch and record one row per image (and class).
+
+        Args:
+            pred: binary prediction, (B, 1, *spatial) 0/1 mask, (B, C, *spatial) one-hot, or (B, 1, *spatial) integer
+                labels when ``num_classes > 2``; 2D or 3D spatial, numpy or torch (any device).
+            gt: ground truth in any of the same forms (it may differ in form from ``pred``).
+            name: one name per image (a string for B == 1); ``None`` numbers the images. Defaults to ``None``.
+            spacing: pixel/voxel size for HD95, overriding the suite's ``spacing``. Defaults to ``None``.
+
+        Returns:
+            The rows added: dicts with ``name``, ``class``, ``gt_area``, ``pred_area`` and :attr:`metric_keys`.
+        """
+        p, g, class_names = self._prepare(pred, gt)
+        spacing = self.spacing if spacing is None else spacing
+        if spacing is not None:
+            self._units = "spacing units"
+        batch, n_cls = p.shape[:2]
+        names = self._names(name, batch, self._count)
+
+        cm = get_confusion_matrix(p, g, include_background=True)  # (B, C, 4): tp, fp, tn, fn
+        precision = compute_confusion_matrix_metric("precision", cm)
+        recall = compute_confusion_matrix_metric("recall", cm)
+        ignore_empty = self.empty == "monai"
+        dice = compute_dice(p, g, include_background=True, ignore_empty=ignore_empty)
+        iou = compute_iou(p, g, include_background=True, ignore_empty=ignore_empty)
+
+        rows = []
+        for b in range(batch):
+            for c in range(n_cls):
+                tp, fp, _, fn = (float(v) for v in cm[b, c])
+                gt_area, pred_area = tp + fn, tp + fp
+                gt_empty, pred_empty = gt_area == 0, pred_area == 0
+                both = gt_empty and pred_empty
+                row: dict[str, Any] = {
+                    "name": names[b],
+                    "class": class_names[c],
+                    "gt_area": int(gt_area),
+                    "pred_area": int(pred_area),
+                    "dice": float(dice[b, c]),
+                    "iou": float(iou[b, c]),
+                    "precision": float(precision[b, c]),
+                    "recall": float(recall[b, c]),
+                }
+                if self.empty != "monai":
+                    row["dice"] = self._apply_empty(row["dice"], both, both)
+                    row["iou"] = self._apply_empty(row["iou"], both, both)
+                    row["precision"] = self._apply_empty(row["precision"], pred_empty, both)
+                    row["recall"] = self._apply_empty(row["recall"], gt_empty, both)
+                for d in self.hd95:
+                    fn_hd = hd95_monai if d == "monai" else hd95_pooled
+                    row[f"hd95_{d}"] = float("nan") if (gt_empty or pred_empty) else fn_hd(p[b, c], g[b, c], spacing)
+                rows.append(row)
+        self._rows.extend(rows)
+        self._count += batch
+        return rows
+
+    # ----------------------------------------------------------------- outputs
+    def per_image(self) -> list[dict[str, Any]]:
+        """All recorded rows (one per image and scored class), in insertion order."""
+        return [dict(r) for r in self._rows]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _aggregate(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        excluded: dict[str, int] = {}
+        for key in self.metric_keys:
+            name = _SUMMARY_NAMES.get(key, key)
+            out[name], excluded[name] = _nanmean([r[key] for r in rows])
+        out["excluded"] = excluded
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Averages over the recorded images.
+
+        Returns:
+            A dict with ``mIoU``, ``mDSC``, ``recall``, ``precision`` (fractions in [0, 1]), ``hd95_<definition>``
+            (pixels, or spacing units), ``excluded`` (per metric, the number of NaN rows left out of the mean: for HD95
+            the images where either mask is empty), ``num_images``, ``empty``, ``hd95_definitions`` (the name and
+            text of each definition), ``units`` and, for multi-class input, ``per_class`` (the same metrics for each
+            class); the top-level values are then the means over classes and ``excluded`` is summed over classes.
+        """
+        classes = list(dict.fromkeys(r["class"] for r in self._rows))
+        out: dict[str, Any]
+        if len(classes) <= 1:
+            out = self._aggregate(self._rows)
+        else:
+            per_class = {c: self._aggregate([r for r in self._rows if r["class"] == c]) for c in classes}
+            out = {}
+            for key in self.metric_keys:
+                name = _SUMMARY_NAMES.get(key, key)
+                out[name], _ = _nanmean([per_class[c][name] for c in classes])
+            out["excluded"] = {
+                k: sum(per_class[c]["excluded"][k] for c in classes) for k in per_class[classes[0]]["excluded"]
+            }
+            out["per_class"] = per_class
+        out["num_images"] = self._count
+        out["empty"] = self.empty
+        out["hd95_definitions"] = {d: HD95_DEFINITIONS[d] for d in self.hd95}
+        out["units"] = self._units
+        return out
+
+    def to_csv(self, path: str | os.PathLike) -> str:
+        """Write the per-image rows to ``path`` (CSV with a header, written atomically) and return the path."""
+        fields = ["name", "class", "gt_area", "pred_area", *self.metric_keys]
+        lines: list[str] = []
+
+        class _Sink:
+            def write(self, s: str) -> None:
+                lines.append(s)
+
+        writer = csv.DictWriter(_Sink(), fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for r in self._rows:
+            writer.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
+        write_text_atomic(path, "".join(lines))
+        return os.fspath(path)
+
+    def summary_markdown(self, summary: Mapping[str, Any] | None = None) -> str:
+        """A Markdown table ``Metric | Value``: overlap metrics in %, HD95 in pixels, each HD95 row naming its
+        definition; followed by the image count, the empty-mask convention, exclusions and, for multi-class input,
+        a per-class table."""
+        s = dict(summary) if summary is not None else self.summary()
+
+        def pct(v: float) -> str:
+            return "nan" if math.isnan(v) else f"{100.0 * v:.2f}"
+
+        def dist(v: float) -> str:
+            return "nan" if math.isnan(v) else f"{v:.2f}"
+
+        units = s.get("units", "pixels")
+        lines = ["| Metric | Value |", "| --- | --- |"]
+        for key, label in _MARKDOWN_LABELS.items():
+            lines.append(f"| {label} (%) | {pct(s[key])} |")
+        for d in self.hd95:
+            lines.append(f"| HD95, {d}: {HD95_SHORT_LABELS[d]} ({units}) | {dist(s[f'hd95_{d}'])} |")
+        lines.append("")
+        lines.append(f"Images: {s['num_images']}. Empty-mask convention: `{s['empty']}`.")
+        for d in self.hd95:
+            lines.append(
+                f"HD95 [{d}]: {s['excluded'][f'hd95_{d}']} image(s) excluded (prediction or ground truth empty)."
+            )
+        nan_overlap = {k: v for k, v in s["excluded"].items() if not k.startswith("hd95") and v}
+        if nan_overlap:
+            lines.append(f"Undefined (NaN) values excluded from the means: {nan_overlap}.")
+        if "per_class" in s:
+            head = ["Class", *(f"{_MARKDOWN_LABELS[k]} (%)" for k in _MARKDOWN_LABELS)]
+            head += [f"HD95 [{d}] ({units})" for d in self.hd95]
+            lines += ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+            for c, m in s["per_class"].items():
+                cells = [c, *(pct(m[k]) for k in _MARKDOWN_LABELS), *(dist(m[f"hd95_{d}"]) for d in self.hd95)]
+                lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+    def save(self, output_dir: str | os.PathLike, csv_name: str = "metrics.csv", summary_name: str = "summary.md",
+             json_name: str | None = "summary.json") -> dict[str, Any]:
+        """Write ``metrics.csv``, ``summary.md`` (and ``summary.json`` unless ``json_name`` is None) atomically into
+        ``output_dir``; returns the summary."""
+        s = self.summary()
+        os.makedirs(output_dir, exist_ok=True)
+        self.to_csv(os.path.join(output_dir, csv_name))
+        write_text_atomic(os.path.join(output_dir, summary_name), self.summary_markdown(s))
+        if json_name:
+            write_text_atomic(os.path.join(output_dir, json_name), json.dumps(s, indent=2, allow_nan=True) + "\n")
+        return s
+
+
+def evaluate_segmentation(
+    pairs: Iterable[Any], output_dir: str | os.PathLike | None = None, **suite_kwargs: Any
+) -> SegmentationMetricSuite:
+    """Score an iterable of predictions against ground truth with a :class:`SegmentationMetricSuite`.
+
+    Args:
+        pairs: items ``(pred, gt)``, ``(pred, gt, name)`` or dicts with keys ``pred``, ``label`` and optionally
+            ``name``; ``pred``/``gt`` as accepted by :meth:`SegmentationMetricSuite.update` (binary masks).
+        output_dir: when given, ``metrics.csv``, ``summary.md`` and ``summary.json`` are written there.
+        suite_kwargs: arguments of :class:`SegmentationMetricSuite`.
+
+    Returns:
+        The filled suite (call ``summary()``).
+    """
+    suite = SegmentationMetricSuite(**suite_kwargs)
+    for item in pairs:
+        if isinstance(item, Mapping):
+            suite.update(item["pred"], item["label"], item.get("name"))
+        elif isinstance(item, (tuple, list)) and len(item) in (2, 3):
+            suite.update(*item)
+        else:
+            raise ValueError("each item of pairs must be (pred, gt), (pred, gt, name) or a dict with 'pred'/'label'.")
+    if output_dir is not None:
+        suite.save(output_dir)
+    return suite
+

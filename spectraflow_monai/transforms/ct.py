@@ -1,0 +1,228 @@
+"""CT transforms for the Synapse multi-organ experiment of SpectraFlow.
+
+SpectraFlow (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for Medical Image
+Segmentation") evaluates on the 3D Synapse multi-organ CT data set with the protocol of TransUNet (Chen et al.,
+"TransUNet: Transformers Make Strong Encoders for Medical Image Segmentation", arXiv:2102.04306): the CT numbers are
+clipped to the abdominal window [-125, 275] HU and rescaled to [0, 1], the 13 BTCV labels are reduced to 8 organs,
+and the network is trained on 2D axial slices.
+
+- :class:`CTWindow` / :class:`CTWindowd`: the HU window, a preset of :class:`monai.transforms.ScaleIntensityRange`.
+- :class:`MapBTCVLabels` / :class:`MapBTCVLabelsd`: BTCV label ids (0..13) to the 9 Synapse classes.
+- :class:`LoadSynapseSliced`: loads one axial slice stored as ``.npz`` (TransUNet's ``train_npz`` files or the slice
+  cache of :func:`spectraflow_monai.data.synapse.extract_slices`) as channel-first ``MetaTensor`` s.
+
+To feed the 3-channel DINOv2 encoder, repeat the single CT channel with MONAI's own
+:class:`monai.transforms.RepeatChanneld` (``repeats=3``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.config import DtypeLike, KeysCollection
+from monai.data import MetaTensor
+from monai.transforms import MapTransform, ScaleIntensityRange, ScaleIntensityRanged, Transform
+from monai.utils import convert_to_dst_type
+
+from spectraflow_monai.data.synapse import map_btcv_labels
+
+__all__ = ["CTWindow", "CTWindowd", "MapBTCVLabels", "MapBTCVLabelsd", "LoadSynapseSliced", "load_slice_npz"]
+
+_SLICE_NAME = re.compile(r"case(\d+)_slice(\d+)")
+
+
+def _check_window(a_min: float, a_max: float) -> None:
+    if not (np.isfinite(a_min) and np.isfinite(a_max)) or a_max <= a_min:
+        raise ValueError(f"a_max must be greater than a_min (both finite), got a_min={a_min!r}, a_max={a_max!r}.")
+
+
+class CTWindow(ScaleIntensityRange):
+    """Clip CT numbers to the window ``[a_min, a_max]`` (HU) and rescale it linearly to ``[0, 1]``.
+
+    The defaults are the abdominal window of the TransUNet Synapse protocol used by SpectraFlow (Chen et al.):
+    ``clip(x, -125, 275)`` then ``(x + 125) / 400``. This is :class:`monai.transforms.ScaleIntensityRange` with
+    ``b_min=0, b_max=1, clip=True``.
+
+    Args:
+        a_min: lower bound of the window in HU. Defaults to -125.
+        a_max: upper bound of the window in HU; must be greater than ``a_min``. Defaults to 275.
+        dtype: output data type. Defaults to ``np.float32``.
+    """
+
+    def __init__(self, a_min: float = -125.0, a_max: float = 275.0, dtype: DtypeLike = np.float32) -> None:
+        _check_window(a_min, a_max)
+        super().__init__(a_min=a_min, a_max=a_max, b_min=0.0, b_max=1.0, clip=True, dtype=dtype)
+
+
+class CTWindowd(ScaleIntensityRanged):
+    """Dictionary-based :class:`CTWindow`.
+
+    Args:
+        keys: keys of the corresponding items to be transformed.
+        a_min: lower bound of the window in HU. Defaults to -125.
+        a_max: upper bound of the window in HU; must be greater than ``a_min``. Defaults to 275.
+        dtype: output data type. Defaults to ``np.float32``.
+        allow_missing_keys: don't raise exception if key is missing. Defaults to False.
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        a_min: float = -125.0,
+        a_max: float = 275.0,
+        dtype: DtypeLike = np.float32,
+        allow_missing_keys: bool = False,
+    ) -> None:
+        _check_window(a_min, a_max)
+        super().__init__(
+            keys, a_min=a_min, a_max=a_max, b_min=0.0, b_max=1.0, clip=True, dtype=dtype,
+            allow_missing_keys=allow_missing_keys,
+        )
+
+
+def _case_from_meta(img: Any) -> str | None:
+    if isinstance(img, MetaTensor):
+        name = img.meta.get("filename_or_obj")
+        if name:
+            return str(name)
+    return None
+
+
+class MapBTCVLabels(Transform):
+    """Map BTCV label ids (0..13) to the 9 classes of the Synapse benchmark.
+
+    BTCV id -> Synapse class: 1 spleen -> 1, 2 right kidney -> 2, 3 left kidney -> 3, 4 gallbladder -> 4,
+    6 liver -> 5, 7 stomach -> 6, 8 aorta -> 7, 11 pancreas -> 8; esophagus (5), inferior vena cava (9), portal
+    and splenic veins (10) and the adrenal glands (12, 13) become background (TransUNet protocol, as used by
+    SpectraFlow, Chen et al.). See :func:`spectraflow_monai.data.synapse.map_btcv_labels`.
+
+    The input type, dtype and metadata are kept. Values outside 0..13 (or non-integral values) raise a
+    ``ValueError`` naming the file (from the ``MetaTensor`` metadata) and the offending values.
+    """
+
+    backend = [torch.Tensor, np.ndarray]  # type: ignore[assignment]
+
+    def __call__(self, img: Any) -> Any:
+        """Apply the mapping to a label array or tensor of any shape."""
+        out = map_btcv_labels(img, case=_case_from_meta(img))
+        if isinstance(img, (torch.Tensor, np.ndarray)):
+            out, *_ = convert_to_dst_type(out, img)
+        return out
+
+
+class MapBTCVLabelsd(MapTransform):
+    """Dictionary-based :class:`MapBTCVLabels`.
+
+    Args:
+        keys: keys of the label items to be mapped. Defaults to ``"label"``.
+        allow_missing_keys: don't raise exception if key is missing. Defaults to False.
+    """
+
+    backend = MapBTCVLabels.backend
+
+    def __init__(self, keys: KeysCollection = "label", allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.mapper = MapBTCVLabels()
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.mapper(d[key])
+        return d
+
+
+def load_slice_npz(path: str | os.PathLike, fields: Sequence[str] = ("image", "label")) -> dict[str, np.ndarray]:
+    """Read the arrays ``fields`` of a 2D slice stored as ``.npz`` (keys ``image`` / ``label``).
+
+    Args:
+        path: the ``.npz`` file.
+        fields: names of the arrays to read. Defaults to ``("image", "label")``.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file is not a readable ``.npz`` archive or lacks one of ``fields``.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"slice file {path!r} does not exist.")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [f for f in fields if f not in npz.files]
+            if missing:
+                raise ValueError(f"slice file {path!r} has no array {missing} (it contains {sorted(npz.files)}).")
+            return {f: np.asarray(npz[f]) for f in fields}
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ValueError(f"slice file {path!r} is not a readable .npz archive: {e}") from e
+
+
+class LoadSynapseSliced(MapTransform):
+    """Load axial CT slices stored as ``.npz`` into channel-first ``MetaTensor`` s of shape ``(1, H, W)``.
+
+    Works for TransUNet's preprocessed ``train_npz/caseXXXX_sliceNNN.npz`` files and for the slice cache written
+    by :func:`spectraflow_monai.data.synapse.extract_slices` (both store ``image`` and ``label`` arrays of shape
+    ``(H, W)`` in one file; the image is already windowed to [0, 1] and the label mapped to the 9 Synapse
+    classes). Each distinct path in a data dictionary is read once, so ``{"image": p, "label": p}`` opens ``p`` a
+    single time. The metadata carries ``filename_or_obj``, ``case`` and ``slice`` (from the data dictionary, or
+    parsed from a ``caseXXXX_sliceNNN`` file name).
+
+    Args:
+        keys: keys of the data dictionary holding ``.npz`` paths. Defaults to ``("image", "label")``.
+        fields: the array name to read for each key, a mapping ``key -> array name``; keys not listed read the
+            array of their own name. Defaults to None.
+        dtype: output data type, or None to keep the stored type. Defaults to ``np.float32``.
+        allow_missing_keys: don't raise exception if key is missing. Defaults to False.
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection = ("image", "label"),
+        fields: Mapping[str, str] | None = None,
+        dtype: DtypeLike | None = np.float32,
+        allow_missing_keys: bool = False,
+    ) -> None:
+        super().__init__(keys, allow_missing_keys)
+        if fields is not None and not isinstance(fields, Mapping):
+            raise ValueError(f"fields must be a mapping key -> array name or None, got {fields!r}.")
+        self.fields = dict(fields or {})
+        self.dtype = dtype
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        wanted: dict[str, list[tuple[Hashable, str]]] = {}
+        for key in self.key_iterator(d):
+            path = d[key]
+            if not isinstance(path, (str, os.PathLike)):
+                raise ValueError(f"LoadSynapseSliced: d[{key!r}] must be a path to a .npz slice, got {type(path)}.")
+            wanted.setdefault(os.fspath(path), []).append((key, self.fields.get(str(key), str(key))))
+        for path, items in wanted.items():
+            arrays = load_slice_npz(path, fields=sorted({f for _, f in items}))
+            match = _SLICE_NAME.search(os.path.basename(path))
+            case = d.get("case", match.group(1) if match else None)
+            slice_idx = d.get("slice", int(match.group(2)) if match else None)
+            for key, field in items:
+                arr = arrays[field]
+                if arr.ndim == 2:
+                    arr = arr[None]
+                elif arr.ndim != 3 or arr.shape[0] != 1:
+                    raise ValueError(
+                        f"slice file {path!r}: array {field!r} must have shape (H, W) or (1, H, W), got {arr.shape}."
+                    )
+                if self.dtype is not None:
+                    arr = arr.astype(self.dtype, copy=False)
+                meta: dict[str, Any] = {
+                    "filename_or_obj": path,
+                    "spatial_shape": np.asarray(arr.shape[1:]),
+                    "original_channel_dim": "no_channel",
+                }
+                if case is not None:  # None would not collate
+                    meta["case"] = str(case)
+                if slice_idx is not None:
+                    meta["slice"] = int(slice_idx)
+                d[key] = MetaTensor(torch.from_numpy(np.ascontiguousarray(arr)), affine=torch.eye(3), meta=meta)
+        return d

@@ -1,0 +1,139 @@
+"""Tests for spectraflow_monai.losses.dice_bce_boundary (SpectraFlow Stage-2 loss, eq. 7)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from monai.losses import BoundaryLoss, DiceCELoss
+
+from spectraflow_monai.losses import DiceBCEBoundaryLoss
+
+
+def _binary_case(batch: int = 2, size: int = 16):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(batch, 1, size, size, generator=g)
+    target = torch.zeros(batch, 1, size, size)
+    target[0, 0, 4:10, 3:12] = 1
+    target[1, 0, 8:15, 2:6] = 1
+    return logits, target
+
+
+def _multiclass_case(batch: int = 2, classes: int = 4, size: int = 16):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(batch, classes, size, size, generator=g)
+    target = torch.zeros(batch, 1, size, size, dtype=torch.long)
+    target[:, 0, 2:7, 2:9] = 1
+    target[0, 0, 9:14, 5:12] = 2
+    target[1, 0, 10:15, 10:15] = 3
+    return logits, target
+
+
+@pytest.mark.parametrize("beta", [0.01, 0.5])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_binary_equals_monai_components(beta, reduction):
+    logits, target = _binary_case()
+    loss = DiceBCEBoundaryLoss(beta=beta, reduction=reduction)(logits, target)
+    dice_ce = DiceCELoss(sigmoid=True, reduction=reduction)(logits, target)
+    bd = BoundaryLoss(sigmoid=True, reduction=reduction)(logits, target)
+    assert bd.abs() > 1e-3  # the boundary term really contributes
+    torch.testing.assert_close(loss, dice_ce + beta * bd)
+
+
+@pytest.mark.parametrize("include_background", [True, False])
+def test_multiclass_equals_monai_components(include_background):
+    logits, target = _multiclass_case()
+    kw = {"softmax": True, "to_onehot_y": True, "include_background": include_background}
+    loss = DiceBCEBoundaryLoss(sigmoid=False, beta=0.1, lambda_dice=0.5, lambda_ce=0.5, **kw)(logits, target)
+    dice_ce = DiceCELoss(lambda_dice=0.5, lambda_ce=0.5, **kw)(logits, target)
+    bd = BoundaryLoss(**kw)(logits, target)
+    torch.testing.assert_close(loss, dice_ce + 0.1 * bd)
+    # a one-hot target without to_onehot_y gives the same value
+    onehot = torch.nn.functional.one_hot(target[:, 0], 4).permute(0, 3, 1, 2).float()
+    loss_oh = DiceBCEBoundaryLoss(
+        sigmoid=False, softmax=True, include_background=include_background, beta=0.1, lambda_dice=0.5, lambda_ce=0.5
+    )(logits, onehot)
+    torch.testing.assert_close(loss_oh, loss)
+
+
+def test_beta_zero_is_dice_ce_only():
+    logits, target = _binary_case()
+    torch.testing.assert_close(DiceBCEBoundaryLoss(beta=0.0)(logits, target), DiceCELoss(sigmoid=True)(logits, target))
+
+
+def test_ramp_schedule():
+    loss = DiceBCEBoundaryLoss(beta=0.01, beta_max=0.11, ramp_epochs=10)
+    assert loss.beta == pytest.approx(0.01)
+    expected = {0: 0.01, 1: 0.02, 5: 0.06, 10: 0.11, 25: 0.11, -3: 0.01}
+    for epoch, beta in expected.items():
+        loss.set_epoch(epoch)
+        assert loss.beta == pytest.approx(beta)
+    # the value used by forward follows the schedule
+    logits, target = _binary_case()
+    loss.set_epoch(5)
+    bd = BoundaryLoss(sigmoid=True)(logits, target)
+    torch.testing.assert_close(loss(logits, target), DiceCELoss(sigmoid=True)(logits, target) + 0.06 * bd)
+    # without beta_max, set_epoch keeps beta constant
+    const = DiceBCEBoundaryLoss(beta=0.03)
+    const.set_epoch(50)
+    assert const.beta == pytest.approx(0.03)
+
+
+def test_attach_to_ignite_engine():
+    from ignite.engine import Engine
+
+    loss = DiceBCEBoundaryLoss(beta=0.0, beta_max=1.0, ramp_epochs=4)
+    seen = []
+    engine = Engine(lambda e, b: seen.append(loss.beta))
+    loss.attach(engine)
+    engine.run([0], max_epochs=6)
+    assert seen == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("case", ["binary", "multiclass"])
+def test_gradient_finite(case):
+    if case == "binary":
+        logits, target = _binary_case()
+        loss_fn = DiceBCEBoundaryLoss(beta=0.1)
+    else:
+        logits, target = _multiclass_case()
+        loss_fn = DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True, beta=0.1)
+    logits.requires_grad_(True)
+    loss_fn(logits, target).backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"sigmoid": True, "softmax": True}, "sigmoid.*softmax"),
+        ({"sigmoid": False, "softmax": False}, "sigmoid=False, softmax=False"),
+        ({"lambda_dice": -1.0}, "lambda_dice.*-1.0"),
+        ({"lambda_ce": -0.5}, "lambda_ce.*-0.5"),
+        ({"beta": -0.1}, "beta.*-0.1"),
+        ({"beta": 0.1, "beta_max": 0.05, "ramp_epochs": 3}, "beta_max.*0.05"),
+        ({"beta_max": 0.1, "ramp_epochs": -1}, "ramp_epochs.*-1"),
+        ({"beta_max": 0.1, "ramp_epochs": 0}, "ramp_epochs"),
+        ({"reduction": "none"}, "reduction.*'none'"),
+    ],
+)
+def test_bad_args(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DiceBCEBoundaryLoss(**kwargs)
+
+
+def test_bad_shapes():
+    loss = DiceBCEBoundaryLoss()
+    with pytest.raises(ValueError, match=r"input shape \(2, 1, 16, 16\) and target shape \(2, 1, 8, 8\)"):
+        loss(torch.randn(2, 1, 16, 16), torch.zeros(2, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"target shape \(2, 16, 16\)"):
+        loss(torch.randn(2, 1, 16, 16), torch.zeros(2, 16, 16))
+    with pytest.raises(ValueError, match=r"got shape \(2, 16\)"):
+        loss(torch.randn(2, 16), torch.zeros(2, 16))
+    with pytest.raises(ValueError, match="2 channel.*input has 3"):
+        DiceBCEBoundaryLoss(sigmoid=False, softmax=True)(torch.randn(2, 3, 8, 8), torch.zeros(2, 2, 8, 8))
+    with pytest.raises(ValueError, match="to_onehot_y=True for a class-index target"):
+        DiceBCEBoundaryLoss(sigmoid=False, softmax=True)(torch.randn(2, 3, 8, 8), torch.zeros(2, 1, 8, 8))
+    with pytest.raises(ValueError, match="to_onehot_y=True expects a class-index target"):
+        DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True)(
+            torch.randn(2, 3, 8, 8), torch.zeros(2, 3, 8, 8)
+        )

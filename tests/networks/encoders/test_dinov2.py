@@ -1,0 +1,340 @@
+"""Tests for spectraflow_monai.networks.encoders.dinov2 (DINOv2Encoder)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import timm
+import torch
+from timm.layers import resample_abs_pos_embed
+
+from spectraflow_monai.networks import DINOv2Encoder, EncoderFeatures
+
+SMALL = {"depth": 3}
+# depth-12 ViT-S built without timm's (slow, CPU) weight init: only the shapes matter there
+REAL = {"weight_init": "skip"}
+
+
+def _timm_model(name: str, img_size: int = 224, depth: int = 3, seed: int = 0) -> torch.nn.Module:
+    """A timm DINOv2 ViT with perturbed weights, so that every block (and LayerScale) visibly changes features."""
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False, img_size=img_size, dynamic_img_size=True, depth=depth,
+                              num_classes=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def _official_layout(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Write a timm DINOv2 model in the facebookresearch layout of the 518-px checkpoints (37x37 grid + cls)."""
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    dim = model.embed_dim
+    grid = model.patch_embed.grid_size
+    if model.reg_token is not None:  # timm: no_embed_class, pos_embed only over patches
+        pos_patch = sd.pop("pos_embed")
+        pos_cls = torch.randn(1, 1, dim)
+        sd["register_tokens"] = sd.pop("reg_token")
+        sd["cls_token"] = sd["cls_token"] - pos_cls  # the official cls position is added back by the conversion
+    else:
+        pos = sd.pop("pos_embed")
+        pos_cls, pos_patch = pos[:, :1], pos[:, 1:]
+    pos_patch = resample_abs_pos_embed(pos_patch, new_size=(37, 37), old_size=grid, num_prefix_tokens=0)
+    sd["pos_embed"] = torch.cat([pos_cls, pos_patch], dim=1)
+    sd["mask_token"] = torch.zeros(1, dim)
+    return sd
+
+
+def _timm_features(model: torch.nn.Module, x: torch.Tensor, skip_index: int) -> EncoderFeatures:
+    """Reference features from timm's own forward_features / forward_intermediates."""
+    b, _, hh, ww = x.shape
+    h, w = hh // 14, ww // 14
+    tokens = model.forward_features(x)[:, model.num_prefix_tokens :]
+    final = tokens.reshape(b, h, w, -1).permute(0, 3, 1, 2)
+    depth = len(model.blocks)
+    skip, penult = model.forward_intermediates(
+        x, indices=[skip_index, depth - 2], norm=False, output_fmt="NCHW", intermediates_only=True
+    )
+    return EncoderFeatures(final=final, skip=skip, pooled=penult.mean(dim=(2, 3)))
+
+
+def _assert_features_close(a: EncoderFeatures, b: EncoderFeatures) -> None:
+    for name in EncoderFeatures._fields:
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-4, atol=1e-4, msg=name)
+
+
+# ---------------------------------------------------------------- shapes
+@pytest.mark.parametrize(
+    "name, kwargs, shape, channels",
+    [
+        ("vit_small_patch14_dinov2", SMALL, (1, 3, 28, 28), 384),
+        ("vit_small_patch14_dinov2", SMALL, (4, 3, 56, 42), 384),
+        ("vit_small_patch14_dinov2", SMALL, (2, 3, 224, 168), 384),
+        ("vit_small_patch14_reg4_dinov2", SMALL, (1, 3, 42, 56), 384),
+        ("vit_small_patch14_reg4_dinov2", SMALL, (4, 3, 28, 28), 384),
+        ("vit_base_patch14_dinov2", {"depth": 2, "weight_init": "skip"}, (2, 3, 28, 42), 768),
+        ("vit_base_patch14_reg4_dinov2", {"depth": 2, "weight_init": "skip"}, (1, 3, 42, 28), 768),
+        ("vit_small_patch14_dinov2", REAL, (1, 3, 224, 224), 384),
+        ("vit_small_patch14_dinov2", REAL, (1, 3, 448, 448), 384),
+        ("vit_small_patch14_reg4_dinov2", REAL, (1, 3, 224, 224), 384),
+    ],
+)
+def test_shapes(name, kwargs, shape, channels):
+    enc = DINOv2Encoder(name, model_kwargs=kwargs).eval()
+    assert enc.out_channels == enc.embed_dim == channels and enc.patch_size == 14
+    with torch.no_grad():
+        out = enc(torch.randn(shape))
+    assert isinstance(out, EncoderFeatures)
+    b, _, hh, ww = shape
+    assert out.final.shape == (b, channels, hh // 14, ww // 14)
+    assert out.skip.shape == (b, channels, hh // 14, ww // 14)
+    assert out.pooled.shape == (b, channels)
+    assert torch.isfinite(out.final).all()
+
+
+def test_real_depth_defaults():
+    enc = DINOv2Encoder(model_kwargs=REAL)
+    assert enc.depth == 12 and enc.skip_index == 5 and enc.vit.num_prefix_tokens == 1
+    assert enc.vit.pos_embed.shape == (1, 16 * 16 + 1, 384)  # img_size=224 -> 16x16 grid
+    reg = DINOv2Encoder("vit_small_patch14_reg4_dinov2", model_kwargs={"depth": 2, "weight_init": "skip"})
+    assert reg.vit.num_prefix_tokens == 5 and reg.skip_index == 0 and reg.depth == 2
+
+
+def test_features_match_timm_reference():
+    """final/skip/pooled equal timm's forward_features and forward_intermediates on the same weights."""
+    model = _timm_model("vit_small_patch14_reg4_dinov2", depth=4)
+    enc = DINOv2Encoder("vit_small_patch14_reg4_dinov2", model_kwargs={"depth": 4}, skip_index=1).eval()
+    enc.vit.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 56, 42)
+    with torch.no_grad():
+        _assert_features_close(enc(x), _timm_features(model, x, skip_index=1))
+        # the three outputs really are different stages (not the same tensor)
+        out = enc(x)
+        assert not torch.allclose(out.final, out.skip)
+
+
+# ---------------------------------------------------------------- ill arguments
+def test_bad_input_size():
+    enc = DINOv2Encoder(model_kwargs={"depth": 2})
+    with pytest.raises(ValueError, match=r"\(30, 28\).*patch size 14"):
+        enc(torch.randn(1, 3, 30, 28))
+    with pytest.raises(ValueError, match=r"\(28, 29\).*patch size 14"):
+        enc(torch.randn(1, 3, 28, 29))
+    with pytest.raises(ValueError, match=r"\(1, 1, 28, 28\)"):
+        enc(torch.randn(1, 1, 28, 28))
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"model_name": "vit_small_patch16_224"}, r"model_name.*vit_small_patch14_dinov2.*got 'vit_small_patch16_224'"),
+        ({"skip_index": 2}, r"skip_index.*got 2"),
+        ({"skip_index": -1}, r"skip_index.*got -1"),
+        ({"trainable_blocks": 4}, r"trainable_blocks.*got 4"),
+        ({"trainable_blocks": -2}, r"trainable_blocks.*got -2"),
+        ({"trainable_blocks": "last"}, r"trainable_blocks.*'last'"),
+        ({"trainable_blocks": 1.5}, r"trainable_blocks.*1\.5"),
+        ({"img_size": 230}, r"img_size.*230"),
+        ({"img_size": 0}, r"img_size.*0"),
+    ],
+)
+def test_bad_arguments(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        DINOv2Encoder(**{"model_kwargs": {"depth": 3}, **kwargs})
+
+
+def test_unknown_name_lists_supported():
+    with pytest.raises(ValueError) as err:
+        DINOv2Encoder("dinov3")
+    msg = str(err.value)
+    assert "'dinov3'" in msg
+    for name in DINOv2Encoder.SUPPORTED_MODELS:
+        assert name in msg
+
+
+def test_timm_download_failure_is_explained(monkeypatch):
+    def offline(*args, **kwargs):
+        if kwargs.get("pretrained"):
+            raise OSError("no network")
+        raise AssertionError("unexpected call")
+
+    monkeypatch.setattr(timm, "create_model", offline)
+    with pytest.raises(RuntimeError, match=r"vit_small_patch14_dinov2.*no network.*pretrained=<path>"):
+        DINOv2Encoder(pretrained="timm")
+
+
+# ---------------------------------------------------------------- freezing
+def _expected_trainable(enc: DINOv2Encoder, mode) -> set[str]:
+    names = {n for n, _ in enc.vit.named_parameters()}
+    if mode in (0, "frozen"):
+        return set()
+    if mode in (-1, "all"):
+        return names
+    last = {f"blocks.{i}." for i in range(enc.depth - mode, enc.depth)}
+    return {n for n in names if n.startswith("norm.") or any(n.startswith(p) for p in last)}
+
+
+@pytest.mark.parametrize("mode", [0, "frozen", 1, 2, 3, -1, "all"])
+def test_freezing_and_gradient_flow(mode):
+    enc = DINOv2Encoder("vit_small_patch14_reg4_dinov2", model_kwargs=SMALL, trainable_blocks=mode)
+    expected = _expected_trainable(enc, mode)
+    trainable = {n for n, p in enc.vit.named_parameters() if p.requires_grad}
+    assert trainable == expected
+    assert len(enc.trainable_parameters()) == len(expected)
+    assert enc.trainable_blocks == mode
+    if mode == 1:  # the paper's Stage-2 setting: exactly the last block + final norm
+        assert expected and all(n.startswith(("blocks.2.", "norm.")) for n in expected)
+
+    out = enc(torch.randn(2, 3, 28, 28))
+    if not expected:
+        assert not (out.final.requires_grad or out.skip.requires_grad or out.pooled.requires_grad)
+        return
+    loss = out.final.square().mean()
+    for t in (out.skip, out.pooled):
+        if t.requires_grad:
+            loss = loss + t.square().mean()
+    loss.backward()
+    with_grad = {n for n, p in enc.vit.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert with_grad == expected
+
+
+def test_set_trainable_blocks_switches():
+    enc = DINOv2Encoder(model_kwargs=SMALL, trainable_blocks="all")
+    enc.set_trainable_blocks(0)
+    assert enc.trainable_parameters() == []
+    enc.set_trainable_blocks(1)
+    assert {n for n, p in enc.vit.named_parameters() if p.requires_grad} == _expected_trainable(enc, 1)
+    with pytest.raises(ValueError, match="got True"):
+        enc.set_trainable_blocks(True)
+
+
+def test_partial_freezing_is_exact():
+    """The frozen-prefix no_grad path gives the same outputs and last-block gradients as a fully trainable pass."""
+    enc = DINOv2Encoder(model_kwargs={"depth": 4}, trainable_blocks=1)
+    enc.vit.load_state_dict(_timm_model("vit_small_patch14_dinov2", depth=4).state_dict())
+    x = torch.randn(2, 3, 28, 42)
+    out = enc(x)
+    assert not out.skip.requires_grad and out.final.requires_grad
+    out.final.sum().backward()
+    grads = {n: p.grad.clone() for n, p in enc.vit.named_parameters() if p.requires_grad}
+    enc.zero_grad(set_to_none=True)
+
+    enc.set_trainable_blocks("all")
+    ref = enc(x)
+    ref.final.sum().backward()
+    _assert_features_close(out, EncoderFeatures(*(t.detach() for t in ref)))
+    for n, g in grads.items():
+        torch.testing.assert_close(g, dict(enc.vit.named_parameters())[n].grad, rtol=1e-4, atol=1e-5, msg=n)
+
+    # an input that requires grad still receives it through the frozen blocks
+    enc.set_trainable_blocks(1)
+    xg = x.clone().requires_grad_(True)
+    enc(xg).final.sum().backward()
+    assert xg.grad is not None and xg.grad.abs().sum() > 0
+
+
+def test_no_grad_context_respected():
+    enc = DINOv2Encoder(model_kwargs={"depth": 2}, trainable_blocks="all")
+    with torch.no_grad():
+        out = enc(torch.randn(1, 3, 28, 28))
+    assert not out.final.requires_grad
+
+
+# ---------------------------------------------------------------- weights
+@pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
+def test_official_checkpoint_matches_timm_loading(tmp_path, name):
+    src = _timm_model(name, depth=3, seed=1)
+    path = tmp_path / "dinov2_official.pth"
+    official = _official_layout(src)
+    assert official["pos_embed"].shape == (1, 37 * 37 + 1, 384)
+    torch.save(official, path)
+
+    enc = DINOv2Encoder(name, pretrained=path, model_kwargs=SMALL).eval()
+    ref = timm.create_model(
+        name, pretrained=True, img_size=224, dynamic_img_size=True, num_classes=0, depth=3,
+        pretrained_cfg_overlay=dict(file=str(path)),
+    ).eval()
+    x = torch.randn(2, 3, 56, 42)
+    with torch.no_grad():
+        _assert_features_close(enc(x), _timm_features(ref, x, enc.skip_index))
+    # the non-positional weights are the source's, the class token is restored for the register layout
+    loaded = enc.vit.state_dict()
+    torch.testing.assert_close(loaded["blocks.1.attn.qkv.weight"], src.state_dict()["blocks.1.attn.qkv.weight"])
+    torch.testing.assert_close(loaded["cls_token"], src.state_dict()["cls_token"])
+    assert loaded["pos_embed"].shape == src.state_dict()["pos_embed"].shape
+
+
+def _wrapped(sd, how):
+    if how == "plain":
+        return sd
+    if how == "module_model":
+        return {"model": {f"module.{k}": v for k, v in sd.items()}}
+    if how == "state_dict_encoder_vit":
+        return {"state_dict": {f"encoder.vit.{k}": v for k, v in sd.items()}, "epoch": 3}
+    if how == "encoder":
+        return {"encoder": {f"vit.{k}": v for k, v in sd.items()}, "head": {"w": torch.zeros(1)}}
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize("how", ["plain", "module_model", "state_dict_encoder_vit", "encoder"])
+def test_timm_layout_checkpoint(tmp_path, how):
+    src = _timm_model("vit_small_patch14_reg4_dinov2", depth=3, seed=2)
+    path = tmp_path / f"{how}.pt"
+    torch.save(_wrapped(src.state_dict(), how), path)
+    enc = DINOv2Encoder("vit_small_patch14_reg4_dinov2", model_kwargs=SMALL).eval()
+    enc.load_weights(str(path))
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(enc.vit.state_dict()[k], v, msg=k)
+    x = torch.randn(1, 3, 28, 42)
+    with torch.no_grad():
+        _assert_features_close(enc(x), _timm_features(src, x, enc.skip_index))
+
+
+def test_timm_layout_other_img_size(tmp_path):
+    """A 224-px timm checkpoint loads into a 448-px encoder (pos_embed resampled from 16x16 to 32x32)."""
+    src = _timm_model("vit_small_patch14_dinov2", depth=2)
+    path = tmp_path / "w.pt"
+    torch.save(src.state_dict(), path)
+    enc = DINOv2Encoder(pretrained=path, img_size=448, model_kwargs={"depth": 2})
+    assert enc.vit.pos_embed.shape == (1, 32 * 32 + 1, 384)
+
+
+def _bad_file(tmp_path, sd, name):
+    path = tmp_path / name
+    torch.save(sd, path)
+    return path
+
+
+def test_bad_checkpoints(tmp_path):
+    sd = _timm_model("vit_small_patch14_dinov2", depth=3).state_dict()
+    enc = DINOv2Encoder(model_kwargs=SMALL)
+
+    missing = _bad_file(tmp_path, {k: v for k, v in sd.items() if k != "blocks.1.norm1.weight"}, "missing.pt")
+    with pytest.raises(ValueError, match=r"missing\.pt.*1 missing key\(s\) \['blocks\.1\.norm1\.weight'\]"):
+        enc.load_weights(missing)
+
+    extra = _bad_file(tmp_path, {**sd, "blocks.0.attn.extra": torch.zeros(2)}, "extra.pt")
+    with pytest.raises(ValueError, match=r"extra\.pt.*1 unexpected key\(s\) \['blocks\.0\.attn\.extra'\]"):
+        enc.load_weights(extra)
+
+    deeper = _bad_file(tmp_path, _timm_model("vit_small_patch14_dinov2", depth=5).state_dict(), "deeper.pt")
+    with pytest.raises(ValueError, match=r"deeper\.pt.*unexpected.*blocks\.3\."):
+        enc.load_weights(deeper)
+
+    shape = _bad_file(tmp_path, {**sd, "norm.weight": torch.ones(10)}, "shape.pt")
+    with pytest.raises(ValueError, match=r"shape\.pt.*'norm\.weight'.*\(10,\).*\(384,\)"):
+        enc.load_weights(shape)
+
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"garbage\.pt"):
+        enc.load_weights(garbage)
+
+    not_sd = _bad_file(tmp_path, {"epoch": 3, "lr": 0.1}, "not_sd.pt")
+    with pytest.raises(ValueError, match=r"not_sd\.pt.*state dict"):
+        enc.load_weights(not_sd)
+
+    absent = tmp_path / "absent.pth"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(absent))):
+        DINOv2Encoder(pretrained=absent, model_kwargs=SMALL)
