@@ -1,6 +1,7 @@
 from .datasets2d import (
     DATASET_PRESETS,
     build_datalist,
+    canonical_dataset_name,
     glas_datalist,
     isic2016_datalist,
     kvasir_seg_datalist,
@@ -8,6 +9,20 @@ from .datasets2d import (
     synthetic_datalist,
 )
 from .synthetic2d import generate_synthetic_dataset
+from .synapse import (
+    BTCV_LABEL_NAMES,
+    BTCV_TO_SYNAPSE,
+    SYNAPSE_ORGANS,
+    SYNAPSE_TEST_CASES,
+    SYNAPSE_TRAIN_CASES,
+    check_volume_pair,
+    extract_slices,
+    format_case_id,
+    load_synapse_h5,
+    map_btcv_labels,
+    synapse_datalist,
+)
+from .synthetic_ct import DEFAULT_SYNTHETIC_CASES, generate_synthetic_ct, synthetic_ct_volume
 from .validation import DatasetError, validate_datalist
 
 __all__: list[str] = []
@@ -16,6 +31,7 @@ __all__ += [
     "DATASET_PRESETS",
     "DatasetError",
     "build_datalist",
+    "canonical_dataset_name",
     "generate_synthetic_dataset",
     "glas_datalist",
     "isic2016_datalist",
@@ -23,4 +39,21 @@ __all__ += [
     "low_data_subset",
     "synthetic_datalist",
     "validate_datalist",
+]
+
+__all__ += [
+    "BTCV_LABEL_NAMES",
+    "BTCV_TO_SYNAPSE",
+    "DEFAULT_SYNTHETIC_CASES",
+    "SYNAPSE_ORGANS",
+    "SYNAPSE_TEST_CASES",
+    "SYNAPSE_TRAIN_CASES",
+    "check_volume_pair",
+    "extract_slices",
+    "format_case_id",
+    "generate_synthetic_ct",
+    "load_synapse_h5",
+    "map_btcv_labels",
+    "synapse_datalist",
+    "synthetic_ct_volume",
 ]

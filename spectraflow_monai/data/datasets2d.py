@@ -41,6 +41,7 @@ from spectraflow_monai.data.validation import (
 __all__ = [
     "DATASET_PRESETS",
     "build_datalist",
+    "canonical_dataset_name",
     "glas_datalist",
     "isic2016_datalist",
     "kvasir_seg_datalist",
@@ -65,10 +66,20 @@ GLAS_LAYOUT = (
 SYNTHETIC_LAYOUT = "<root>/images/<id>.png, <root>/masks/<id>.png, <root>/splits/{train,val}.txt"
 
 #: official split sizes, for information messages
-OFFICIAL_SIZES = {"kvasir": {"train": 880, "val": 120}, "isic2016": {"train": 900, "test": 379},
-                  "glas": {"train": 85, "test": 80}}
-_SPLIT_ALIASES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
-                  "test": "val", "all": "all"}
+OFFICIAL_SIZES = {
+    "kvasir": {"train": 880, "val": 120},
+    "isic2016": {"train": 900, "test": 379},
+    "glas": {"train": 85, "test": 80},
+}
+_SPLIT_ALIASES = {
+    "train": "train",
+    "training": "train",
+    "val": "val",
+    "valid": "val",
+    "validation": "val",
+    "test": "val",
+    "all": "all",
+}
 
 
 def _split(split: str, preset: str) -> str:
@@ -83,9 +94,7 @@ def _natural_key(s: str) -> list[Any]:
 
 
 def _entries(ids: Sequence[str], images: Mapping[str, str], masks: Mapping[str, str], threshold: int) -> list[dict]:
-    return [
-        {"image": images[i], "label": masks[i], "name": i, "label_threshold": threshold} for i in ids
-    ]
+    return [{"image": images[i], "label": masks[i], "name": i, "label_threshold": threshold} for i in ids]
 
 
 def _finish(
@@ -250,11 +259,22 @@ def synthetic_datalist(
         generate_synthetic_dataset(root, **generate_kwargs)
     elif generate_kwargs:
         raise ValueError(f"generator arguments {sorted(generate_kwargs)} need generate=True.")
-    check_folder(root, "synthetic", SYNTHETIC_LAYOUT + " (create it with generate=True or "
-                 "python -m spectraflow_monai.data.synthetic2d --root DIR)")
+    check_folder(
+        root,
+        "synthetic",
+        SYNTHETIC_LAYOUT + " (create it with generate=True or "
+        "python -m spectraflow_monai.data.synthetic2d --root DIR)",
+    )
     return _folder_pair_datalist(
-        root, split, os.path.join(root, "splits"), "synthetic", SYNTHETIC_LAYOUT, fraction, seed,
-        check_images, check_masks,
+        root,
+        split,
+        os.path.join(root, "splits"),
+        "synthetic",
+        SYNTHETIC_LAYOUT,
+        fraction,
+        seed,
+        check_images,
+        check_masks,
     )
 
 
@@ -351,8 +371,11 @@ def glas_datalist(
     exts = (".bmp", ".png", ".tif", ".tiff")
     images = {k: v for k, v in list_images(base, extensions=exts).items() if not k.endswith("_anno")}
     images = {k: v for k, v in images.items() if re.fullmatch(r"(train|testA|testB)_\d+", k)}
-    masks = {k: v for k, v in list_images(base, suffix="_anno", extensions=exts).items()
-             if re.fullmatch(r"(train|testA|testB)_\d+", k)}
+    masks = {
+        k: v
+        for k, v in list_images(base, suffix="_anno", extensions=exts).items()
+        if re.fullmatch(r"(train|testA|testB)_\d+", k)
+    }
     check_pairs(images, masks, "glas")
     prefixes = {"train": ("train_",), "val": ("testA_", "testB_"), "all": ("train_", "testA_", "testB_")}[split]
     ids = sorted((k for k in images if k.startswith(prefixes)), key=_natural_key)
@@ -375,6 +398,14 @@ DATASET_PRESETS = {
     "synthetic": synthetic_datalist,
 }
 _PRESET_ALIASES = {"kvasir-seg": "kvasir", "kvasir_seg": "kvasir", "isic": "isic2016", "isic-2016": "isic2016"}
+
+
+def canonical_dataset_name(dataset: str) -> str:
+    """The preset key of ``dataset`` (``"Kvasir-SEG"`` -> ``"kvasir"``); ValueError naming unknown presets."""
+    key = _PRESET_ALIASES.get(str(dataset).lower(), str(dataset).lower())
+    if key not in DATASET_PRESETS:
+        raise ValueError(f"dataset must be one of {sorted(DATASET_PRESETS)}, got {dataset!r}.")
+    return key
 
 
 def build_datalist(

@@ -333,12 +333,18 @@ def check_volume_pair(
             affine (tolerance 1e-3) differs from the image's; the message names the case, the files and the
             problem.
     """
-    where = f"case {case}: " if case is not None else ""
     img = _load_nifti(image_path, case, "image")
+    lbl = _load_nifti(label_path, case, "label") if label_path is not None else None
+    return _check_loaded_pair(img, lbl, image_path, label_path, case)
+
+
+def _check_loaded_pair(
+    img: Any, lbl: Any, image_path: str | os.PathLike, label_path: str | os.PathLike | None, case: str | None
+) -> dict[str, Any]:
+    where = f"case {case}: " if case is not None else ""
     shape = _volume_shape(img, os.fspath(image_path), case, "image")
     affine = np.asarray(img.affine, dtype=np.float64)
-    if label_path is not None:
-        lbl = _load_nifti(label_path, case, "label")
+    if lbl is not None and label_path is not None:
         lshape = _volume_shape(lbl, os.fspath(label_path), case, "label")
         if lshape != shape:
             raise DatasetError(
@@ -466,27 +472,32 @@ def _resize_slices(vol: np.ndarray, size: tuple[int, int], mode: str) -> np.ndar
     return np.moveaxis(t[:, 0].numpy(), 0, -1)
 
 
-def _extract_volume(
-    entry: Mapping[str, Any], case: str, cache: Path, params: Mapping[str, Any]
-) -> dict[str, Any]:
+def _extract_volume(entry: Mapping[str, Any], case: str, cache: Path, params: Mapping[str, Any]) -> dict[str, Any]:
     """Write the slices of one volume; return its index record (paths relative to ``cache``)."""
     from spectraflow_monai.transforms.ct import CTWindow  # lazy: transforms.ct imports this module
 
     nib = _nib()
     image_path = os.fspath(entry["image"])
     label_path = os.fspath(entry["label"]) if entry.get("label") is not None else None
-    check_volume_pair(image_path, label_path, case)
-    img = _load_nifti(image_path, case, "image")
+    img = _load_nifti(image_path, case, "image")  # headers only; the data is read once below
     lbl = _load_nifti(label_path, case, "label") if label_path is not None else None
-    if params["canonical"]:
-        img = nib.as_closest_canonical(img)
-        lbl = nib.as_closest_canonical(lbl) if lbl is not None else None
-    image = np.asarray(img.get_fdata(dtype=np.float32))
+    _check_loaded_pair(img, lbl, image_path, label_path, case)
+    try:
+        if params["canonical"]:
+            img = nib.as_closest_canonical(img)
+        image = np.asarray(img.get_fdata(dtype=np.float32))
+    except Exception as e:  # truncated / corrupt data: zlib, EOF, OS errors
+        raise DatasetError(f"case {case}: cannot read the image data of {image_path!r}: {e}") from e
     image = image.reshape(image.shape[:3])
     image = np.asarray(CTWindow(*params["window"], dtype=np.float32)(image))
     label = None
     if lbl is not None:
-        label = np.asanyarray(lbl.dataobj)
+        try:
+            if params["canonical"]:
+                lbl = nib.as_closest_canonical(lbl)
+            label = np.asanyarray(lbl.dataobj)
+        except Exception as e:
+            raise DatasetError(f"case {case}: cannot read the label data of {label_path!r}: {e}") from e
         label = label.reshape(label.shape[:3])
         if params["map_labels"]:
             label = map_btcv_labels(label, case=f"{case} ({label_path})", dtype=np.uint8)
@@ -529,7 +540,9 @@ def extract_slices(
     index (``<cache_dir>/index.json``, updated after every volume) records each source's path, modification time
     and size and the extraction settings; a later call skips every volume whose record still matches, so an
     interrupted extraction resumes where it stopped. The axial axis is the last axis of the volume after
-    reorientation to the closest RAS+ orientation (``canonical=True``).
+    reorientation to the closest RAS+ orientation (``canonical=True``), so the slices match a 3D evaluation
+    pipeline ``LoadImaged -> EnsureChannelFirstd -> Orientationd(axcodes="RAS")`` with
+    ``monai.inferers.SliceInferer(spatial_dim=2)``.
 
     Args:
         datalist: entries ``{"image": nifti, "label": nifti (optional), "case": id (optional)}``, e.g. from

@@ -169,8 +169,13 @@ def generate_synthetic_dataset(
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"{arg} must be an integer >= {low}, got {value!r}.")
     root = os.fspath(root)
-    params = {"version": _VERSION, "num_train": int(num_train), "num_val": int(num_val), "size": int(size),
-              "seed": int(seed)}
+    params = {
+        "version": _VERSION,
+        "num_train": int(num_train),
+        "num_val": int(num_val),
+        "size": int(size),
+        "seed": int(seed),
+    }
     manifest = os.path.join(root, "synthetic2d.json")
     if os.path.isfile(manifest) and not overwrite:
         with open(manifest) as f:
@@ -221,8 +226,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     info = generate_synthetic_dataset(args.root, args.num_train, args.num_val, args.size, args.seed, args.overwrite)
     state = "already there" if info["skipped"] else "written"
-    print(f"synthetic set {state}: {info['root']} ({info['num_train']} train, {info['num_val']} val, "
-          f"{info['size']}x{info['size']}, mean foreground {100 * info['foreground_fraction']:.1f}%)")
+    print(
+        f"synthetic set {state}: {info['root']} ({info['num_train']} train, {info['num_val']} val, "
+        f"{info['size']}x{info['size']}, mean foreground {100 * info['foreground_fraction']:.1f}%)"
+    )
     return info
 
 

@@ -11,7 +11,8 @@ Checks and their cost:
 - ``check_images=True``: every image and mask is opened with PIL and ``verify()``-ed (headers; PNG chunk CRCs; a
   JPEG must end with its end-of-image marker, which catches truncated downloads), and image and mask sizes must
   match; no pixel decoding;
-- ``check_masks=True``: every mask is fully decoded once (about 3 ms per 600x500 JPEG) and must be a binary mask:
+- ``check_masks=True``: every mask is fully decoded once (about 6 s for the 1000 Kvasir-SEG masks on one core) and
+  must be a binary mask:
 
   * a colour image is rejected: more than ``max_grey_fraction`` of its pixels have RGB channels differing by more
     than 32 grey levels;
@@ -144,39 +145,56 @@ def check_binary_mask(path: str | os.PathLike, label_threshold: float = 128, max
             Defaults to 128.
         max_grey_fraction: largest tolerated fraction of mid-grey (32 < v < 224) or colour pixels. Defaults to 0.01.
     """
-    from PIL import Image
+    from PIL import Image, ImageChops
 
     path = os.fspath(path)
+    grey_hist: list[int] | None = None  # 256-bin histogram of the grey levels, when 8-bit
+    arr: np.ndarray | None = None
     try:
         with Image.open(path) as im:
             im.load()
             if im.mode == "P":  # palette: grey palettes are read as grey levels, others as label indices
                 palette = np.asarray(im.getpalette() or [], dtype=np.int16).reshape(-1, 3)
                 grey_palette = bool(np.all(palette.max(axis=1) == palette.min(axis=1)))
-                arr = np.asarray(im.convert("L") if grey_palette else im)
+                grey_hist = im.convert("L").histogram() if grey_palette else None
             elif im.mode in ("RGB", "RGBA", "LA", "CMYK", "YCbCr"):
-                rgb = np.asarray(im.convert("RGB"), dtype=np.int16)
-                colour = float(np.mean((rgb.max(axis=-1) - rgb.min(axis=-1)) > 32))
+                rgb = im.convert("RGB")
+                r, g, b = rgb.split()
+                spread = ImageChops.lighter(
+                    ImageChops.lighter(ImageChops.difference(r, g), ImageChops.difference(g, b)),
+                    ImageChops.difference(r, b),
+                )
+                colour = sum(spread.histogram()[33:]) / float(rgb.width * rgb.height)
                 if colour > max_grey_fraction:
                     raise DatasetError(
                         f"not a binary mask: {path!r} is a colour image ({100 * colour:.1f}% of pixels coloured)."
                     )
-                arr = np.asarray(im.convert("L"))
-            else:
+                grey_hist = rgb.convert("L").histogram()
+            elif im.mode == "L":
+                grey_hist = im.histogram()
+            elif label_threshold > 1:
                 arr = np.asarray(im)
     except DatasetError:
         raise
     except Exception as e:
         raise DatasetError(f"unreadable mask {path!r}: {type(e).__name__}: {e}") from e
-    if label_threshold > 1 and arr.size:
-        if arr.dtype != np.uint8 and float(arr.max()) > 255:  # 16-bit masks: compare on a 0..255 scale
-            arr = np.asarray(arr, dtype=np.float64) * (255.0 / float(arr.max()))
+    if label_threshold <= 1:
+        return
+    if grey_hist is not None:
+        total = float(sum(grey_hist))
+        grey = sum(grey_hist[33:224]) / total if total else 0.0
+    elif arr is not None and arr.size:  # 16/32-bit or bilevel masks: compare on a 0..255 scale
+        arr = np.asarray(arr, dtype=np.float64)
+        if float(arr.max()) > 255:
+            arr = arr * (255.0 / float(arr.max()))
         grey = float(np.mean((arr > 32) & (arr < 224)))
-        if grey > max_grey_fraction:
-            raise DatasetError(
-                f"not a binary mask: {path!r} has {100 * grey:.1f}% mid-grey pixels (values in (32, 224)); "
-                f"at most {100 * max_grey_fraction:.1f}% are tolerated."
-            )
+    else:
+        return
+    if grey > max_grey_fraction:
+        raise DatasetError(
+            f"not a binary mask: {path!r} has {100 * grey:.1f}% mid-grey pixels (values in (32, 224)); "
+            f"at most {100 * max_grey_fraction:.1f}% are tolerated."
+        )
 
 
 def validate_datalist(
@@ -220,4 +238,3 @@ def validate_datalist(
     if problems:
         more = f" (and {len(problems) - _MAX_LISTED} more problems)" if len(problems) > _MAX_LISTED else ""
         raise DatasetError(f"{what}: {len(problems)} bad file(s){more}:\n  " + "\n  ".join(problems[:_MAX_LISTED]))
-

@@ -250,11 +250,12 @@ class MeanFlowPretrainer(Trainer):
 
         StatsHandler(name="train", output_transform=lambda out: out)     # all four terms, by key
         TensorBoardStatsHandler(log_dir=..., output_transform=lambda out: out)   # tags "loss", "loss_meanflow", ...
-        StatsHandler(tag_name="loss", output_transform=from_engine(["loss"], first=True))  # total only
+        StatsHandler(tag_name="loss", output_transform=lambda out: out["loss"])  # the total only
         ignite.handlers.ProgressBar().attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
 
-    (MONAI's default ``output_transform=lambda x: x[0]`` expects a decollated list and does not apply here;
-    ``from_engine(["loss"])`` returns a 1-tuple which the handlers do not print.)
+    (MONAI's default ``output_transform=lambda x: x[0]`` expects a decollated list and does not apply here, and
+    ``from_engine(["loss"], first=True)`` returns a 1-tuple for a dict output, which the handlers skip as
+    non-scalar. In a bundle config: ``"output_transform": "$lambda out: out"``.)
 
     Global batch = ``batch_size × accumulation_steps × world_size`` (the paper uses a global batch of 8).
 
@@ -295,7 +296,8 @@ class MeanFlowPretrainer(Trainer):
             and ``pooled`` ``(B, C)``. Its trainable parameters (``requires_grad``) are optimised; for the
             dispersive loss to reach the encoder the penultimate block must be trainable (``trainable_blocks >= 2``
             or ``"all"``), otherwise a warning is issued once.
-        head: the MeanFlow head ``head(z, t, s[, domain=...])`` (:class:`~spectraflow_monai.networks.nets.MeanFlowHead`).
+        head: the MeanFlow head ``head(z, t, s[, domain=...])``
+            (:class:`spectraflow_monai.networks.nets.meanflow_head.MeanFlowHead`).
         optimizer: optimizer over the trainable parameters of encoder and head (paper: AdamW, lr 1e-5).
         meanflow_loss: MeanFlow loss; its ``compute`` method (returning ``{"loss", "mse"}``) is used when present.
             Defaults to ``MeanFlowLoss()``.
@@ -605,7 +607,9 @@ class MeanFlowPretrainer(Trainer):
         device = self.state.device
         if self.custom_prepare_batch is not None:
             out = self.custom_prepare_batch(batchdata, device, self.non_blocking, **self.to_kwargs)
-            image, domain = (out[0], out[1] if len(out) > 1 else None) if isinstance(out, (tuple, list)) else (out, None)
+            image, domain = (
+                (out[0], out[1] if len(out) > 1 else None) if isinstance(out, (tuple, list)) else (out, None)
+            )
         elif isinstance(batchdata, Mapping):
             if self.image_key not in batchdata:
                 raise ValueError(
@@ -618,7 +622,9 @@ class MeanFlowPretrainer(Trainer):
         elif isinstance(batchdata, (tuple, list)) and len(batchdata) > 0:
             image, domain = batchdata[0], (batchdata[1] if len(batchdata) > 1 else None)
         else:
-            raise ValueError(f"unsupported batch type {type(batchdata).__name__}; expected a dict with {self.image_key!r}.")
+            raise ValueError(
+                f"unsupported batch type {type(batchdata).__name__}; expected a dict with {self.image_key!r}."
+            )
         if not isinstance(image, torch.Tensor):
             raise ValueError(f"the batch image must be a tensor (B, C, H, W), got {type(image).__name__}.")
         if image.ndim != 4:
@@ -685,9 +691,7 @@ class MeanFlowPretrainer(Trainer):
             engine.optimizer.zero_grad(set_to_none=engine.optim_set_to_none)
 
         head_kwargs = {"domain": domain} if (engine.condition_on_domain and domain is not None) else {}
-        autocast = (
-            torch.autocast(engine._device_type, **engine._autocast_kwargs) if engine.amp else nullcontext()
-        )
+        autocast = torch.autocast(engine._device_type, **engine._autocast_kwargs) if engine.amp else nullcontext()
         with autocast:
             feats = engine.encoder(images)
             if not (hasattr(feats, "final") and hasattr(feats, "pooled")):

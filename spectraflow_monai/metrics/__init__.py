@@ -8,6 +8,7 @@ from .segmentation import (
     write_text_atomic,
 )
 from .surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled, transunet_case_metrics
+from .volume import ORGAN_DISPLAY_NAMES, PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, VolumeMetricTable, organ_metrics
 
 __all__: list[str] = []
 
@@ -26,3 +27,5 @@ __all__ += [
     "transunet_case_metrics",
     "write_text_atomic",
 ]
+
+__all__ += ["ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "VOLUME_METRIC_KEYS", "VolumeMetricTable", "organ_metrics"]

@@ -12,9 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from monai.config import IgniteInfo
 from monai.handlers.utils import from_engine
-from monai.utils import min_version, optional_import
+from monai.utils import IgniteInfo, min_version, optional_import
 
 from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
 
@@ -148,9 +147,7 @@ class MetricSuiteHandler:
         if len(found) != batch_size:
             found = [None] * batch_size
         offset = len(self.suite)
-        return [
-            name_from_path(n) if n is not None else f"image_{offset + i:05d}" for i, n in enumerate(found)
-        ]
+        return [name_from_path(n) if n is not None else f"image_{offset + i:05d}" for i, n in enumerate(found)]
 
     def iteration_completed(self, engine: Engine) -> None:
         """Score the iteration's predictions."""

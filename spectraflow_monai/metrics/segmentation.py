@@ -9,19 +9,19 @@ bookkeeping (per-image rows with names, empty-mask conventions, both HD95 defini
 
 Empty-mask conventions (argument ``empty`` of :class:`SegmentationMetricSuite`):
 
-==============================  ==================  ==================  ==================
-case (per image and class)      ``"one"`` (default)  ``"nan"``           ``"monai"``
-==============================  ==================  ==================  ==================
-both empty: Dice, IoU           1                   NaN                 NaN
-both empty: precision, recall   1                   NaN                 NaN
-gt empty, pred not: Dice, IoU   0                   0                   NaN
-gt empty, pred not: recall      0                   NaN                 NaN
-gt empty, pred not: precision   0                   0                   0
-pred empty, gt not: Dice, IoU   0                   0                   0
-pred empty, gt not: precision   0                   NaN                 NaN
-pred empty, gt not: recall      0                   0                   0
-either empty: HD95 (both defs)  NaN                 NaN                 NaN
-==============================  ==================  ==================  ==================
+==============================  ===================  =========  ===========
+case (per image and class)      ``"one"`` (default)  ``"nan"``  ``"monai"``
+==============================  ===================  =========  ===========
+both empty: Dice, IoU           1                    NaN        NaN
+both empty: precision, recall   1                    NaN        NaN
+gt empty, pred not: Dice, IoU   0                    0          NaN
+gt empty, pred not: recall      0                    NaN        NaN
+gt empty, pred not: precision   0                    0          0
+pred empty, gt not: Dice, IoU   0                    0          0
+pred empty, gt not: precision   0                    NaN        NaN
+pred empty, gt not: recall      0                    0          0
+either empty: HD95 (both defs)  NaN                  NaN        NaN
+==============================  ===================  =========  ===========
 
 ``"one"`` scores a correct "nothing here" as perfect (the clinical reading) and every other undefined ratio (0/0) as
 0, so an empty prediction is never rewarded. ``"nan"`` leaves every 0/0 ratio undefined. ``"monai"`` reproduces
@@ -35,6 +35,7 @@ undefined whenever either mask is empty under every convention; the TransUNet co
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -201,7 +202,9 @@ class SegmentationMetricSuite:
                 f"pred and gt must be (B, C, H, W) or (B, C, H, W, D), got {tuple(p.shape)} and {tuple(g.shape)}."
             )
         if p.shape[0] != g.shape[0] or p.shape[2:] != g.shape[2:]:
-            raise ValueError(f"pred and gt must share batch and spatial shape, got {tuple(p.shape)} and {tuple(g.shape)}.")
+            raise ValueError(
+                f"pred and gt must share batch and spatial shape, got {tuple(p.shape)} and {tuple(g.shape)}."
+            )
         if p.shape[1] == 1 and g.shape[1] == 1 and self.num_classes in (None, 2):
             for x, nm in ((p, "pred"), (g, "gt")):
                 if bool(((x != 0) & (x != 1)).any()):
@@ -232,7 +235,8 @@ class SegmentationMetricSuite:
         if self.class_names is not None:
             if len(self.class_names) not in (n_cls, n_cls - start):
                 raise ValueError(
-                    f"class_names must have {n_cls} (all) or {n_cls - start} (scored) entries, got {self.class_names!r}."
+                    f"class_names must have {n_cls} (all) or {n_cls - start} (scored) entries, "
+                    f"got {self.class_names!r}."
                 )
             names = self.class_names[start:] if len(self.class_names) == n_cls else list(self.class_names)
         return p, g, names
@@ -371,17 +375,12 @@ class SegmentationMetricSuite:
     def to_csv(self, path: str | os.PathLike) -> str:
         """Write the per-image rows to ``path`` (CSV with a header, written atomically) and return the path."""
         fields = ["name", "class", "gt_area", "pred_area", *self.metric_keys]
-        lines: list[str] = []
-
-        class _Sink:
-            def write(self, s: str) -> None:
-                lines.append(s)
-
-        writer = csv.DictWriter(_Sink(), fieldnames=fields, lineterminator="\n")
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in self._rows:
             writer.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
-        write_text_atomic(path, "".join(lines))
+        write_text_atomic(path, buffer.getvalue())
         return os.fspath(path)
 
     def summary_markdown(self, summary: Mapping[str, Any] | None = None) -> str:
@@ -420,8 +419,13 @@ class SegmentationMetricSuite:
                 lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
 
-    def save(self, output_dir: str | os.PathLike, csv_name: str = "metrics.csv", summary_name: str = "summary.md",
-             json_name: str | None = "summary.json") -> dict[str, Any]:
+    def save(
+        self,
+        output_dir: str | os.PathLike,
+        csv_name: str = "metrics.csv",
+        summary_name: str = "summary.md",
+        json_name: str | None = "summary.json",
+    ) -> dict[str, Any]:
         """Write ``metrics.csv``, ``summary.md`` (and ``summary.json`` unless ``json_name`` is None) atomically into
         ``output_dir``; returns the summary."""
         s = self.summary()
@@ -458,4 +462,3 @@ def evaluate_segmentation(
     if output_dir is not None:
         suite.save(output_dir)
     return suite
-

@@ -27,7 +27,14 @@ import numpy as np
 import torch
 from monai.metrics import compute_dice, compute_hausdorff_distance
 
-__all__ = ["HD95_DEFINITIONS", "HD95_SHORT_LABELS", "as_binary_numpy", "hd95_monai", "hd95_pooled", "transunet_case_metrics"]
+__all__ = [
+    "HD95_DEFINITIONS",
+    "HD95_SHORT_LABELS",
+    "as_binary_numpy",
+    "hd95_monai",
+    "hd95_pooled",
+    "transunet_case_metrics",
+]
 
 HD95_DEFINITIONS: dict[str, str] = {
     "monai": "max of the two directed 95th percentiles (monai.metrics.compute_hausdorff_distance, percentile=95)",

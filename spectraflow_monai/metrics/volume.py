@@ -19,8 +19,9 @@ volume against its ground truth, per organ, in two conventions side by side:
 Every organ is scored on the bounding box of prediction and ground truth (plus a one-voxel margin), found for all
 organs in one pass with :func:`scipy.ndimage.find_objects`. This is exact: both masks are empty outside the box, the
 margin keeps the erosion-based surfaces of the full volume (outside the array counts as background either way), and
-all surface points, hence all surface distances, lie inside it. It makes a 512x512x100 volume with 8 organs a
-matter of about a second on one CPU core instead of tens of seconds with whole-volume one-hot tensors.
+all surface points, hence all surface distances, lie inside it. Both HD95 definitions are then computed from one
+surface extraction per organ (``fast=True``). On one CPU core, a 512x512x100 volume with 8 organs takes about 1-2 s
+(about 23 s with whole-volume one-hot tensors and MONAI's metrics).
 
 :class:`VolumeMetricTable` collects cases and writes the per-case CSV and the per-organ Markdown table (organs by
 name in the order of the paper's table, a mean row, the HD95 definitions named).
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from monai.metrics import compute_dice
+from monai.metrics.utils import get_mask_edges
 
 from spectraflow_monai.data.synapse import SYNAPSE_ORGANS
 from spectraflow_monai.metrics.segmentation import write_text_atomic
@@ -114,12 +116,56 @@ def _union_box(a: tuple[slice, ...] | None, b: tuple[slice, ...] | None, shape: 
     )
 
 
+def _directed_distances(
+    src_edges: np.ndarray,
+    dst_edges: np.ndarray,
+    shared: np.ndarray,
+    scales: Sequence[np.ndarray | None],
+    workers: int,
+) -> list[np.ndarray]:
+    """Distances from every ``src`` surface voxel to the nearest ``dst`` surface voxel, once per scale (spacing).
+
+    Surface voxels shared by both surfaces are at distance 0 and are not queried.
+    """
+    from scipy.spatial import KDTree
+
+    n_shared = int(shared.sum())
+    query = np.argwhere(src_edges & ~shared).astype(np.float64)
+    target = np.argwhere(dst_edges).astype(np.float64)
+    out = []
+    for scale in scales:
+        d = np.zeros(n_shared + len(query))
+        if len(query):
+            q, t = (query, target) if scale is None else (query * scale, target * scale)
+            d[n_shared:] = KDTree(t, leafsize=32).query(q, k=1, workers=workers)[0]
+        out.append(d)
+    return out
+
+
+def _surface_metrics(
+    p: np.ndarray, g: np.ndarray, spacing: tuple[float, ...] | None, workers: int
+) -> tuple[float, float]:
+    """(MONAI HD95 with ``spacing``, pooled HD95 in voxels) of two non-empty masks, from one surface extraction."""
+    edges_p, edges_g = get_mask_edges(p, g, crop=False)  # mask ^ erosion (cross structure), outside = background
+    shared = edges_p & edges_g
+    scales: list[np.ndarray | None] = [None]
+    if spacing is not None and any(s != 1.0 for s in spacing):
+        scales.append(np.asarray(spacing, dtype=np.float64))
+    d_pg = _directed_distances(edges_p, edges_g, shared, scales, workers)
+    d_gp = _directed_distances(edges_g, edges_p, shared, scales, workers)
+    hd_pooled = float(np.percentile(np.concatenate([d_pg[0], d_gp[0]]), 95))
+    hd_monai = float(max(np.percentile(d_pg[-1], 95), np.percentile(d_gp[-1], 95)))
+    return hd_monai, hd_pooled
+
+
 def organ_metrics(
     pred_volume: np.ndarray | torch.Tensor,
     label_volume: np.ndarray | torch.Tensor,
     spacing: float | Sequence[float] | None = None,
     num_classes: int = 9,
     organ_names: Sequence[str] | None = None,
+    fast: bool = True,
+    workers: int = 1,
 ) -> dict[str, dict[str, float]]:
     """Per-organ DSC and HD95 of one predicted label volume, in MONAI's and TransUNet's conventions.
 
@@ -132,6 +178,14 @@ def organ_metrics(
         num_classes: number of classes including background 0. Defaults to 9 (Synapse).
         organ_names: names of the classes ``1..num_classes-1`` (or of all classes, background first); defaults to
             :data:`spectraflow_monai.data.SYNAPSE_ORGANS` for 9 classes and ``class_<i>`` otherwise.
+        fast: when both masks of an organ are non-empty, extract the surfaces once (MONAI's
+            :func:`~monai.metrics.utils.get_mask_edges`) and compute both HD95 definitions from them with KD-tree
+            nearest-surface queries (as MONAI does on CPU), skipping surface voxels shared by both masks (distance
+            0). False calls :func:`spectraflow_monai.metrics.surface.hd95_monai` and
+            :func:`~spectraflow_monai.metrics.surface.transunet_case_metrics` on each organ's box instead (same
+            values, about 3x slower on large volumes). Empty masks always go through ``transunet_case_metrics``.
+            Defaults to True.
+        workers: threads of the KD-tree queries of the fast path (``-1``: all CPUs). Defaults to 1.
 
     Returns:
         ``{organ: {"dice", "hd95", "dice_transunet", "hd95_transunet", "gt_voxels", "pred_voxels"}}`` in class
@@ -145,6 +199,8 @@ def organ_metrics(
 
     if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}.")
+    if not isinstance(workers, (int, np.integer)) or isinstance(workers, bool) or workers == 0 or workers < -1:
+        raise ValueError(f"workers must be a positive integer or -1, got {workers!r}.")
     names = _organ_names(organ_names, int(num_classes))
     pred = _as_label_volume(pred_volume, "pred_volume", num_classes)
     gt = _as_label_volume(label_volume, "label_volume", num_classes)
@@ -171,13 +227,20 @@ def organ_metrics(
                     torch.from_numpy(p_c)[None, None], torch.from_numpy(g_c)[None, None], include_background=True
                 )[0, 0]
             )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # MONAI's empty-mask warnings: NaN is the documented result
-            hd = hd95_monai(p_c, g_c, sp) if n_p and n_g else float("nan")
-        dice_tu, hd_tu = transunet_case_metrics(p_c, g_c)
+        if n_p and n_g and fast:
+            hd, hd_tu = _surface_metrics(p_c, g_c, sp, workers)
+            dice_tu = dice  # medpy dc = 2|A & B| / (|A| + |B|), the same ratio
+        elif n_p and n_g:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # MONAI-internal deprecation notice
+                hd = hd95_monai(p_c, g_c, sp)
+            dice_tu, hd_tu = transunet_case_metrics(p_c, g_c)
+        else:
+            hd = float("nan")  # MONAI: undefined when a mask is empty
+            dice_tu, hd_tu = transunet_case_metrics(p_c, g_c)  # TransUNet's empty-mask conventions
         out[names[c - 1]] = {
             "dice": dice,
-            "hd95": hd,
+            "hd95": float(hd),
             "dice_transunet": float(dice_tu),
             "hd95_transunet": float(hd_tu),
             "gt_voxels": n_g,
@@ -198,7 +261,8 @@ def _organ_names(organ_names: Sequence[str] | None, num_classes: int) -> list[st
         names = names[1:]
     if len(names) != num_classes - 1 or len(set(names)) != len(names):
         raise ValueError(
-            f"organ_names must hold {num_classes - 1} (foreground) or {num_classes} distinct names, got {organ_names!r}."
+            f"organ_names must hold {num_classes - 1} (foreground) or {num_classes} distinct names, "
+            f"got {organ_names!r}."
         )
     return names
 
@@ -341,12 +405,8 @@ class VolumeMetricTable:
         for o in self.row_order:
             cells = [ORGAN_DISPLAY_NAMES.get(o, o), *(f(s["organs"][o][k]) for f, k in zip(fmt, VOLUME_METRIC_KEYS))]
             lines.append("| " + " | ".join(cells) + " |")
-        lines.append(
-            "| **Mean** | " + " | ".join(f(s["mean"][k]) for f, k in zip(fmt, VOLUME_METRIC_KEYS)) + " |"
-        )
-        excluded = {
-            o: {k: n for k, n in s["organs"][o]["excluded"].items() if n} for o in self.row_order
-        }
+        lines.append("| **Mean** | " + " | ".join(f(s["mean"][k]) for f, k in zip(fmt, VOLUME_METRIC_KEYS)) + " |")
+        excluded = {o: {k: n for k, n in s["organs"][o]["excluded"].items() if n} for o in self.row_order}
         excluded = {o: v for o, v in excluded.items() if v}
         lines += [
             "",

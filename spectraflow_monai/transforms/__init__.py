@@ -1,4 +1,5 @@
 from .label import BinarizeLabel, BinarizeLabelD, BinarizeLabeld, BinarizeLabelDict
+from .ct import CTWindow, CTWindowd, LoadSynapseSliced, MapBTCVLabels, MapBTCVLabelsd, load_slice_npz
 from .mixed_domain import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -20,3 +21,5 @@ __all__: list[str] = [
 ]
 
 __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelDict"]
+
+__all__ += ["CTWindow", "CTWindowd", "LoadSynapseSliced", "MapBTCVLabels", "MapBTCVLabelsd", "load_slice_npz"]

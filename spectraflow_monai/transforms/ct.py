@@ -81,7 +81,13 @@ class CTWindowd(ScaleIntensityRanged):
     ) -> None:
         _check_window(a_min, a_max)
         super().__init__(
-            keys, a_min=a_min, a_max=a_max, b_min=0.0, b_max=1.0, clip=True, dtype=dtype,
+            keys,
+            a_min=a_min,
+            a_max=a_max,
+            b_min=0.0,
+            b_max=1.0,
+            clip=True,
+            dtype=dtype,
             allow_missing_keys=allow_missing_keys,
         )
 
@@ -152,13 +158,19 @@ def load_slice_npz(path: str | os.PathLike, fields: Sequence[str] = ("image", "l
     if not os.path.isfile(path):
         raise FileNotFoundError(f"slice file {path!r} does not exist.")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [f for f in fields if f not in npz.files]
-            if missing:
-                raise ValueError(f"slice file {path!r} has no array {missing} (it contains {sorted(npz.files)}).")
-            return {f: np.asarray(npz[f]) for f in fields}
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        npz = np.load(path, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
         raise ValueError(f"slice file {path!r} is not a readable .npz archive: {e}") from e
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise ValueError(f"slice file {path!r} is a single array, not an .npz archive with {list(fields)}.")
+    with npz:
+        missing = [f for f in fields if f not in npz.files]
+        if missing:
+            raise ValueError(f"slice file {path!r} has no array {missing} (it contains {sorted(npz.files)}).")
+        try:
+            return {f: np.asarray(npz[f]) for f in fields}
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+            raise ValueError(f"slice file {path!r} is not a readable .npz archive: {e}") from e
 
 
 class LoadSynapseSliced(MapTransform):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import math
 import os
@@ -10,6 +11,7 @@ import os
 import pytest
 import torch
 from ignite.engine import Events
+from ignite.handlers import ProgressBar
 from monai.data import DataLoader, Dataset
 from monai.handlers import CheckpointLoader, CheckpointSaver, LrScheduleHandler, StatsHandler
 from parameterized import parameterized
@@ -42,7 +44,10 @@ def _optimizer(encoder, head, lr: float = 1e-3):
 def _data(n_batches: int, batch: int = 4, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     return [
-        {"image": torch.randn(batch, 3, 28, 28, generator=g), "domain": torch.tensor([0, 1] * (batch // 2) + [0] * (batch % 2))}
+        {
+            "image": torch.randn(batch, 3, 28, 28, generator=g),
+            "domain": torch.tensor([0, 1] * (batch // 2) + [0] * (batch % 2)),
+        }
         for _ in range(n_batches)
     ]
 
@@ -109,7 +114,9 @@ class TestMeanFlowPretrainer:
         opt = _optimizer(encoder, head)
         steps = _count_steps(opt)
         changed = []
-        trainer = MeanFlowPretrainer("cpu", 1, _data(n), encoder, head, opt, accumulation_steps=acc, epoch_length=epoch_length)
+        trainer = MeanFlowPretrainer(
+            "cpu", 1, _data(n), encoder, head, opt, accumulation_steps=acc, epoch_length=epoch_length
+        )
         last = [_params(head)]
 
         def record(engine):
@@ -127,14 +134,18 @@ class TestMeanFlowPretrainer:
     def test_accumulation_equals_large_batch_without_dispersion(self):
         # with the noise/time fixed, two half batches accumulated == one step on the full batch (mean reductions)
         data = _data(2, batch=4, seed=3)
-        full = [{"image": torch.cat([data[0]["image"], data[1]["image"]]), "domain": torch.cat([d["domain"] for d in data])}]
+        full = [
+            {"image": torch.cat([data[0]["image"], data[1]["image"]]), "domain": torch.cat([d["domain"] for d in data])}
+        ]
         results = []
         for batches, acc in ((data, 2), (full, 1)):
             encoder, head = _modules(seed=5)
             # make the head output non-zero so that the MeanFlow gradient reaches the encoder at the first step
             torch.nn.init.normal_(head.out_proj.weight, std=0.02)
             opt = torch.optim.SGD(encoder.trainable_parameters() + list(head.parameters()), lr=0.1)
-            trainer = MeanFlowPretrainer("cpu", 1, batches, encoder, head, opt, dispersive_weight=0, accumulation_steps=acc)
+            trainer = MeanFlowPretrainer(
+                "cpu", 1, batches, encoder, head, opt, dispersive_weight=0, accumulation_steps=acc
+            )
             gen = torch.Generator().manual_seed(11)
             noise = torch.randn(8, encoder.embed_dim, 2, 2, generator=gen)
             times = torch.rand(2, 8, generator=gen).sort(dim=0).values
@@ -146,7 +157,9 @@ class TestMeanFlowPretrainer:
                     b = z0.shape[0]
                     i = 0 if b == 8 else FixedMF.calls * b
                     FixedMF.calls += 1
-                    return super().compute(head_, z0, noise=noise[i : i + b], t=times[1, i : i + b], s=times[0, i : i + b], **kw)
+                    return super().compute(
+                        head_, z0, noise=noise[i : i + b], t=times[1, i : i + b], s=times[0, i : i + b], **kw
+                    )
 
             trainer.meanflow_loss = FixedMF()
             trainer.run()
@@ -201,7 +214,8 @@ class TestMeanFlowPretrainer:
             "cpu", 1, _data(4), encoder, head, _optimizer(encoder, head), ema_decay=0.9, accumulation_steps=2
         )
         trainer.add_event_handler(
-            Events.ITERATION_COMPLETED, lambda e: live_after_step.append(_params(encoder)) if e.optimizer_stepped else None
+            Events.ITERATION_COMPLETED,
+            lambda e: live_after_step.append(_params(encoder)) if e.optimizer_stepped else None,
         )
         trainer.run()
         assert len(live_after_step) == 2
@@ -227,7 +241,13 @@ class TestMeanFlowPretrainer:
         path = tmp_path / "export" / "encoder_ema.pt"
         epoch_files = []
         trainer = MeanFlowPretrainer(
-            "cpu", 2, _data(2), encoder, head, _optimizer(encoder, head), train_handlers=[EncoderExportHandler(path=path)]
+            "cpu",
+            2,
+            _data(2),
+            encoder,
+            head,
+            _optimizer(encoder, head),
+            train_handlers=[EncoderExportHandler(path=path)],
         )
         trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: epoch_files.append(path.is_file()))
         trainer.run()
@@ -263,7 +283,10 @@ class TestMeanFlowPretrainer:
         ref.run()
 
         first, _ = build(
-            1, lambda t, lr: [CheckpointSaver(str(tmp_path), t.checkpoint_dict(lr), save_final=True, final_filename="ckpt.pt")]
+            1,
+            lambda t, lr: [
+                CheckpointSaver(str(tmp_path), t.checkpoint_dict(lr), save_final=True, final_filename="ckpt.pt")
+            ],
         )
         first.run()
         saved = {k: _params(first.checkpoint_dict()[k]) for k in ("encoder", "head", "ema")}
@@ -296,7 +319,9 @@ class TestMeanFlowPretrainer:
     def test_stats_handler_logs_each_term(self):
         encoder, head = _modules()
         handler = StatsHandler(name="sf_pretrain_test", output_transform=lambda out: out, iteration_log=True)
-        trainer = MeanFlowPretrainer("cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), train_handlers=[handler])
+        trainer = MeanFlowPretrainer(
+            "cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), train_handlers=[handler]
+        )
         records: list[str] = []
 
         class _ListHandler(logging.Handler):
@@ -306,6 +331,8 @@ class TestMeanFlowPretrainer:
         logger = logging.getLogger("sf_pretrain_test")
         capture = _ListHandler(level=logging.INFO)
         logger.addHandler(capture)
+        stream = io.StringIO()
+        ProgressBar(persist=True, file=stream).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
         try:
             trainer.run()
         finally:
@@ -314,6 +341,7 @@ class TestMeanFlowPretrainer:
         out = trainer.state.output
         for key in ("loss", "loss_meanflow", "loss_dispersive", "mse"):
             assert f"{key}: {out[key]:.4f}" in text
+        assert "loss=" in stream.getvalue()
 
     def test_amp_cpu_bf16(self):
         encoder, head = _modules()
@@ -334,7 +362,9 @@ class TestMeanFlowPretrainer:
 
     def test_bad_batches(self):
         encoder, head = _modules()
-        trainer = MeanFlowPretrainer("cpu", 1, [{"img": torch.randn(2, 3, 28, 28)}], encoder, head, _optimizer(encoder, head))
+        trainer = MeanFlowPretrainer(
+            "cpu", 1, [{"img": torch.randn(2, 3, 28, 28)}], encoder, head, _optimizer(encoder, head)
+        )
         with pytest.raises(ValueError, match="no image_key 'image'"):
             trainer.run()
         bad_domain = [{"image": torch.randn(2, 3, 28, 28), "domain": torch.tensor([0, 1, 1])}]
@@ -358,8 +388,14 @@ class TestMeanFlowPretrainer:
         encoder, head = _modules()
         args = {"max_epochs": 1, **kwargs}
         with pytest.raises(ValueError, match=match):
-            MeanFlowPretrainer("cpu", train_data_loader=_data(1), encoder=encoder, head=head,
-                               optimizer=_optimizer(encoder, head), **args)
+            MeanFlowPretrainer(
+                "cpu",
+                train_data_loader=_data(1),
+                encoder=encoder,
+                head=head,
+                optimizer=_optimizer(encoder, head),
+                **args,
+            )
 
     def test_invalid_modules(self):
         encoder, head = _modules(num_domains=0)
@@ -367,13 +403,15 @@ class TestMeanFlowPretrainer:
             MeanFlowPretrainer("cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), condition_on_domain=True)
         with pytest.raises(ValueError, match="head must be the plain module, got DataParallel"):
             MeanFlowPretrainer("cpu", 1, _data(1), encoder, torch.nn.DataParallel(head), _optimizer(encoder, head))
-        with pytest.raises(ValueError, match="distributed=True needs an initialised"):
+        with pytest.raises(RuntimeError, match="distributed=True.*needs an initialised"):
             MeanFlowPretrainer("cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), distributed=True).run()
 
     def test_external_ema_encoder(self):
         encoder, head = _modules()
         ema_module = DINOv2Encoder(**ENC_KW)  # different random weights, overwritten with the encoder's
-        trainer = MeanFlowPretrainer("cpu", 1, _data(2), encoder, head, _optimizer(encoder, head), ema_encoder=ema_module)
+        trainer = MeanFlowPretrainer(
+            "cpu", 1, _data(2), encoder, head, _optimizer(encoder, head), ema_encoder=ema_module
+        )
         assert trainer.ema_encoder is ema_module
         assert _max_diff(_params(ema_module), _params(encoder)) == 0
         trainer.run()
@@ -409,7 +447,9 @@ class TestHelpers:
         z = torch.randn(2, 6, 3, 4) * 5 + 2
         out = normalize_latent(z)
         tokens = z.permute(0, 2, 3, 1)
-        expected = (tokens - tokens.mean(-1, keepdim=True)) / torch.sqrt(tokens.var(-1, unbiased=False, keepdim=True) + 1e-6)
+        expected = (tokens - tokens.mean(-1, keepdim=True)) / torch.sqrt(
+            tokens.var(-1, unbiased=False, keepdim=True) + 1e-6
+        )
         assert torch.allclose(out, expected.permute(0, 3, 1, 2), atol=1e-5)
         assert torch.allclose(out.mean(1), torch.zeros(2, 3, 4), atol=1e-5)
         with pytest.raises(ValueError, match=r"\(B, C, h, w\)"):

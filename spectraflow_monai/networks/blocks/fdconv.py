@@ -47,7 +47,9 @@ def _check_k_list(k_list: Sequence[float]) -> list[float]:
     except (TypeError, ValueError):
         raise ValueError(f"fbm_k_list must be a sequence of positive numbers, got {k_list!r}.") from None
     if len(values) == 0 or any(v <= 0 for v in values) or any(b <= a for a, b in zip(values, values[1:])):
-        raise ValueError(f"fbm_k_list must be a non-empty, strictly increasing sequence of positive numbers, got {k_list!r}.")
+        raise ValueError(
+            f"fbm_k_list must be a non-empty, strictly increasing sequence of positive numbers, got {k_list!r}."
+        )
     return values
 
 
@@ -240,24 +242,31 @@ class FrequencyBandModulation(nn.Module):
             masks.append(rows[:, None] * (columns < n_cols).to(torch.float32)[None, :])
         return torch.stack(masks, dim=0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _modulate(self, x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+        """FBM in float32 (float64 for double input); the L-infinity boxes are separable, so each low band is a
+        prefix of the rfft columns times a set of rows, and only the kept columns are transformed along the height."""
         height, width = x.shape[-2], x.shape[-1]
-        gains = 2.0 * torch.sigmoid(self.gain_conv(x))  # (B, L, H, W)
-        # the L-infinity box masks are separable: a prefix of the rfft columns times a set of rows
         n_cols = self._kept_columns(width)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            work = x.to(_fft_dtype(x.dtype))
-            gains = gains.to(work.dtype)
-            coef = torch.cat([gains[:, 1:] - gains[:, :-1], 1.0 - gains[:, -1:]], dim=1)  # (B, L, H, W)
-            # rfft2 restricted to the columns that any mask keeps
-            spectrum = torch.fft.rfft(work, dim=-1, norm="ortho")[..., : max(n_cols)]
-            spectrum = torch.fft.fft(spectrum, dim=-2, norm="ortho")
-            out = gains[:, :1] * work
-            for idx, k in enumerate(self.k_list):
-                rows = self._kept_rows(height, k, x.device, work.dtype)
-                low = torch.fft.ifft(spectrum[..., : n_cols[idx]] * rows[:, None], dim=-2, norm="ortho")
-                low = torch.fft.irfft(low, n=width, dim=-1, norm="ortho")
-                out = out + coef[:, idx : idx + 1] * low
+        work = x.to(_fft_dtype(x.dtype))
+        gains = gains.to(work.dtype)
+        coef = torch.cat([gains[:, 1:] - gains[:, :-1], 1.0 - gains[:, -1:]], dim=1)  # (B, L, H, W)
+        spectrum = torch.fft.rfft(work, dim=-1, norm="ortho")[..., : max(n_cols)]
+        spectrum = torch.fft.fft(spectrum, dim=-2, norm="ortho")
+        out = gains[:, :1] * work
+        for idx, k in enumerate(self.k_list):
+            rows = self._kept_rows(height, k, x.device, work.dtype)
+            low = torch.fft.ifft(spectrum[..., : n_cols[idx]] * rows[:, None], dim=-2, norm="ortho")
+            low = torch.fft.irfft(low, n=width, dim=-1, norm="ortho")
+            out = out + coef[:, idx : idx + 1] * low
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gains = 2.0 * torch.sigmoid(self.gain_conv(x))  # (B, L, H, W)
+        if torch.jit.is_scripting():  # TorchScript needs a constant autocast device
+            out = self._modulate(x, gains)
+        else:
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                out = self._modulate(x, gains)
         return out.to(x.dtype)
 
 
@@ -299,15 +308,19 @@ class FDConv2d(nn.Conv2d):
       batch size 1 in training); trunk and heads are ``nn.Linear`` (equal to 1x1 convolutions on the pooled map).
     - ``irfft2`` gets the spatial size explicitly, so ``Cin*k`` may be odd; the band sort is stable (deterministic
       ties); the kernel mixing is a per-bin gather ``a[band(f)] * W~`` instead of a scatter into a zero map.
-    - FBM masks are computed exactly on each input's rfft grid (the official code nearest-resizes 64x64 masks);
-      the per-band gain convolutions are merged into one ``Conv2d(Cin, len(fbm_k_list), 3)``; FBM is evaluated in an
-      equivalent form that is exactly the identity at initialisation.
+    - FBM masks are computed exactly on each input's rfft grid (the official code nearest-resizes 64x64 masks) with a
+      strict edge ``|f| < 0.5 / k`` (the official ``+ 1e-8`` is lost in float32, so edge bins are dropped there too);
+      the per-band gain convolutions are merged into one ``Conv2d(Cin, len(fbm_k_list), 3)``; FBM uses separable
+      partial FFTs and an equivalent form that is exactly the identity at initialisation.
     - Only the sigmoid activations, ``param_ratio=1`` and ``param_reduction=1`` are implemented (the leading
       ``param_ratio`` axis of ``dft_weight`` is dropped); small-channel layers keep the FDW parametrisation.
     - ``padding=None`` (default) means ``dilation * (k // 2)``, i.e. "same" output size at stride 1.
 
     Notes:
-        ``torch.jit.trace`` works; the traced graph is specialised to the traced batch size (``groups=B``).
+        ``torch.jit.script`` works for any input size. ``torch.jit.trace`` works too, but the traced graph is
+        specialised to the traced input shape (the batch size is the ``groups`` of the per-sample convolution).
+        Code that initialises ``module.weight`` of every ``nn.Conv2d`` must skip this class (use
+        :meth:`reset_parameters` or :meth:`from_conv2d`).
 
     Args:
         in_channels: input channels.
@@ -373,12 +386,18 @@ class FDConv2d(nn.Conv2d):
             )
         k = int(k_pair[0])
         if groups != 1:
-            raise ValueError(f"groups must be 1 for FDConv2d (grouped/depth-wise kernels are not supported), got {groups!r}.")
+            raise ValueError(
+                f"groups must be 1 for FDConv2d (grouped/depth-wise kernels are not supported), got {groups!r}."
+            )
         if isinstance(kernel_num, bool) or not isinstance(kernel_num, int) or kernel_num < 1:
             raise ValueError(f"kernel_num must be a positive int, got {kernel_num!r}.")
         if not reduction > 0:
             raise ValueError(f"reduction must be > 0, got {reduction!r}.")
-        if isinstance(min_attention_channels, bool) or not isinstance(min_attention_channels, int) or min_attention_channels < 0:
+        if (
+            isinstance(min_attention_channels, bool)
+            or not isinstance(min_attention_channels, int)
+            or min_attention_channels < 0
+        ):
             raise ValueError(f"min_attention_channels must be a non-negative int, got {min_attention_channels!r}.")
         temperature = kernel_temperature if temperature is None else temperature
         for name, value in (("kernel_temperature", kernel_temperature), ("temperature", temperature)):
@@ -394,8 +413,8 @@ class FDConv2d(nn.Conv2d):
         if dynamic and n_bins % kernel_num != 0:
             valid = [d for d in range(1, 129) if n_bins % d == 0]
             raise ValueError(
-                f"kernel_num={kernel_num} must divide the number of rfft bins of the {n_rows}x{n_cols} rearranged kernel "
-                f"({n_rows} * {n_cols // 2 + 1} = {n_bins}); valid values up to 128: {valid}."
+                f"kernel_num={kernel_num} must divide the number of rfft bins of the {n_rows}x{n_cols} "
+                f"rearranged kernel ({n_rows} * {n_cols // 2 + 1} = {n_bins}); valid values up to 128: {valid}."
             )
 
         super().__init__(
@@ -471,13 +490,28 @@ class FDConv2d(nn.Conv2d):
         k = self.kernel_size[0]
         return matrix.reshape(-1, self.out_channels, k, self.in_channels, k).permute(0, 1, 3, 2, 4)
 
+    def _mixed_kernels(self, kernel_att: Optional[torch.Tensor]) -> torch.Tensor:
+        """Kernels ``irfft2(kernel_num * a[band(f)] * W~)`` ``(B, Cout, Cin, k, k)`` for kernel attention ``a``
+        ``(B, kernel_num)``, or the static kernel ``(1, Cout, Cin, k, k)`` for None."""
+        spectrum = self._spectrum().unsqueeze(0)  # (1, Cout*k, Cin*k//2+1)
+        band_index = self.band_index
+        if kernel_att is not None and band_index is not None:
+            # W_eff = F^-1(a(f) * W~): bin f takes the attention of its band (kernel_num * a = 1 at init)
+            coef = torch.index_select(kernel_att.to(spectrum.real.dtype), 1, band_index.flatten())
+            coef = coef.reshape(-1, band_index.shape[0], band_index.shape[1]) * self.kernel_num
+            spectrum = spectrum * coef
+        return self._spectrum_to_kernel(spectrum)
+
     def static_weight(self) -> torch.Tensor:
         """The ``(Cout, Cin, k, k)`` kernel the frequency parameters encode (``iFFT`` of ``dft_weight``).
 
         This is the kernel the layer applies when every attention equals its initial value.
         """
-        with torch.autocast(device_type=self.dft_weight.device.type, enabled=False):
-            kernel = self._spectrum_to_kernel(self._spectrum().unsqueeze(0))[0]
+        if torch.jit.is_scripting():
+            kernel = self._mixed_kernels(None)[0]
+        else:
+            with torch.autocast(device_type=self.dft_weight.device.type, enabled=False):
+                kernel = self._mixed_kernels(None)[0]
         return kernel.to(self.dft_weight.dtype)
 
     def reset_parameters(self) -> None:
@@ -558,7 +592,9 @@ class FDConv2d(nn.Conv2d):
     def _grouped_conv(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Convolve each sample of ``x`` ``(B, Cin, H, W)`` with its own kernel ``weight`` ``(B, Cout, Cin, k, k)``."""
         batch = x.shape[0]
-        bias = self.bias.repeat(batch) if self.bias is not None else None
+        bias = self.bias
+        if bias is not None:
+            bias = bias.repeat(batch)
         weight = weight.reshape(batch * self.out_channels, self.in_channels, weight.shape[-2], weight.shape[-1])
         if self.padding_mode != "zeros":
             x = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
@@ -571,21 +607,17 @@ class FDConv2d(nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"FDConv2d expects input of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}."
-            )
-        if self.ksm_global is None or self.band_index is None:
+            raise ValueError(f"FDConv2d expects input of shape (B, {self.in_channels}, H, W), got {list(x.shape)}.")
+        if self.ksm_global is None:
             return self._conv_forward(x, self.static_weight(), self.bias)
 
         pooled = x.mean(dim=(2, 3))
         channel, filt, spatial, kernel_att = self.ksm_global(pooled)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            spectrum = self._spectrum().unsqueeze(0)  # (1, Cout*k, Cin*k//2+1)
-            if kernel_att is not None:
-                # W_eff = F^-1(a(f) * W~): bin f takes the attention of its band, times kernel_num (= 1 at init)
-                coef = kernel_att.to(spectrum.real.dtype)[:, self.band_index] * self.kernel_num
-                spectrum = spectrum * coef
-            kernels = self._spectrum_to_kernel(spectrum)  # (B or 1, Cout, Cin, k, k)
+        if torch.jit.is_scripting():  # TorchScript needs a constant autocast device
+            kernels = self._mixed_kernels(kernel_att)
+        else:
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                kernels = self._mixed_kernels(kernel_att)  # (B or 1, Cout, Cin, k, k)
         weight = kernels * (filt[:, :, None, None, None] * channel[:, None, :, None, None])
         if spatial is not None:
             weight = weight * spatial[:, None, None]

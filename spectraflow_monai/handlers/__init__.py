@@ -1,0 +1,5 @@
+"""Ignite handlers used by the SpectraFlow bundles."""
+
+from .progress import ProgressBarHandler
+
+__all__ = ["ProgressBarHandler"]

@@ -1,0 +1,50 @@
+"""A progress bar that MONAI bundles can list among their handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ignite.engine import Engine
+from ignite.handlers import ProgressBar
+
+__all__ = ["ProgressBarHandler"]
+
+
+def _loss_only(output: Any) -> dict[str, float]:
+    """Pick the scalar loss terms of an engine output for display (dict outputs, or lists of dicts)."""
+    if isinstance(output, Sequence) and output and isinstance(output[0], dict):
+        output = output[0]
+    if isinstance(output, dict):
+        return {k: float(v) for k, v in output.items() if k.startswith("loss") and hasattr(v, "__float__")}
+    return {"loss": float(output)} if hasattr(output, "__float__") else {}
+
+
+class ProgressBarHandler:
+    """ignite's tqdm :class:`~ignite.handlers.ProgressBar` with MONAI's handler contract (``attach(engine)``).
+
+    MONAI bundles attach handlers by calling ``handler.attach(engine)``; ignite's progress bar takes its display
+    options in ``attach`` instead of ``__init__``. This wrapper takes them in ``__init__``.
+
+    Args:
+        output_transform: maps ``engine.state.output`` to a dict of values to display. Defaults to the entries whose
+            names start with ``loss`` (MONAI trainers put the loss under ``"loss"`` of every decollated item).
+        metric_names: engine metrics to display, or ``"all"``. Defaults to ``None``.
+        persist: keep the bar after each epoch. Defaults to ``False``.
+        desc: bar description. Defaults to ``None``.
+    """
+
+    def __init__(
+        self,
+        output_transform: Callable[[Any], dict] | None = _loss_only,
+        metric_names: str | Sequence[str] | None = None,
+        persist: bool = False,
+        desc: str | None = None,
+    ) -> None:
+        self.output_transform = output_transform
+        self.metric_names = metric_names
+        self.bar = ProgressBar(persist=persist, desc=desc)
+
+    def attach(self, engine: Engine) -> None:
+        """Attach the progress bar to ``engine``."""
+        self.bar.attach(engine, metric_names=self.metric_names, output_transform=self.output_transform)

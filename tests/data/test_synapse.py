@@ -1,0 +1,294 @@
+"""Tests of the Synapse datalists, BTCV label mapping, volume checks and the axial slice cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from spectraflow_monai.data import DatasetError
+from spectraflow_monai.data.synapse import (
+    BTCV_TO_SYNAPSE,
+    SYNAPSE_ORGANS,
+    SYNAPSE_TEST_CASES,
+    SYNAPSE_TRAIN_CASES,
+    check_volume_pair,
+    extract_slices,
+    format_case_id,
+    load_synapse_h5,
+    map_btcv_labels,
+    synapse_datalist,
+)
+from spectraflow_monai.data.synthetic_ct import generate_synthetic_ct, synthetic_ct_volume
+
+TINY = (32, 32, 8)
+CASES = [5, 6, 1]
+LUT = np.array([0, 1, 2, 3, 4, 0, 5, 6, 7, 0, 0, 8, 0, 0])  # written out by hand from the TransUNet mapping
+
+
+@pytest.fixture(scope="module")
+def raw_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synapse_raw")
+    generate_synthetic_ct(root, cases=CASES, shape=TINY, spacing=(0.8, 0.8, 2.5))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tu_root(tmp_path_factory):
+    pytest.importorskip("h5py")
+    root = tmp_path_factory.mktemp("synapse_tu")
+    generate_synthetic_ct(root, cases=CASES, shape=TINY, layout="transunet")
+    return root
+
+
+def _save_nifti(path, array, affine=None):
+    nib.save(nib.Nifti1Image(array, np.eye(4) if affine is None else affine), str(path))
+    return str(path)
+
+
+def test_constants():
+    assert len(SYNAPSE_TRAIN_CASES) == 18 and len(SYNAPSE_TEST_CASES) == 12
+    assert set(SYNAPSE_TRAIN_CASES) | set(SYNAPSE_TEST_CASES) == set(range(1, 11)) | set(range(21, 41))
+    assert BTCV_TO_SYNAPSE == {1: 1, 2: 2, 3: 3, 4: 4, 6: 5, 7: 6, 8: 7, 11: 8}
+    assert SYNAPSE_ORGANS[5] == "liver" and SYNAPSE_ORGANS[8] == "pancreas" and len(SYNAPSE_ORGANS) == 9
+
+
+@pytest.mark.parametrize("case, expected", [(5, "0005"), ("5", "0005"), ("0005", "0005"), ("case0038", "0038")])
+def test_format_case_id(case, expected):
+    assert format_case_id(case) == expected
+
+
+@pytest.mark.parametrize("case", [-1, "abc", 1.5, True])
+def test_format_case_id_rejects(case):
+    with pytest.raises(ValueError, match="case id"):
+        format_case_id(case)
+
+
+def test_raw_datalist(raw_root):
+    train = synapse_datalist(raw_root, "train", cases=[5, 6])
+    assert [d["case"] for d in train] == ["0005", "0006"]
+    assert train[0]["image"] == str(raw_root / "RawData" / "Training" / "img" / "img0005.nii.gz")
+    assert train[0]["label"] == str(raw_root / "RawData" / "Training" / "label" / "label0005.nii.gz")
+    test = synapse_datalist(raw_root, "test", layout="raw", cases=["0001"])
+    assert test == [
+        {
+            "image": str(raw_root / "RawData/Training/img/img0001.nii.gz"),
+            "label": str(raw_root / "RawData/Training/label/label0001.nii.gz"),
+            "case": "0001",
+        }
+    ]
+
+
+def test_missing_case_names_case_and_path(raw_root):
+    with pytest.raises(DatasetError, match=r"case 0009: .*img0009\.nii\.gz"):
+        synapse_datalist(raw_root, "train")  # the official list has 18 cases, the tree only 5 and 6
+    with pytest.raises(ValueError, match="case 0002"):  # DatasetError is a ValueError
+        synapse_datalist(raw_root, "test", cases=[1, 2])
+
+
+def test_transunet_datalists(tu_root):
+    train = synapse_datalist(tu_root, "train", cases=[5, 6])
+    assert len(train) == 2 * TINY[2]
+    assert [d["slice"] for d in train[: TINY[2]]] == list(range(TINY[2]))
+    assert train[3] == {
+        "image": str(tu_root / "train_npz" / "case0005_slice003.npz"),
+        "label": str(tu_root / "train_npz" / "case0005_slice003.npz"),
+        "case": "0005",
+        "slice": 3,
+    }
+    test = synapse_datalist(tu_root, "test", layout="transunet", cases=[1])
+    assert test == [
+        {
+            "image": str(tu_root / "test_vol_h5/case0001.npy.h5"),
+            "label": str(tu_root / "test_vol_h5/case0001.npy.h5"),
+            "case": "0001",
+        }
+    ]
+    with pytest.raises(DatasetError, match=r"case 0007: .*case0007_slice\*\.npz"):
+        synapse_datalist(tu_root, "train", cases=[5, 7])
+    with pytest.raises(DatasetError, match=r"case 0002: .*case0002\.npy\.h5"):
+        synapse_datalist(tu_root, "test", cases=[1, 2])
+
+
+def test_datalist_bad_arguments(tmp_path, raw_root):
+    with pytest.raises(ValueError, match="split"):
+        synapse_datalist(raw_root, "val")
+    with pytest.raises(ValueError, match="layout"):
+        synapse_datalist(raw_root, layout="nnunet")
+    with pytest.raises(ValueError, match="duplicates"):
+        synapse_datalist(raw_root, cases=[5, "0005"])
+    with pytest.raises(DatasetError, match="not a directory"):
+        synapse_datalist(tmp_path / "nowhere")
+    with pytest.raises(DatasetError, match="RawData"):
+        synapse_datalist(tmp_path)  # empty folder: no layout detected
+
+
+def test_load_synapse_h5_matches_raw_volume(tu_root):
+    vol = load_synapse_h5(tu_root / "test_vol_h5" / "case0001.npy.h5")
+    image, label = synthetic_ct_volume(1, shape=TINY)
+    assert vol["image"].shape == TINY  # (D, H, W) on disk -> (H, W, D)
+    np.testing.assert_allclose(vol["image"], np.clip((image + 125.0) / 400.0, 0, 1), atol=1e-6)
+    np.testing.assert_array_equal(vol["label"], LUT[label])
+    with pytest.raises(DatasetError, match="does not exist"):
+        load_synapse_h5(tu_root / "test_vol_h5" / "case0099.npy.h5")
+
+
+def test_load_synapse_h5_without_h5py(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "h5py", None)
+    with pytest.raises(ImportError, match=r"pip install spectraflow_monai\[h5\]"):
+        load_synapse_h5(tmp_path / "case0001.npy.h5")
+
+
+# --------------------------------------------------------------------------------------------------- label mapping
+def test_map_btcv_labels_every_id_numpy_and_torch():
+    ids = np.arange(14, dtype=np.int16).reshape(2, 7)
+    out = map_btcv_labels(ids)
+    np.testing.assert_array_equal(out, LUT.reshape(2, 7))
+    assert out.dtype == np.int16
+    t = torch.arange(14, dtype=torch.float32)
+    out_t = map_btcv_labels(t)
+    assert isinstance(out_t, torch.Tensor) and out_t.dtype == torch.float32
+    np.testing.assert_array_equal(out_t.numpy(), LUT)
+    assert map_btcv_labels(np.array([6.0, 11.0]), dtype=np.uint8).dtype == np.uint8
+
+
+@pytest.mark.parametrize(
+    "label, bad",
+    [
+        (np.array([0, 3, 14, 20]), r"\[14, 20\]"),
+        (np.array([-1, 2]), r"\[-1\]"),
+        (np.array([1.0, 2.5]), r"\[2\.5\]"),
+        (torch.tensor([0, 15]), r"\[15\]"),
+        (torch.tensor([0.0, 0.5]), r"\[0\.5\]"),
+    ],
+)
+def test_map_btcv_labels_rejects_out_of_range(label, bad):
+    with pytest.raises(ValueError, match=rf"case 0007.*{bad}"):
+        map_btcv_labels(label, case="0007")
+
+
+# ------------------------------------------------------------------------------------------------- volume checks
+def test_check_volume_pair_ok(raw_root):
+    d = synapse_datalist(raw_root, cases=[5])[0]
+    info = check_volume_pair(d["image"], d["label"], "0005")
+    assert info["shape"] == TINY
+    np.testing.assert_allclose(info["spacing"], (0.8, 0.8, 2.5), rtol=1e-6)
+
+
+def test_check_volume_pair_errors(tmp_path):
+    img = _save_nifti(tmp_path / "img.nii.gz", np.zeros((8, 8, 4), np.int16))
+    small = _save_nifti(tmp_path / "small.nii.gz", np.zeros((8, 8, 3), np.uint8))
+    shifted = _save_nifti(tmp_path / "shifted.nii.gz", np.zeros((8, 8, 4), np.uint8), np.diag([1.0, 1.0, 2.0, 1.0]))
+    close = _save_nifti(tmp_path / "close.nii.gz", np.zeros((8, 8, 4), np.uint8), np.diag([1.0, 1.0, 1.0005, 1.0]))
+    flat = _save_nifti(tmp_path / "flat.nii.gz", np.zeros((8, 8), np.int16))
+    single = _save_nifti(tmp_path / "single.nii.gz", np.zeros((8, 8, 1), np.int16))
+    corrupt = tmp_path / "corrupt.nii.gz"
+    corrupt.write_bytes(b"not a nifti file")
+    check_volume_pair(img, close, "0001")  # within the 1e-3 affine tolerance
+    with pytest.raises(DatasetError, match=r"case 0001: label .*small\.nii\.gz.*shape \(8, 8, 3\).*\(8, 8, 4\)"):
+        check_volume_pair(img, small, "0001")
+    with pytest.raises(DatasetError, match=r"case 0001: .*different affines"):
+        check_volume_pair(img, shifted, "0001")
+    with pytest.raises(DatasetError, match=r"case 0002: image file .*flat\.nii\.gz.* is 2D"):
+        check_volume_pair(flat, None, "0002")
+    with pytest.raises(DatasetError, match=r"case 0002: label file .*single\.nii\.gz.* is 2D"):
+        check_volume_pair(img, single, "0002")
+    with pytest.raises(DatasetError, match=r"case 0003: image file .*corrupt\.nii\.gz.* not a readable NIfTI"):
+        check_volume_pair(corrupt, None, "0003")
+    with pytest.raises(DatasetError, match=r"case 0004: label file .*missing\.nii\.gz.* does not exist"):
+        check_volume_pair(img, tmp_path / "missing.nii.gz", "0004")
+
+
+# ----------------------------------------------------------------------------------------------------- slice cache
+def test_extract_slices_values_and_cache_reuse(raw_root, tmp_path, monkeypatch):
+    datalist = synapse_datalist(raw_root, cases=[5, 6])
+    cache = tmp_path / "cache"
+    slices = extract_slices(datalist, cache, progress=False)
+    assert len(slices) == 2 * TINY[2]
+    assert slices[0]["case"] == "0005" and slices[0]["slice"] == 0 and slices[-1]["slice"] == TINY[2] - 1
+    assert slices[0]["image"] == slices[0]["label"] == str(cache / "case0005" / "case0005_slice000.npz")
+    image, label = synthetic_ct_volume(6, shape=TINY)
+    with np.load(slices[TINY[2] + 5]["image"]) as f:
+        assert f["image"].shape == TINY[:2] and f["image"].dtype == np.float32 and f["label"].dtype == np.uint8
+        np.testing.assert_allclose(f["image"], np.clip((image[..., 5] + 125.0) / 400.0, 0, 1), atol=1e-6)
+        np.testing.assert_array_equal(f["label"], LUT[label[..., 5]])
+    index = json.loads((cache / "index.json").read_text())
+    assert set(index["volumes"]) == {"0005", "0006"}
+    assert not [p for p in os.listdir(cache / "case0005") if not p.endswith(".npz")]  # no temporary files left
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a cached volume was read again")
+
+    monkeypatch.setattr(nib, "load", no_load)
+    assert extract_slices(datalist, cache, progress=False) == slices
+    monkeypatch.undo()
+
+    # touching one source re-extracts that volume only
+    loaded = []
+    real_load = nib.load
+    monkeypatch.setattr(nib, "load", lambda p, *a, **k: loaded.append(os.fspath(p)) or real_load(p, *a, **k))
+    st = os.stat(datalist[1]["image"])
+    os.utime(datalist[1]["image"], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert extract_slices(datalist, cache, progress=False) == slices
+    assert loaded and all("0006" in p for p in loaded)
+
+
+def test_extract_slices_options(raw_root, tmp_path):
+    datalist = [{"image": d["image"]} for d in synapse_datalist(raw_root, cases=[5])]  # no label, no case
+    slices = extract_slices(datalist, tmp_path, spatial_size=(16, 20), image_dtype="float16", progress=False)
+    assert len(slices) == TINY[2] and "label" not in slices[0] and slices[0]["case"] == "0005"
+    with np.load(slices[0]["image"]) as f:
+        assert f["image"].shape == (16, 20) and f["image"].dtype == np.float16 and "label" not in f.files
+
+
+def test_extract_slices_reorients_to_ras(tmp_path):
+    data = np.arange(4 * 5 * 3, dtype=np.int16).reshape(4, 5, 3) * 10 - 125
+    label = np.zeros((4, 5, 3), np.uint8)
+    label[0] = 6  # liver on the first row of the stored array
+    flip = np.diag([-1.0, 1.0, 1.0, 1.0])  # first axis points to the left (LAS)
+    entry = {
+        "image": _save_nifti(tmp_path / "img0001.nii.gz", data, flip),
+        "label": _save_nifti(tmp_path / "label0001.nii.gz", label, flip),
+    }
+    slices = extract_slices([entry], tmp_path / "cache", progress=False)
+    with np.load(slices[1]["image"]) as f:
+        np.testing.assert_allclose(f["image"], np.clip((data[::-1, :, 1] + 125.0) / 400.0, 0, 1), atol=1e-6)
+        np.testing.assert_array_equal(f["label"][-1], 5)  # the flipped liver row, mapped 6 -> 5
+        assert f["label"][:-1].max() == 0
+
+
+def test_extract_slices_errors(raw_root, tmp_path):
+    d = synapse_datalist(raw_root, cases=[5, 6])
+    with pytest.raises(ValueError, match="two volumes with case id '0005'"):
+        extract_slices([d[0], {**d[1], "case": "0005"}], tmp_path, progress=False)
+    with pytest.raises(ValueError, match="window"):
+        extract_slices(d, tmp_path, window=(275, -125), progress=False)
+    with pytest.raises(ValueError, match="spatial_size"):
+        extract_slices(d, tmp_path, spatial_size=(16,), progress=False)
+    with pytest.raises(ValueError, match="image_dtype"):
+        extract_slices(d, tmp_path, image_dtype="int8", progress=False)
+    with pytest.raises(ValueError, match=r"datalist\[0\]"):
+        extract_slices([{"label": "x"}], tmp_path, progress=False)
+    bad = np.zeros(TINY, np.uint8)
+    bad[0, 0, 0] = 14
+    entry = {
+        "image": d[0]["image"],
+        "label": _save_nifti(tmp_path / "label0005.nii.gz", bad, nib.load(d[0]["image"]).affine),
+    }
+    with pytest.raises(ValueError, match=r"case 0005.*\[14\]"):
+        extract_slices([entry], tmp_path / "c", progress=False)
+
+
+def test_extract_slices_truncated_volume(raw_root, tmp_path):
+    d = synapse_datalist(raw_root, cases=[5])[0]
+    data = Path(d["image"]).read_bytes()
+    truncated = tmp_path / "img0005.nii.gz"
+    truncated.write_bytes(data[: len(data) // 2])  # header intact, data cut
+    with pytest.raises(DatasetError, match=r"case 0005: cannot read the image data of .*img0005\.nii\.gz"):
+        extract_slices([{**d, "image": str(truncated)}], tmp_path / "cache", progress=False)

@@ -1,0 +1,216 @@
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from spectraflow_monai.metrics import SegmentationMetricSuite, binarize_prediction, evaluate_segmentation
+
+HD_SQUARES = 1.0 + 0.05 * (math.sqrt(2.0) - 1.0)  # see tests/metrics/test_surface.py
+
+
+def square(r0, r1, c0, c1, size=10):
+    m = torch.zeros(1, 1, size, size)
+    m[0, 0, r0:r1, c0:c1] = 1
+    return m
+
+
+def test_shifted_squares_exact_fractions():
+    # gt 6x6, pred 6x6 shifted by (1, 1): TP = 25, |A| = |B| = 36
+    suite = SegmentationMetricSuite()
+    rows = suite.update(square(3, 9, 3, 9), square(2, 8, 2, 8), name="shifted")
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["name"] == "shifted" and r["class"] == "foreground" and r["gt_area"] == 36 and r["pred_area"] == 36
+    assert r["iou"] == pytest.approx(25 / 47, rel=1e-6)
+    assert r["dice"] == pytest.approx(25 / 36, rel=1e-6)
+    assert r["precision"] == pytest.approx(25 / 36, rel=1e-6)
+    assert r["recall"] == pytest.approx(25 / 36, rel=1e-6)
+    assert r["hd95_monai"] == pytest.approx(HD_SQUARES, rel=1e-6)
+    assert r["hd95_pooled"] == pytest.approx(HD_SQUARES, rel=1e-6)
+
+
+def test_batch_average_precision_recall_differ():
+    # image a: shifted squares; image b: pred = left 6x4 part of the gt square -> precision 1, recall 2/3
+    pred = torch.cat([square(3, 9, 3, 9), square(2, 8, 2, 6)])
+    gt = torch.cat([square(2, 8, 2, 8), square(2, 8, 2, 8)])
+    suite = SegmentationMetricSuite(hd95="pooled")
+    suite.update(pred, gt, name=["a", "b"])
+    b = suite.per_image()[1]
+    assert (b["precision"], b["recall"], b["dice"], b["iou"]) == pytest.approx((1.0, 2 / 3, 0.8, 2 / 3))
+    s = suite.summary()
+    assert s["num_images"] == 2
+    assert s["mIoU"] == pytest.approx((25 / 47 + 2 / 3) / 2)
+    assert s["mDSC"] == pytest.approx((25 / 36 + 0.8) / 2)
+    assert s["precision"] == pytest.approx((25 / 36 + 1) / 2)
+    assert s["recall"] == pytest.approx((25 / 36 + 2 / 3) / 2)
+    assert "hd95_monai" not in s and set(s["hd95_definitions"]) == {"pooled"}
+    # b: d(pred->gt) = 12 zeros, 1, 2, 2, 1; d(gt->pred) = 12 zeros, 2 ones, 6 twos; pooled 36 values: p95 = 2
+    assert s["hd95_pooled"] == pytest.approx((HD_SQUARES + 2.0) / 2)
+
+
+# (empty convention, case) -> (dice, iou, precision, recall); case: both empty, gt empty only, pred empty only
+NAN = float("nan")
+EMPTY_TABLE = {
+    ("one", "both"): (1, 1, 1, 1),
+    ("one", "gt"): (0, 0, 0, 0),
+    ("one", "pred"): (0, 0, 0, 0),
+    ("nan", "both"): (NAN, NAN, NAN, NAN),
+    ("nan", "gt"): (0, 0, 0, NAN),
+    ("nan", "pred"): (0, 0, NAN, 0),
+    ("monai", "both"): (NAN, NAN, NAN, NAN),
+    ("monai", "gt"): (NAN, NAN, 0, NAN),
+    ("monai", "pred"): (0, 0, NAN, 0),
+}
+
+
+@pytest.mark.parametrize("convention, case", sorted(EMPTY_TABLE))
+def test_empty_conventions(convention, case):
+    full, empty = square(2, 8, 2, 8), torch.zeros(1, 1, 10, 10)
+    pred, gt = {"both": (empty, empty), "gt": (full, empty), "pred": (empty, full)}[case]
+    suite = SegmentationMetricSuite(empty=convention)
+    r = suite.update(pred, gt)[0]
+    got = (r["dice"], r["iou"], r["precision"], r["recall"])
+    np.testing.assert_equal(np.array(got, dtype=float), np.array(EMPTY_TABLE[(convention, case)], dtype=float))
+    assert math.isnan(r["hd95_monai"]) and math.isnan(r["hd95_pooled"])
+
+
+def test_exclusion_counts_and_means():
+    full, empty = square(2, 8, 2, 8), torch.zeros(1, 1, 10, 10)
+    suite = SegmentationMetricSuite(empty="nan")
+    suite.update(torch.cat([full, empty, full]), torch.cat([full, empty, empty]), name=["ok", "both", "fp"])
+    s = suite.summary()
+    assert s["mDSC"] == pytest.approx(0.5)  # (1 + 0) / 2, "both" excluded
+    assert s["excluded"]["mDSC"] == 1 and s["excluded"]["recall"] == 2
+    assert s["excluded"]["hd95_monai"] == 2 and s["excluded"]["hd95_pooled"] == 2
+    assert s["hd95_pooled"] == 0.0
+    md = suite.summary_markdown()
+    assert "2 image(s) excluded" in md and "`nan`" in md
+
+
+def test_multiclass_label_maps_per_class():
+    gt = torch.zeros(1, 1, 8, 8)
+    gt[0, 0, :4] = 1
+    gt[0, 0, 4:, :4] = 2
+    pred = gt.clone()
+    pred[0, 0, 4:, :2] = 0  # class 2: half missed -> dice 2*8/(8+16) = 2/3, IoU 1/2
+    suite = SegmentationMetricSuite(num_classes=3, class_names=["bg", "liver", "spleen"])
+    rows = suite.update(pred, gt, name="case1")
+    assert [r["class"] for r in rows] == ["liver", "spleen"]
+    assert rows[0]["dice"] == 1.0 and rows[0]["hd95_pooled"] == 0.0
+    assert rows[1]["dice"] == pytest.approx(2 / 3) and rows[1]["iou"] == pytest.approx(0.5)
+    s = suite.summary()
+    assert set(s["per_class"]) == {"liver", "spleen"}
+    assert s["per_class"]["spleen"]["mDSC"] == pytest.approx(2 / 3)
+    assert s["mDSC"] == pytest.approx((1 + 2 / 3) / 2)
+    assert "| spleen | 50.00 | 66.67 |" in suite.summary_markdown()
+
+    # one-hot prediction vs label-map ground truth, background included: same foreground numbers
+    onehot = torch.nn.functional.one_hot(pred[:, 0].long(), 3).permute(0, 3, 1, 2).float()
+    suite2 = SegmentationMetricSuite(include_background=True, hd95=None)
+    rows2 = suite2.update(onehot, gt)
+    assert [r["class"] for r in rows2] == ["0", "1", "2"]
+    assert rows2[2]["dice"] == pytest.approx(2 / 3)
+
+
+def test_3d_input_and_spacing():
+    gt = torch.zeros(1, 1, 6, 6, 12)
+    pred = torch.zeros_like(gt)
+    gt[0, 0, 3, 3, 2] = 1
+    pred[0, 0, 3, 3, 2] = pred[0, 0, 3, 3, 6] = 1
+    suite = SegmentationMetricSuite(spacing=(1.0, 1.0, 2.5))
+    r = suite.update(pred, gt)[0]
+    assert r["hd95_pooled"] == pytest.approx(9.0) and r["hd95_monai"] == pytest.approx(9.5, rel=1e-6)
+    assert suite.summary()["units"] == "spacing units"
+
+
+def test_csv_and_markdown(tmp_path):
+    suite = SegmentationMetricSuite()
+    suite.update(
+        torch.cat([square(3, 9, 3, 9), square(2, 8, 2, 6)]), torch.cat([square(2, 8, 2, 8)] * 2), name=["a", "b"]
+    )
+    path = suite.to_csv(tmp_path / "out" / "metrics.csv")
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == [
+        "name",
+        "class",
+        "gt_area",
+        "pred_area",
+        "iou",
+        "dice",
+        "recall",
+        "precision",
+        "hd95_monai",
+        "hd95_pooled",
+    ]
+    assert [r["name"] for r in rows] == ["a", "b"]
+    assert float(rows[0]["iou"]) == pytest.approx(25 / 47, rel=1e-5) and rows[1]["recall"] == "0.666667"
+    assert not [f for f in os.listdir(tmp_path / "out") if f.endswith(".tmp")]
+    md = suite.summary_markdown()
+    lines = md.splitlines()
+    assert lines[0] == "| Metric | Value |"
+    assert f"| mIoU (%) | {100 * (25 / 47 + 2 / 3) / 2:.2f} |" in lines
+    assert f"| Precision (%) | {100 * (25 / 36 + 1) / 2:.2f} |" in lines
+    hd_rows = [line for line in lines if line.startswith("| HD95")]
+    assert len(hd_rows) == 2 and "monai" in hd_rows[0] and "pooled" in hd_rows[1] and "(pixels)" in hd_rows[0]
+    assert hd_rows[1].endswith(f"| {(HD_SQUARES + 2) / 2:.2f} |")
+    assert "Images: 2." in md
+
+
+def test_save_and_evaluate_segmentation(tmp_path):
+    pairs = [(square(3, 9, 3, 9), square(2, 8, 2, 8), "a"), {"pred": square(2, 8, 2, 6), "label": square(2, 8, 2, 8)}]
+    suite = evaluate_segmentation(pairs, output_dir=tmp_path, hd95="monai")
+    assert sorted(os.listdir(tmp_path)) == ["metrics.csv", "summary.json", "summary.md"]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["num_images"] == 2 and s["mDSC"] == pytest.approx((25 / 36 + 0.8) / 2)
+    assert [r["name"] for r in suite.per_image()] == ["a", "image_00001"]
+    suite.reset()
+    assert len(suite) == 0 and suite.per_image() == []
+
+
+def test_numpy_and_binarize_prediction():
+    logits = torch.tensor([[[[-2.0, 0.1], [3.0, -0.1]]]])
+    assert binarize_prediction(logits).tolist() == [[[[0.0, 1.0], [1.0, 0.0]]]]
+    probs = torch.tensor([[[[0.2, 0.4]]]])
+    assert binarize_prediction(probs, sigmoid=False, threshold=0.3).tolist() == [[[[0.0, 1.0]]]]
+    multi = torch.tensor([[[[1.0, 0.0]], [[0.0, 2.0]], [[0.5, 1.0]]]])  # (1, 3, 1, 2)
+    out = binarize_prediction(multi)
+    assert out.shape == (1, 3, 1, 2) and out[0, :, 0, 0].tolist() == [1, 0, 0] and out[0, :, 0, 1].tolist() == [0, 1, 0]
+    suite = SegmentationMetricSuite(hd95=())
+    r = suite.update(np.ones((1, 1, 4, 4)), np.ones((1, 1, 4, 4)))[0]
+    assert r["dice"] == 1.0 and "hd95_monai" not in r
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"hd95": "hausdorff"}, "hd95"),
+        ({"hd95": ("monai", "monai")}, "hd95"),
+        ({"empty": "zero"}, "empty"),
+        ({"num_classes": 1}, "num_classes"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SegmentationMetricSuite(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "pred, gt, name, match",
+    [
+        (torch.full((1, 1, 4, 4), 0.7), torch.ones(1, 1, 4, 4), None, "binary"),
+        (torch.ones(1, 1, 4, 4), torch.ones(1, 1, 4, 5), None, "spatial shape"),
+        (torch.ones(4, 4), torch.ones(4, 4), None, r"\(B, C, H, W\)"),
+        (torch.ones(2, 1, 4, 4), torch.ones(2, 1, 4, 4), "one", "sequence of 2"),
+        (torch.ones(2, 1, 4, 4), torch.ones(2, 1, 4, 4), ["a"], "2 entries"),
+        (torch.ones(1, 3, 4, 4), torch.ones(1, 2, 4, 4), None, "channels"),
+        (torch.full((1, 1, 4, 4), 5.0), torch.ones(1, 3, 4, 4), None, "integer labels"),
+    ],
+)
+def test_bad_update_arguments(pred, gt, name, match):
+    with pytest.raises(ValueError, match=match):
+        SegmentationMetricSuite().update(pred, gt, name)

@@ -1,0 +1,392 @@
+"""Tests of FDConv2d (Chen et al., "Frequency Dynamic Convolution for Dense Image Prediction", CVPR 2025)."""
+
+from __future__ import annotations
+
+import unittest
+import warnings
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from parameterized import parameterized
+
+from spectraflow_monai.networks import FDConv2d as FDConv2dFromNetworks
+from spectraflow_monai.networks.blocks import FDConv2d
+from spectraflow_monai.networks.blocks.fdconv import FrequencyBandModulation
+
+
+def _perturb(module: nn.Module, std: float = 0.3, seed: int = 0) -> None:
+    """Give every zero-initialised parameter (the attention heads) random values, so the layer becomes dynamic."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            if not param.abs().gt(0).any():
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * std)
+
+
+def _np_band_ids(n_rows: int, n_cols: int, kernel_num: int) -> np.ndarray:
+    """Band of every rfft2 bin of an n_rows x n_cols matrix: bins sorted by radius, cut into equal bands."""
+    radius = np.sqrt(np.fft.fftfreq(n_rows)[:, None] ** 2 + np.fft.rfftfreq(n_cols)[None, :] ** 2).ravel()
+    order = np.argsort(radius, kind="stable")
+    bands = np.empty(order.size, dtype=np.int64)
+    bands[order] = np.arange(order.size) // (order.size // kernel_num)
+    return bands.reshape(n_rows, n_cols // 2 + 1)
+
+
+def _np_kernel_to_matrix(weight: np.ndarray) -> np.ndarray:
+    """(Cout, Cin, k, k) -> (Cout*k, Cin*k) with M[o*k + p, i*k + q] = W[o, i, p, q]."""
+    cout, cin, k, _ = weight.shape
+    matrix = np.zeros((cout * k, cin * k), dtype=weight.dtype)
+    for p in range(k):
+        for q in range(k):
+            matrix[p::k, q::k] = weight[:, :, p, q]
+    return matrix
+
+
+def _np_matrix_to_kernel(matrix: np.ndarray, cout: int, cin: int, k: int) -> np.ndarray:
+    weight = np.zeros((cout, cin, k, k), dtype=matrix.dtype)
+    for p in range(k):
+        for q in range(k):
+            weight[:, :, p, q] = matrix[p::k, q::k]
+    return weight
+
+
+def _np_box_masks(height: int, width: int, k_list) -> list[np.ndarray]:
+    """Full-grid L-infinity low-pass masks max(|f_h|, |f_w|) < 0.5 / k."""
+    radius = np.maximum(np.abs(np.fft.fftfreq(height))[:, None], np.abs(np.fft.fftfreq(width))[None, :])
+    return [radius < 0.5 / k for k in k_list]
+
+
+EQUIVALENCE_CASES = [
+    # cin, cout, k, stride, dilation, bias, padding_mode, batch, (H, W), dynamic
+    (24, 32, 3, 1, 1, True, "zeros", 3, (12, 10), True),
+    (20, 20, 3, 2, 1, False, "zeros", 1, (9, 11), True),
+    (17, 36, 1, 1, 1, True, "zeros", 3, (8, 8), True),  # Cin*k odd
+    (32, 24, 3, 1, 2, True, "reflect", 1, (7, 9), True),
+    (8, 8, 3, 1, 1, True, "zeros", 2, (6, 6), False),  # small channels: plain convolution
+]
+
+
+class TestFDConv2dEquivalence(unittest.TestCase):
+    @parameterized.expand(EQUIVALENCE_CASES)
+    def test_matches_static_convolution(self, cin, cout, k, stride, dilation, bias, padding_mode, batch, size, dynamic):
+        torch.manual_seed(0)
+        conv = nn.Conv2d(cin, cout, k, stride, dilation * (k // 2), dilation, bias=bias, padding_mode=padding_mode)
+        converted = FDConv2d.from_conv2d(conv)
+        fresh = FDConv2d(cin, cout, k, stride, dilation=dilation, bias=bias, padding_mode=padding_mode)
+        self.assertEqual(converted.dynamic, dynamic)
+        self.assertEqual(fresh.dynamic, dynamic)
+        x = torch.randn(batch, cin, *size)
+        np.testing.assert_allclose(converted.static_weight().detach(), conv.weight.detach(), atol=1e-6)
+        for training in (True, False):
+            converted.train(training)
+            fresh.train(training)
+            conv.train(training)
+            with torch.no_grad():
+                np.testing.assert_allclose(converted(x), conv(x), atol=1e-5, rtol=1e-5)
+                static = fresh.static_weight()
+                expected = F.conv2d(
+                    (
+                        F.pad(x, fresh._reversed_padding_repeated_twice, mode=padding_mode)
+                        if padding_mode != "zeros"
+                        else x
+                    ),
+                    static,
+                    fresh.bias,
+                    stride,
+                    0 if padding_mode != "zeros" else fresh.padding,
+                    dilation,
+                )
+                out = fresh(x)
+                self.assertEqual(out.shape, expected.shape)
+                np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+
+    def test_float64_roundtrip_is_exact(self):
+        torch.manual_seed(1)
+        conv = nn.Conv2d(20, 24, 3, padding=1).double()
+        module = FDConv2d.from_conv2d(conv)
+        self.assertEqual(module.dft_weight.dtype, torch.float64)
+        x = torch.randn(2, 20, 8, 8, dtype=torch.float64)
+        with torch.no_grad():
+            np.testing.assert_allclose(module.static_weight(), conv.weight, atol=1e-13)
+            np.testing.assert_allclose(module(x), conv(x), atol=1e-11)
+
+    def test_from_fdconv_and_defaults(self):
+        source = FDConv2d(20, 24)  # default padding keeps the size
+        self.assertEqual(source.padding, (1, 1))
+        self.assertEqual(FDConv2d(20, 24, dilation=2).padding, (2, 2))
+        copy = FDConv2d.from_conv2d(source, kernel_num=2).eval()
+        self.assertEqual(copy.kernel_num, 2)
+        self.assertFalse(copy.training)
+        x = torch.randn(1, 20, 6, 6)
+        with torch.no_grad():
+            np.testing.assert_allclose(copy(x), source(x), atol=1e-5)
+
+    def test_reset_parameters_restores_static_behaviour(self):
+        module = FDConv2d(20, 24)
+        _perturb(module)
+        module.reset_parameters()
+        self.assertNotIn("weight", dict(module.named_parameters()))
+        x = torch.randn(2, 20, 6, 6)
+        with torch.no_grad():
+            np.testing.assert_allclose(
+                module(x), F.conv2d(x, module.static_weight(), module.bias, padding=1), atol=1e-5
+            )
+
+
+class TestFourierDisjointWeight(unittest.TestCase):
+    def test_parameters_and_bands(self):
+        torch.manual_seed(2)
+        cin, cout, k, kernel_num = 20, 24, 3, 4
+        conv = nn.Conv2d(cin, cout, k, padding=1)
+        module = FDConv2d.from_conv2d(conv, kernel_num=kernel_num)
+        names = dict(module.named_parameters())
+        self.assertNotIn("weight", names)
+        self.assertNotIn("weight", module.state_dict())
+        self.assertNotIn("band_index", module.state_dict())
+        self.assertEqual(tuple(module.dft_weight.shape), (cout * k, cin * k // 2 + 1, 2))
+        # FDW transform: rfft2 of the (Cout*k, Cin*k) rearranged kernel, divided by min(Cin, Cout) // 2
+        spectrum = np.fft.rfft2(_np_kernel_to_matrix(conv.weight.detach().double().numpy())) / (min(cin, cout) // 2)
+        np.testing.assert_allclose(module.dft_weight[..., 0].detach(), spectrum.real, atol=1e-5)
+        np.testing.assert_allclose(module.dft_weight[..., 1].detach(), spectrum.imag, atol=1e-5)
+        # disjoint, equally sized radial bands, low to high
+        bands = module.band_index.numpy()
+        np.testing.assert_array_equal(bands, _np_band_ids(cout * k, cin * k, kernel_num))
+        self.assertEqual(np.bincount(bands.ravel()).tolist(), [bands.size // kernel_num] * kernel_num)
+        radius = np.sqrt(np.fft.fftfreq(cout * k)[:, None] ** 2 + np.fft.rfftfreq(cin * k)[None, :] ** 2)
+        for band in range(kernel_num - 1):
+            self.assertLessEqual(radius[bands == band].max(), radius[bands == band + 1].min())
+
+    def test_kernel_attention_selects_frequency_band(self):
+        """W_eff = F^-1(a(f) * W~): with a = (2, 0, 0, 0) the kernel is twice the lowest-band part of the weight."""
+        torch.manual_seed(3)
+        cin, cout, k = 20, 24, 3
+        conv = nn.Conv2d(cin, cout, k, padding=1, bias=False)
+        module = FDConv2d.from_conv2d(conv, use_fbm=False, use_ksm_local=False)
+        with torch.no_grad():
+            module.ksm_global.kernel_fc.bias.copy_(torch.tensor([40.0, -40.0, -40.0, -40.0]))
+        matrix = _np_kernel_to_matrix(conv.weight.detach().double().numpy())
+        spectrum = np.fft.rfft2(matrix) * (_np_band_ids(cout * k, cin * k, 4) == 0)
+        expected_weight = 2.0 * _np_matrix_to_kernel(np.fft.irfft2(spectrum, s=matrix.shape), cout, cin, k)
+        x = torch.randn(2, cin, 7, 7)
+        expected = F.conv2d(x, torch.from_numpy(expected_weight).float(), padding=1)
+        with torch.no_grad():
+            np.testing.assert_allclose(module(x), expected, atol=1e-5)
+            self.assertGreater((module(x) - conv(x)).abs().max().item(), 1e-2)
+
+    def test_load_plain_conv_state_dict(self):
+        torch.manual_seed(4)
+        conv = nn.Conv2d(20, 24, 3, padding=1)
+        module = FDConv2d(20, 24)
+        result = module.load_state_dict(conv.state_dict(), strict=False)  # the attention heads keep their init
+        self.assertEqual(result.unexpected_keys, [])
+        self.assertTrue(result.missing_keys and all(key.startswith(("ksm_", "fbm.")) for key in result.missing_keys))
+        x = torch.randn(1, 20, 6, 6)
+        with torch.no_grad():
+            np.testing.assert_allclose(module(x), conv(x), atol=1e-5)
+        with self.assertRaisesRegex(RuntimeError, "weight"):
+            module.load_state_dict(nn.Conv2d(20, 20, 3).state_dict(), strict=False)
+        plain = FDConv2d(8, 8)  # no attention heads: a plain conv state dict loads strictly
+        plain.load_state_dict(nn.Conv2d(8, 8, 3).state_dict())
+
+
+class TestKernelSpatialModulation(unittest.TestCase):
+    def test_channel_filter_spatial_attention(self):
+        torch.manual_seed(5)
+        cin, cout = 20, 24
+        conv = nn.Conv2d(cin, cout, 3, padding=1)
+        module = FDConv2d.from_conv2d(conv, use_fbm=False, use_ksm_local=False, kernel_num=1)
+        bc, bf, bs = torch.randn(cin), torch.randn(cout), torch.randn(9)
+        with torch.no_grad():
+            head = module.ksm_global
+            head.channel_fc.bias.copy_(bc)
+            head.filter_fc.bias.copy_(bf)
+            head.spatial_fc.bias.copy_(bs)
+        weight = (
+            conv.weight.detach()
+            * (2 * torch.sigmoid(bf))[:, None, None, None]
+            * (2 * torch.sigmoid(bc))[None, :, None, None]
+            * (2 * torch.sigmoid(bs)).reshape(1, 1, 3, 3)
+        )
+        x = torch.randn(2, cin, 6, 5)
+        with torch.no_grad():
+            np.testing.assert_allclose(module(x), F.conv2d(x, weight, conv.bias, padding=1), atol=1e-5)
+
+    def test_local_modulation_layout(self):
+        """Centre-tap Conv1d weights c[(o, p, q)] give the kernel W[o, i, p, q] * 2 sigmoid(c * LN(gap)_i)."""
+        torch.manual_seed(6)
+        cin, cout, k = 20, 24, 3
+        conv = nn.Conv2d(cin, cout, k, padding=1)
+        module = FDConv2d.from_conv2d(conv, use_fbm=False)
+        local_conv = module.ksm_local.conv
+        centre = local_conv.kernel_size[0] // 2
+        taps = torch.randn(cout * k * k)
+        with torch.no_grad():
+            local_conv.weight[:, 0, centre] = taps
+        x = torch.randn(2, cin, 6, 6)
+        pooled = x.double().mean(dim=(2, 3)).numpy()
+        normed = (pooled - pooled.mean(1, keepdims=True)) / np.sqrt(pooled.var(1, keepdims=True) + 1e-5)
+        c = taps.double().numpy().reshape(cout, k, k)
+        for b in range(2):
+            logits = c[:, None, :, :] * normed[b][None, :, None, None]  # (Cout, Cin, k, k)
+            weight = conv.weight.detach().double().numpy() * 2.0 / (1.0 + np.exp(-logits))
+            expected = F.conv2d(x[b : b + 1].double(), torch.from_numpy(weight), conv.bias.double(), padding=1)
+            with torch.no_grad():
+                np.testing.assert_allclose(module(x)[b : b + 1], expected, atol=1e-5)
+
+    def test_samples_are_independent_and_dynamic(self):
+        torch.manual_seed(7)
+        module = FDConv2d(20, 24).train()
+        _perturb(module, std=0.2)
+        x = torch.randn(3, 20, 8, 8)
+        with torch.no_grad():
+            out = module(x)
+            for b in range(3):
+                np.testing.assert_allclose(out[b : b + 1], module(x[b : b + 1]), atol=1e-5)
+            static = F.conv2d(x, module.static_weight(), module.bias, padding=1)
+            self.assertGreater((out - static).abs().max().item(), 1e-2)
+
+    def test_gradients_reach_all_parameters(self):
+        torch.manual_seed(8)
+        module = FDConv2d(20, 24)
+        x = torch.randn(2, 20, 8, 8)
+        module(x).square().mean().backward()  # at init: frequency weights and every head get gradients
+        for name in (
+            "dft_weight",
+            "bias",
+            "ksm_global.kernel_fc.weight",
+            "ksm_global.filter_fc.weight",
+            "ksm_global.channel_fc.weight",
+            "ksm_global.spatial_fc.weight",
+            "ksm_local.conv.weight",
+            "fbm.gain_conv.weight",
+        ):
+            grad = dict(module.named_parameters())[name].grad
+            self.assertTrue(grad is not None and grad.abs().sum() > 0, name)
+        module.zero_grad()
+        _perturb(module, std=0.2)
+        module(x).square().mean().backward()
+        for name, param in module.named_parameters():
+            self.assertTrue(param.grad is not None and torch.isfinite(param.grad).all(), name)
+            self.assertGreater(param.grad.abs().sum().item(), 0, name)
+
+
+class TestFrequencyBandModulation(unittest.TestCase):
+    def test_identity_at_init(self):
+        fbm = FrequencyBandModulation(4)
+        x = torch.randn(2, 4, 9, 12)
+        self.assertTrue(torch.equal(fbm(x), x))
+
+    @parameterized.expand([((16, 10),), ((7, 9),), ((1, 1),)])
+    def test_band_gains_match_reference(self, size):
+        """Constant gains g_i (bias only): FBM = F^-1(G * F(x)) with G = g_i on ring i and 1 on the lowest band."""
+        torch.manual_seed(9)
+        k_list = (2, 4, 8)
+        fbm = FrequencyBandModulation(3, k_list)
+        bias = torch.tensor([0.7, -1.2, 2.0])
+        with torch.no_grad():
+            fbm.gain_conv.bias.copy_(bias)
+        gains = (2 * torch.sigmoid(bias)).double().numpy()
+        masks = _np_box_masks(*size, k_list)
+        response = masks[-1].astype(np.float64)
+        outer = np.ones(size, dtype=bool)
+        for gain, mask in zip(gains, masks):
+            response += gain * (outer & ~mask)
+            outer = mask
+        x = torch.randn(2, 3, *size)
+        expected = np.fft.ifft2(np.fft.fft2(x.double().numpy()) * response).real
+        with torch.no_grad():
+            np.testing.assert_allclose(fbm(x), expected, atol=1e-5)
+
+    def test_spatial_gains_match_band_form(self):
+        torch.manual_seed(10)
+        fbm = FrequencyBandModulation(3)
+        _perturb(fbm)
+        x = torch.randn(2, 3, 12, 10)
+        with torch.no_grad():
+            gains = (2 * torch.sigmoid(fbm.gain_conv(x))).double().numpy()
+            out = fbm(x)
+        spectrum = np.fft.fft2(x.double().numpy())
+        previous, expected = x.double().numpy(), 0.0
+        for idx, mask in enumerate(_np_box_masks(12, 10, (2, 4, 8))):
+            low = np.fft.ifft2(spectrum * mask).real
+            expected = expected + gains[:, idx : idx + 1] * (previous - low)
+            previous = low
+        np.testing.assert_allclose(out, expected + previous, atol=1e-5)
+        masks = fbm.masks(12, 10).numpy()
+        self.assertEqual(masks.shape, (3, 12, 6))
+        np.testing.assert_array_equal(masks[0], _np_box_masks(12, 10, (2,))[0][:, :6])
+
+
+class TestFDConv2dExecution(unittest.TestCase):
+    def test_autocast_bfloat16(self):
+        torch.manual_seed(11)
+        module = FDConv2d(20, 24)
+        _perturb(module, std=0.2)
+        x = torch.randn(2, 20, 8, 8)
+        with torch.no_grad():
+            reference = module(x)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = module(x)
+        self.assertEqual(out.dtype, torch.bfloat16)
+        self.assertTrue(torch.isfinite(out).all())
+        self.assertLess(((out.float() - reference).abs().max() / reference.abs().max()).item(), 3e-2)
+
+    def test_trace_and_script(self):
+        torch.manual_seed(12)
+        module = FDConv2d(20, 24).eval()
+        _perturb(module, std=0.2)
+        x, other = torch.randn(2, 20, 8, 6), torch.randn(2, 20, 8, 6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(module, x)
+            scripted = torch.jit.script(module)
+        with torch.no_grad():
+            np.testing.assert_allclose(traced(other), module(other), atol=1e-6)
+            np.testing.assert_allclose(scripted(other), module(other), atol=1e-6)
+            bigger = torch.randn(3, 20, 5, 7)  # scripting is not tied to the input shape
+            np.testing.assert_allclose(scripted(bigger), module(bigger), atol=1e-6)
+
+    def test_exported_from_networks(self):
+        self.assertIs(FDConv2dFromNetworks, FDConv2d)
+
+
+class TestFDConv2dArguments(unittest.TestCase):
+    @parameterized.expand(
+        [
+            ({"groups": 2}, "groups"),
+            ({"kernel_size": 5}, "kernel_size"),
+            ({"kernel_size": (1, 3)}, "kernel_size"),
+            ({"kernel_num": 7}, r"kernel_num=7.*valid values.*\[1, 2, 3, 4, 6"),
+            ({"kernel_num": 0}, "kernel_num"),
+            ({"in_channels": 0}, "in_channels"),
+            ({"reduction": 0.0}, "reduction"),
+            ({"kernel_temperature": 0.0}, "kernel_temperature"),
+            ({"temperature": -1.0}, "temperature"),
+            ({"min_attention_channels": -1}, "min_attention_channels"),
+            ({"fbm_k_list": (4, 2)}, "fbm_k_list"),
+            ({"fbm_k_list": ()}, "fbm_k_list"),
+        ]
+    )
+    def test_invalid_arguments(self, kwargs, message):
+        args = {"in_channels": 24, "out_channels": 32, **kwargs}
+        with self.assertRaisesRegex(ValueError, message):
+            FDConv2d(**args)
+
+    def test_kernel_num_not_checked_without_dynamic_part(self):
+        self.assertFalse(FDConv2d(8, 8, kernel_num=7).dynamic)
+
+    def test_invalid_inputs(self):
+        with self.assertRaisesRegex(TypeError, "nn.Conv2d"):
+            FDConv2d.from_conv2d(nn.Linear(3, 3))
+        with self.assertRaisesRegex(ValueError, "in_channels"):
+            FDConv2d.from_conv2d(nn.Conv2d(20, 24, 3), in_channels=3)
+        with self.assertRaisesRegex(ValueError, "groups"):
+            FDConv2d.from_conv2d(nn.Conv2d(20, 24, 3, groups=4))
+        with self.assertRaisesRegex(ValueError, "FDConv2d expects input"):
+            FDConv2d(20, 24)(torch.randn(1, 3, 8, 8))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+import torch
+from monai.data import MetaTensor
+
+from spectraflow_monai.transforms import BinarizeLabel, BinarizeLabeld
+
+
+def test_rgb_jpeg_mask_reduced_and_thresholded():
+    x = MetaTensor(torch.tensor([[[0.0, 100.0, 128.0, 255.0]]]).repeat(3, 1, 1), meta={"filename_or_obj": "m.jpg"})
+    x[0, 0, 1] = 130  # channels (130, 100, 100): mean 110 -> background; first and max -> foreground
+    out = BinarizeLabel()(x)
+    assert isinstance(out, MetaTensor) and out.meta["filename_or_obj"] == "m.jpg"
+    assert out.shape == (1, 1, 4) and out.dtype == torch.float32
+    assert out.tolist() == [[[0.0, 0.0, 1.0, 1.0]]]
+    assert BinarizeLabel(channel_reduction="first")(x).tolist() == [[[0.0, 1.0, 1.0, 1.0]]]
+    assert BinarizeLabel(channel_reduction="max")(x).tolist() == [[[0.0, 1.0, 1.0, 1.0]]]
+    per_channel = BinarizeLabel(channel_reduction=None)(x)
+    assert per_channel.shape == (3, 1, 4) and per_channel[:, 0, 1].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_numpy_instance_labels():
+    out = BinarizeLabel(threshold=1, dtype=np.uint8)(np.array([[[0, 1, 7, 40]]], dtype=np.uint8))
+    assert isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.tolist() == [[[0, 1, 1, 1]]]
+
+
+def test_dict_reads_threshold_from_data():
+    label = torch.tensor([[[0.0, 1.0, 200.0]]])
+    t = BinarizeLabeld("label")
+    assert t({"label": label, "label_threshold": 1})["label"].tolist() == [[[0.0, 1.0, 1.0]]]
+    assert t({"label": label, "label_threshold": 128})["label"].tolist() == [[[0.0, 0.0, 1.0]]]
+    assert BinarizeLabeld("label", threshold=2)({"label": label, "label_threshold": 1})["label"].sum() == 1
+    with pytest.raises(ValueError, match="label_threshold"):
+        t({"label": label})
+    with pytest.raises(ValueError, match="label_threshold"):
+        t({"label": label, "label_threshold": "high"})
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"threshold": "a"}, "threshold"),
+        ({"threshold": float("nan")}, "threshold"),
+        ({"channel_reduction": "median"}, "channel_reduction"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BinarizeLabel(**kwargs)
+    with pytest.raises(ValueError, match="channel-first"):
+        BinarizeLabel()(torch.ones(3))
