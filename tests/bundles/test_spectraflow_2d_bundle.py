@@ -1,0 +1,375 @@
+"""End-to-end checks of the ``spectraflow_2d_segmentation`` bundle, in the manner of the MONAI model-zoo CI.
+
+Everything goes through the public ``monai.bundle`` API (``run``, ``ckpt_export``, ``verify_net_in_out``,
+``verify_metadata``, ``ConfigParser``) with the bundle's own config files, on a handful of tiny synthetic images
+(56x56, a 2-block DINOv2 encoder): SpectraFlow Stage-1 (Mixed-Domain MeanFlow + dispersive pretraining, Chen et al.,
+Sec. 4.1) and Stage-2 (segmentation fine-tuning, Sec. 4.2) run once per module and the later tests reuse their
+outputs (evaluation, inference, TorchScript export, metadata checks, resuming). The multi-GPU override is run with
+``torchrun`` and two CPU processes (gloo).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from monai.bundle import ConfigParser
+from monai.bundle import run as bundle_run
+from monai.bundle.scripts import ckpt_export, verify_metadata, verify_net_in_out
+from monai.utils import set_determinism
+from PIL import Image
+
+from spectraflow_monai.networks import DINOv2Encoder
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "bundles" / "spectraflow_2d_segmentation"
+CONFIGS = BUNDLE / "configs"
+TRAIN = str(CONFIGS / "train.yaml")
+STAGE1_CONFIG = str(CONFIGS / "train_stage1.yaml")
+EVALUATE = str(CONFIGS / "evaluate.yaml")
+INFERENCE = str(CONFIGS / "inference.yaml")
+MULTI_GPU = str(CONFIGS / "multi_gpu_train.yaml")
+META = str(CONFIGS / "metadata.json")
+SCHEMA = str(REPO / "bundles" / "schema" / "meta_schema_20240725.json")
+
+IMAGE_SIZE = 56
+DEPTH = 2
+NUM_TRAIN, NUM_VAL = 8, 4
+STAGE1_EPOCHS = 2
+STAGE1_BATCH = 4
+# network settings shared by every config (train, evaluate, inference)
+NET = {"image_size": IMAGE_SIZE, "encoder_kwargs": {"depth": DEPTH}}
+# Stage-1 settings: a small head; a large learning rate and a short EMA so that the exported encoder is clearly
+# different from its random initialisation (otherwise "Stage-2 starts from the export" could not be told apart)
+STAGE1_ARGS = {
+    "stage1_epochs": STAGE1_EPOCHS,
+    "stage1_batch_size": STAGE1_BATCH,
+    "head_hidden_channels": 32,
+    "head_num_blocks": 1,
+    "stage1_start_lr": 1e-3,
+    "stage1_end_lr": 1e-4,
+    "ema_decay": 0.5,
+}
+# the module fixture trains once; with `pytest -n N --dist loadgroup` keep this module on one worker
+pytestmark = pytest.mark.xdist_group("spectraflow_2d_bundle")
+
+
+def _run(config_file, **override) -> None:
+    """``monai.bundle.run`` in this process (no logging config, so pytest's log capture is left alone)."""
+    saved_path = list(sys.path)  # ConfigWorkflow.run() prepends the bundle folder to sys.path
+    try:
+        bundle_run(config_file=config_file, meta_file=META, logging_file=False, **override)
+    finally:
+        sys.path[:] = saved_path
+
+
+def _parse(config_file, **override) -> ConfigParser:
+    parser = ConfigParser()
+    parser.read_config(config_file)
+    parser.update(override)
+    return parser
+
+
+def _error_text(exc: BaseException) -> str:
+    """The messages of an exception and of its causes (MONAI wraps errors raised inside config expressions)."""
+    texts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        texts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(texts)
+
+
+def _scalars(log_dir: str) -> dict[str, list[int]]:
+    """TensorBoard scalar tags of ``log_dir`` and the steps logged for each."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(log_dir)
+    acc.Reload()
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _load(path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Synthetic data, Stage-1 and Stage-2, each run once for the module; returns the paths and settings."""
+    root = tmp_path_factory.mktemp("spectraflow_2d")
+    data_dir = str(root / "data")
+    common = {
+        "bundle_root": str(root),
+        "dataset_dir": data_dir,
+        "synthetic_size": {"num_train": NUM_TRAIN, "num_val": NUM_VAL},
+        "num_workers": 0,
+        "progress_bar": False,
+        **NET,
+    }
+    _run([TRAIN, STAGE1_CONFIG], **common, **STAGE1_ARGS)
+    export = _load(root / "models" / "encoder_stage1.pt")  # kept: later runs in other roots never touch it
+    _run(TRAIN, **common, max_epochs=2, batch_size=4, val_batch_size=4)
+    return {"root": root, "data_dir": data_dir, "common": common, "export": export}
+
+
+# ---------------------------------------------------------------- 1. Stage-1
+def test_stage1_export_loads_into_encoder(trained):
+    path = trained["root"] / "models" / "encoder_stage1.pt"
+    assert path.is_file()
+    encoder = DINOv2Encoder(pretrained=str(path), model_kwargs={"depth": DEPTH}, img_size=IMAGE_SIZE)
+    state = encoder.vit.state_dict()
+    export = trained["export"]
+    assert set(export) == set(state)
+    for key, value in export.items():
+        torch.testing.assert_close(state[key], value, rtol=0, atol=0, msg=key)
+    # Stage-1 changed the weights: the export is not a fresh random encoder
+    set_determinism(seed=0)
+    fresh = DINOv2Encoder(model_kwargs={"depth": DEPTH}, img_size=IMAGE_SIZE).vit.state_dict()
+    assert any(not torch.equal(fresh[k], export[k]) for k in export)
+    # the Stage-1 losses were logged to TensorBoard for every iteration
+    tags = _scalars(str(trained["root"] / "logs" / "stage1"))
+    assert {"loss", "loss_meanflow", "loss_dispersive"} <= set(tags)
+    assert tags["loss"] == list(range(1, STAGE1_EPOCHS * (NUM_TRAIN // STAGE1_BATCH) + 1))
+
+
+def test_stage1_resume_continues(trained, tmp_path):
+    ckpt_path = trained["root"] / "models" / "stage1" / "checkpoint_final.pt"
+    assert ckpt_path.is_file()
+    ckpt = _load(ckpt_path)
+    assert {"encoder", "head", "optimizer", "ema", "lr_scheduler", "trainer"} <= set(ckpt)
+    iters_per_epoch = NUM_TRAIN // STAGE1_BATCH
+    assert ckpt["trainer"]["iteration"] == STAGE1_EPOCHS * iters_per_epoch
+    # resume into a separate bundle root (same data) with one more epoch
+    common = dict(trained["common"], bundle_root=str(tmp_path))
+    stage1 = dict(STAGE1_ARGS, stage1_epochs=STAGE1_EPOCHS + 1)
+    _run([TRAIN, STAGE1_CONFIG], **common, **stage1, resume_from=str(ckpt_path))
+    resumed = _load(tmp_path / "models" / "stage1" / "checkpoint_final.pt")
+    previous_epoch = ckpt["trainer"]["iteration"] // ckpt["trainer"]["epoch_length"]
+    epoch = resumed["trainer"]["iteration"] // resumed["trainer"]["epoch_length"]
+    assert epoch == previous_epoch + 1
+    # only the new epoch ran (a run from scratch would log steps 1..6)
+    steps = _scalars(str(tmp_path / "logs" / "stage1"))["loss"]
+    first = STAGE1_EPOCHS * iters_per_epoch + 1
+    assert steps == list(range(first, first + iters_per_epoch))
+    assert (tmp_path / "models" / "encoder_stage1.pt").is_file()
+
+
+# ---------------------------------------------------------------- 2. Stage-2
+def test_stage2_starts_from_stage1_export(trained):
+    export = trained["export"]
+    # the network that train.yaml builds (Stage-2 at its start) holds the exported encoder...
+    set_determinism(seed=0)
+    net = _parse(TRAIN, **trained["common"]).get_parsed_content("network_def")
+    start = net.encoder.vit.state_dict()
+    for key, value in export.items():
+        torch.testing.assert_close(start[key], value, rtol=0, atol=0, msg=key)
+    # ...which it would not without the export (same seed, no weights file)
+    set_determinism(seed=0)
+    net0 = _parse(TRAIN, **trained["common"], encoder_weights=None).get_parsed_content("network_def")
+    assert not torch.equal(net0.encoder.vit.blocks[0].attn.qkv.weight, export["blocks.0.attn.qkv.weight"])
+
+    # the trained model: frozen encoder parts unchanged from the export, the last block fine-tuned
+    model = _load(trained["root"] / "models" / "model.pt")
+    assert any(k.startswith("decoder.") for k in model)
+    for key in ("patch_embed.proj.weight", "pos_embed", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc2.weight"):
+        torch.testing.assert_close(model["encoder.vit." + key], export[key], rtol=0, atol=0, msg=key)
+    last = f"blocks.{DEPTH - 1}.attn.qkv.weight"
+    assert not torch.equal(model["encoder.vit." + last], export[last])
+
+
+def test_stage2_tensorboard(trained):
+    log_dir = trained["root"] / "logs"
+    assert glob.glob(str(log_dir / "events.out.tfevents.*"))
+    tags = _scalars(str(log_dir))
+    assert {"train_loss", "val_mean_dice", "val_mean_iou", "val_hd95"} <= set(tags)
+    assert tags["val_mean_dice"] == [1, 2]
+
+
+# ---------------------------------------------------------------- 3. evaluate
+def test_evaluate_reports(trained):
+    root = trained["root"]
+    _run([TRAIN, EVALUATE], **trained["common"])
+    with open(root / "eval" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    names = sorted(Path(p).stem for p in glob.glob(os.path.join(trained["data_dir"], "images", "synth_val_*")))
+    assert len(names) == NUM_VAL
+    assert sorted(r["name"] for r in rows) == names
+    metric_columns = ("iou", "dice", "recall", "precision", "hd95_monai", "hd95_pooled")
+    assert set(metric_columns) <= set(rows[0])
+    n_nan = 0
+    for row in rows:
+        for column in metric_columns:
+            value = float(row[column])
+            if math.isnan(value):  # documented: HD95 is undefined when a mask is empty
+                assert column.startswith("hd95") and 0 in (int(row["gt_area"]), int(row["pred_area"])), row
+                n_nan += 1
+            else:
+                assert math.isfinite(value), row
+                if not column.startswith("hd95"):
+                    assert 0.0 <= value <= 1.0, row
+    summary = (root / "eval" / "summary.md").read_text()
+    assert "max of the directed 95th percentiles (MONAI)" in summary
+    assert "pooled distances (medpy/TransUNet)" in summary
+    assert f"Images: {NUM_VAL}" in summary
+    # "HD95 [monai]: <k> image(s) excluded (...)": every NaN in the table is accounted for in the summary
+    excluded = [line.split(" image(s) excluded")[0] for line in summary.splitlines() if "image(s) excluded" in line]
+    assert len(excluded) == 2 and sum(int(e.rsplit(" ", 1)[-1]) for e in excluded) == n_nan
+    preds = sorted(glob.glob(str(root / "eval" / "predictions" / "*.png")))
+    assert [Path(p).name for p in preds] == [f"{n}_seg.png" for n in names]
+    for p in preds:
+        mask = np.asarray(Image.open(p))
+        assert mask.shape == (IMAGE_SIZE, IMAGE_SIZE)
+        assert set(np.unique(mask).tolist()) <= {0, 255}
+
+
+# ---------------------------------------------------------------- 4. inference
+def test_inference_writes_masks_at_input_size(trained, tmp_path):
+    in_dir, out_dir = tmp_path / "images", tmp_path / "predictions"
+    in_dir.mkdir()
+    rng = np.random.default_rng(0)
+    height, width = 70, 90
+    for name in ("case_a", "case_b"):
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(in_dir / f"{name}.png")
+    _run(INFERENCE, bundle_root=str(trained["root"]), input_dir=str(in_dir), output_dir=str(out_dir), **NET)
+    outputs = sorted(p.name for p in out_dir.glob("*.png"))
+    assert outputs == ["case_a_seg.png", "case_b_seg.png"]
+    for name in outputs:
+        image = Image.open(out_dir / name)
+        assert image.size == (width, height)
+        assert set(np.unique(np.asarray(image)).tolist()) <= {0, 255}
+
+
+# ---------------------------------------------------------------- 5. TorchScript export
+def test_ckpt_export_trace_matches_eager(trained):
+    root = trained["root"]
+    ts_path = root / "models" / "model.ts"
+    shape = [1, 3, IMAGE_SIZE, IMAGE_SIZE]
+    ckpt_export(
+        net_id="network_def",
+        filepath=str(ts_path),
+        ckpt_file=str(root / "models" / "model.pt"),
+        meta_file=META,
+        config_file=INFERENCE,
+        bundle_root=str(root),
+        use_trace=True,
+        input_shape=shape,
+        **NET,
+    )
+    traced = torch.jit.load(str(ts_path), map_location="cpu")
+    eager = _parse(INFERENCE, bundle_root=str(root), **NET).get_parsed_content("network_def")
+    eager.load_state_dict(_load(root / "models" / "model.pt"))
+    eager.eval()
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = eager(x)
+        actual = traced(x)
+    assert actual.shape == (1, 1, IMAGE_SIZE, IMAGE_SIZE)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- 6. metadata and network I/O
+def test_verify_metadata_offline():
+    verify_metadata(meta_file=META, filepath=SCHEMA)
+
+
+def test_verify_net_in_out(trained):
+    verify_net_in_out(
+        net_id="network_def",
+        meta_file=META,
+        config_file=INFERENCE,
+        device="cpu",
+        bundle_root=str(trained["root"]),
+        encoder_kwargs={"depth": DEPTH},
+    )
+
+
+# ---------------------------------------------------------------- 7. multi-GPU override (2 CPU processes, gloo)
+def _torchrun(config_files: list[str], args: list[str], cwd: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+        "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+        "-m", "monai.bundle", "run", "--config_file", repr(config_files), *args,
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\nrc={proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
+
+
+@pytest.mark.slow
+def test_multi_gpu_override_two_processes(trained, tmp_path):
+    root = tmp_path / "ddp"
+    args = [
+        "--bundle_root", str(root), "--dataset_dir", trained["data_dir"],
+        "--synthetic_size", f"{{'num_train':{NUM_TRAIN},'num_val':{NUM_VAL}}}",
+        "--image_size", str(IMAGE_SIZE), "--encoder_kwargs", f"{{'depth':{DEPTH}}}", "--num_workers", "0",
+        "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
+    ]  # fmt: skip
+    _torchrun(
+        ["configs/train.yaml", "configs/train_stage1.yaml", "configs/multi_gpu_train.yaml"],
+        args + ["--stage1_epochs", "1", "--stage1_batch_size", "2", "--head_hidden_channels", "32",
+                "--head_num_blocks", "1"],
+        BUNDLE,
+    )  # fmt: skip
+    export_path = root / "models" / "encoder_stage1.pt"
+    assert export_path.is_file()
+    assert (root / "models" / "stage1" / "checkpoint_final.pt").is_file()
+    _torchrun(
+        ["configs/train.yaml", "configs/multi_gpu_train.yaml"],
+        args + ["--max_epochs", "1", "--batch_size", "2", "--val_batch_size", "2"],
+        BUNDLE,
+    )
+    model_path = root / "models" / "model.pt"
+    assert model_path.is_file()
+    # saved without the DistributedDataParallel wrapper, and started from this run's Stage-1 export
+    model, export = _load(model_path), _load(export_path)
+    assert not any(k.startswith("module.") for k in model)
+    torch.testing.assert_close(model["encoder.vit.blocks.0.attn.qkv.weight"], export["blocks.0.attn.qkv.weight"])
+
+
+# ---------------------------------------------------------------- 8. bad input stops the run before training
+def test_missing_dataset_folder_is_named(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(Exception) as info:
+        _run(TRAIN, bundle_root=str(tmp_path / "b"), dataset="kvasir", dataset_dir=str(empty), num_workers=0, **NET)
+    text = _error_text(info.value)
+    assert str(empty) in text and "not found" in text, text
+    assert not (tmp_path / "b" / "models" / "model.pt").exists()
+
+
+def test_evaluate_without_model_names_the_file(tmp_path):
+    with pytest.raises(Exception) as info:
+        _run([TRAIN, EVALUATE], bundle_root=str(tmp_path), num_workers=0, **NET)
+    text = _error_text(info.value)
+    assert "FileNotFoundError" in text and os.path.join(str(tmp_path), "models", "model.pt") in text, text
+    assert not (tmp_path / "eval").exists()
+
+
+def test_inference_without_images_names_the_folder(trained, tmp_path):
+    with pytest.raises(Exception) as info:
+        _run(INFERENCE, bundle_root=str(trained["root"]), input_dir=str(tmp_path), output_dir=str(tmp_path), **NET)
+    text = _error_text(info.value)
+    assert "FileNotFoundError" in text and str(tmp_path) in text, text

@@ -1,0 +1,42 @@
+"""The embedded demo runs end to end (tiny settings) and its command line parses."""
+
+import pytest
+
+from spectraflow_monai import __main__ as cli
+from spectraflow_monai.demo import find_bundle, run_demo
+
+
+def test_find_bundle():
+    assert (find_bundle() / "configs" / "train.yaml").is_file()
+    with pytest.raises(FileNotFoundError, match="no_such_bundle"):
+        find_bundle("no_such_bundle")
+
+
+def test_demo_end_to_end(tmp_path):
+    out = run_demo(
+        output=tmp_path / "demo",
+        num_train=8,
+        num_val=4,
+        image_size=28,
+        stage1_epochs=1,
+        stage2_epochs=1,
+        batch_size=4,
+        encoder_kwargs={"depth": 2},
+    )
+    eval_dir = tmp_path / "demo" / "eval"
+    for name in ("metrics.csv", "summary.md", "report.md", "overlays.png", "curves.png"):
+        assert (eval_dir / name).is_file(), name
+    assert (tmp_path / "demo" / "models" / "encoder_stage1.pt").is_file()
+    summary = out["summary"]
+    assert summary["num_images"] == 4
+    assert set(out["times"]) == {"data", "stage1", "stage2", "evaluate"}
+    text = (eval_dir / "report.md").read_text()
+    assert "mDSC" in text and "overlays.png" in text
+
+
+def test_cli_usage(capsys):
+    assert cli.main([]) == 0
+    assert "demo" in capsys.readouterr().out
+    assert cli.main(["nope"]) == 2
+    with pytest.raises(ValueError, match="multiple of 14"):
+        run_demo(image_size=30)
