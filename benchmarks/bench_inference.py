@@ -27,10 +27,21 @@ class BareEncoder(nn.Module):
         super().__init__()
         from spectraflow_monai.networks import DINOv2Encoder
 
-        self.encoder = DINOv2Encoder("vit_small_patch14_dinov2", img_size=img_size, model_kwargs={"weight_init": "skip"})
+        self.encoder = fill_skipped_init(
+            DINOv2Encoder("vit_small_patch14_dinov2", img_size=img_size, model_kwargs={"weight_init": "skip"})
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.encoder(x).final
+
+
+def fill_skipped_init(model: nn.Module) -> nn.Module:
+    """timm's ``weight_init="skip"`` (fast construction) leaves parameters uninitialised; fill them with N(0, 0.02)
+    so that no NaN or denormal value distorts the timing."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    return model
 
 
 def build_models(size: int, refine: str) -> dict[str, nn.Module]:
@@ -40,9 +51,7 @@ def build_models(size: int, refine: str) -> dict[str, nn.Module]:
 
     return {
         "DINOv2 ViT-S encoder (bare)": BareEncoder(size),
-        f"SpectraFlowNet-S (DAF + {refine})": SpectraFlowNet(
-            out_channels=1, img_size=size, refine=refine, encoder_kwargs={"weight_init": "skip"}
-        ),
+        f"SpectraFlowNet-S (DAF + {refine})": SpectraFlowNet(out_channels=1, img_size=size, refine=refine),
         "MONAI UNet 2D": UNet(2, 3, 1, channels=(16, 32, 64, 128, 256), strides=(2, 2, 2, 2), num_res_units=2),
         "MONAI SwinUNETR 2D (feature 24)": SwinUNETR(3, 1, feature_size=24, spatial_dims=2),
     }

@@ -100,7 +100,7 @@ class SpectraFlowDecoder(nn.Module):
     Args:
         in_channels: channels of the encoder's final and skip maps.
         out_channels: number of output channels (1 for binary segmentation, 9 for Synapse).
-        decoder_channels: widths of the up-sampling stages, coarse to fine. Defaults to ``(96, 48, 24)``.
+        decoder_channels: widths of the up-sampling stages, coarse to fine. Defaults to ``(96, 32, 16)``.
         fusion: ``"daf"`` (default), ``"concat"`` or ``"add"``.
         refine: refinement block variant, see :class:`RefinementBlock`. Defaults to ``"fdconv"``.
         daf_reduction: bottleneck reduction of DAF. Defaults to 4.
@@ -113,7 +113,7 @@ class SpectraFlowDecoder(nn.Module):
         self,
         in_channels: int,
         out_channels: int,
-        decoder_channels: Sequence[int] = (96, 48, 24),
+        decoder_channels: Sequence[int] = (96, 32, 16),
         fusion: str = "daf",
         refine: str = "fdconv",
         daf_reduction: int = 4,

@@ -42,7 +42,7 @@ class SpectraFlowNet(nn.Module):
             ``0``/``"frozen"``, ``"all"``/``-1`` or any ``k``.
         fusion: skip fusion, ``"daf"`` (default), ``"concat"`` or ``"add"``.
         refine: refinement block variant, ``"fdconv"`` (default), ``"standard"``, ``"cbam"`` or ``"fdconv_cbam"``.
-        decoder_channels: widths of the decoder stages, coarse to fine. Defaults to ``(96, 48, 24)``.
+        decoder_channels: widths of the decoder stages, coarse to fine. Defaults to ``(96, 32, 16)``.
         norm: MONAI norm spec of the decoder. Defaults to ``"batch"``.
         act: MONAI activation spec of the decoder. Defaults to ``"relu"``.
         encoder_kwargs: extra keyword arguments passed to ``timm.create_model`` (e.g. ``{"depth": 2}`` in tests).
@@ -67,7 +67,7 @@ class SpectraFlowNet(nn.Module):
         trainable_blocks: int | str = 1,
         fusion: str = "daf",
         refine: str = "fdconv",
-        decoder_channels: Sequence[int] = (96, 48, 24),
+        decoder_channels: Sequence[int] = (96, 32, 16),
         norm: str | tuple = Norm.BATCH,
         act: str | tuple = Act.RELU,
         encoder_kwargs: dict | None = None,
