@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
+
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = ["generate_synthetic_dataset", "synthesize_pair"]
 
@@ -120,23 +121,8 @@ def synthesize_pair(rng: np.random.Generator, size: int = 224) -> tuple[np.ndarr
 def _save_png(array: np.ndarray, path: str) -> None:
     from PIL import Image
 
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".png")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         Image.fromarray(array).save(tmp, format="PNG", compress_level=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def _write_text(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_", suffix=".txt")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def generate_synthetic_dataset(
@@ -203,14 +189,14 @@ def generate_synthetic_dataset(
             _save_png(mask, os.path.join(dirs["masks"], f"{name}.png"))
             ids[split].append(name)
             fg.append(float(np.mean(mask > 0)))
-        _write_text(os.path.join(dirs["splits"], f"{split}.txt"), "\n".join(ids[split]) + "\n")
+        write_text_atomic(os.path.join(dirs["splits"], f"{split}.txt"), "\n".join(ids[split]) + "\n")
     keep = {f"{n}.png" for names in ids.values() for n in names}
     for key in ("images", "masks"):
         for fname in os.listdir(dirs[key]):
             if fname.startswith("synth_") and fname.endswith(".png") and fname not in keep:
                 os.remove(os.path.join(dirs[key], fname))
     info = {**params, "foreground_fraction": float(np.mean(fg))}
-    _write_text(manifest, json.dumps(info, indent=2) + "\n")
+    write_text_atomic(manifest, json.dumps(info, indent=2) + "\n")
     return {**info, "root": root, "skipped": False}
 
 

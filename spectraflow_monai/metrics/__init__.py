@@ -5,7 +5,6 @@ from .segmentation import (
     SegmentationMetricSuite,
     binarize_prediction,
     evaluate_segmentation,
-    write_text_atomic,
 )
 from .surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled, transunet_case_metrics
 from .volume import ORGAN_DISPLAY_NAMES, PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, VolumeMetricTable, organ_metrics
@@ -25,7 +24,6 @@ __all__ += [
     "hd95_pooled",
     "name_from_path",
     "transunet_case_metrics",
-    "write_text_atomic",
 ]
 
 __all__ += ["ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "VOLUME_METRIC_KEYS", "VolumeMetricTable", "organ_metrics"]

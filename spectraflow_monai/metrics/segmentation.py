@@ -39,7 +39,6 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -48,6 +47,7 @@ import torch
 from monai.metrics import compute_confusion_matrix_metric, compute_dice, compute_iou, get_confusion_matrix
 from monai.networks.utils import one_hot
 
+from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled
 
 __all__ = [
@@ -56,7 +56,6 @@ __all__ = [
     "SegmentationMetricSuite",
     "binarize_prediction",
     "evaluate_segmentation",
-    "write_text_atomic",
 ]
 
 EMPTY_CONVENTIONS = ("one", "nan", "monai")
@@ -64,22 +63,6 @@ EMPTY_CONVENTIONS = ("one", "nan", "monai")
 METRIC_KEYS = ("iou", "dice", "recall", "precision")
 _SUMMARY_NAMES = {"iou": "mIoU", "dice": "mDSC", "recall": "recall", "precision": "precision"}
 _MARKDOWN_LABELS = {"mIoU": "mIoU", "mDSC": "mDSC", "recall": "Recall", "precision": "Precision"}
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then ``os.replace``)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def binarize_prediction(

@@ -43,7 +43,7 @@ from monai.metrics import compute_dice
 from monai.metrics.utils import get_mask_edges
 
 from spectraflow_monai.data.synapse import SYNAPSE_ORGANS
-from spectraflow_monai.metrics.segmentation import write_text_atomic
+from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, hd95_monai, transunet_case_metrics
 
 __all__ = ["ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "VOLUME_METRIC_KEYS", "organ_metrics", "VolumeMetricTable"]

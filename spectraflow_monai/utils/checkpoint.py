@@ -11,12 +11,13 @@ new file.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from spectraflow_monai.utils.files import atomic_path
 
 __all__ = ["atomic_torch_save", "cpu_state_dict"]
 
@@ -54,22 +55,11 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
         OSError: the file could not be written (with the destination named in the message).
     """
     dest = Path(os.fspath(path)).expanduser()
-    if dest.is_dir():
-        raise ValueError(f"path must be a file path, got the existing directory '{dest}'.")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_path(dest, suffix=".tmp") as tmp, open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp_name, dest)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp_name)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise OSError(f"could not write '{dest}': {exc}") from exc
-        raise
+    except OSError as exc:
+        raise OSError(f"could not write '{dest}': {exc}") from exc
     return dest

@@ -1,10 +1,60 @@
-"""Small file helpers for bundle configs."""
+"""File helpers: atomic writes, and input checks for bundle configs."""
 
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-__all__ = ["require_file", "require_items"]
+__all__ = ["atomic_path", "require_file", "require_items", "write_text_atomic"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[str]:
+    """Yield a temporary file path next to ``path``; on success it replaces ``path`` atomically.
+
+    Write the file at the yielded path inside the ``with`` block. When the block ends without error the temporary
+    file gets the usual permissions (``0o666`` minus the umask) and is moved over ``path`` with ``os.replace``, so
+    readers see either the old or the new file, never a truncated one. On error it is removed and ``path`` is left
+    untouched. The parent folder is created when missing.
+
+    Args:
+        path: destination file.
+        suffix: suffix of the temporary file; ``None`` keeps the destination's (``.nii.gz``, ``.png``) so that
+            writers that pick a format from the extension work.
+
+    Raises:
+        ValueError: ``path`` is an existing directory.
+    """
+    dest = Path(os.fspath(path)).expanduser()
+    if dest.is_dir():
+        raise ValueError(f"path must be a file path, got the existing directory '{dest}'.")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix="".join(dest.suffixes) if suffix is None else suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path, suffix=".tmp") as tmp:
+        with open(tmp, "w", newline="") as f:
+            f.write(text)
 
 
 def require_file(path: str | os.PathLike, hint: str = "") -> str:

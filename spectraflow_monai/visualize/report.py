@@ -35,15 +35,14 @@ import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from spectraflow_monai.metrics.handler import name_from_path
-from spectraflow_monai.metrics.segmentation import write_text_atomic
 from spectraflow_monai.transforms.label import BinarizeLabel
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = [
     "GT_COLOR",
@@ -76,17 +75,8 @@ def _save_figure(fig: Any, path: str | os.PathLike, dpi: int = 110) -> str:
 
     FigureCanvasAgg(fig)
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=dpi)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_path(path, suffix=".tmp") as tmp, open(tmp, "wb") as f:
+        fig.savefig(f, format="png", dpi=dpi)
     return path
 
 

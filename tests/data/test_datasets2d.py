@@ -13,7 +13,11 @@ from spectraflow_monai.data import (
     low_data_subset,
 )
 
-KVASIR_REAL = "/work/shared/data/kvasir-seg"
+# the real Kvasir-SEG copy: $SPECTRAFLOW_KVASIR_DIR, else shared/data/kvasir-seg beside the repository
+KVASIR_REAL = os.environ.get(
+    "SPECTRAFLOW_KVASIR_DIR",
+    os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "kvasir-seg"),
+)
 
 
 def write_image(path, size=16, seed=0, fmt=None):
