@@ -22,8 +22,10 @@ Two on-disk layouts are understood by :func:`synapse_datalist`:
     <root>/train_npz/case0005_slice000.npz       keys image, label; (H, W)
     <root>/test_vol_h5/case0001.npy.h5           keys image, label; (D, H, W); needs h5py
 
-:func:`extract_slices` turns raw volumes into a cache of TransUNet-like ``.npz`` slices (read once, reused on
-later calls), loaded by :class:`spectraflow_monai.transforms.LoadSynapseSliced`.
+:func:`extract_slices` turns raw volumes (and TransUNet's test volumes) into a cache of TransUNet-like ``.npz``
+slices (read once, reused on later calls), loaded by :class:`spectraflow_monai.transforms.LoadSynapseSliced`.
+:func:`build_synapse_datalist` is the entry point of the ``spectraflow_synapse_segmentation`` bundle (data set
+presets, the synthetic phantom generated on first use, volume checks, the slice cache).
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ __all__ = [
     "synapse_datalist",
     "map_btcv_labels",
     "check_volume_pair",
+    "check_synapse_labels",
     "load_synapse_h5",
     "extract_slices",
+    "SYNAPSE_BUNDLE_DATASETS",
+    "build_synapse_datalist",
 ]
 
 logger = logging.getLogger(__name__)
@@ -278,6 +283,42 @@ def map_btcv_labels(label: Any, case: str | None = None, dtype: Any = None) -> A
     return out_np.astype(dtype if dtype is not None else arr.dtype, copy=False)
 
 
+def check_synapse_labels(label: Any, num_classes: int = len(SYNAPSE_ORGANS), where: str | None = None) -> Any:
+    """Check that ``label`` holds integer class ids in ``[0, num_classes)``; return it unchanged.
+
+    Used for label maps that are already in Synapse classes (TransUNet's ``train_npz`` / ``test_vol_h5`` files),
+    where a value outside 0..8 would otherwise fail later inside a one-hot conversion without naming the file.
+
+    Args:
+        label: ``np.ndarray`` or ``torch.Tensor`` of any shape.
+        num_classes: number of classes including background. Defaults to 9 (Synapse).
+        where: case id or file name used in error messages (e.g. ``"case 0001 (.../case0001.npy.h5)"``).
+            Defaults to None.
+
+    Raises:
+        ValueError: values outside ``[0, num_classes)`` or non-integral values; the message names ``where`` and
+            the offending values.
+    """
+    if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}.")
+    arr = label
+    if isinstance(arr, torch.Tensor):
+        arr = (arr.as_tensor() if hasattr(arr, "as_tensor") else arr).detach().cpu().numpy()
+    arr = np.asarray(arr)
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"label{' of ' + where if where else ''} must be a numeric array, got dtype {arr.dtype}.")
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        frac = np.issubdtype(arr.dtype, np.floating) and not np.array_equal(arr, np.rint(arr))
+        if lo < 0 or hi >= num_classes or frac:
+            bad = np.unique(arr[(arr < 0) | (arr >= num_classes) | (arr != np.rint(arr))])
+            raise ValueError(
+                f"label{' of ' + where if where else ''} has values outside the expected classes 0..{num_classes - 1} "
+                f"or non-integral values: {_fmt(bad)}."
+            )
+    return label
+
+
 def _fmt(values: np.ndarray, limit: int = 10) -> str:
     vals = [v.item() for v in np.asarray(values).ravel()[:limit]]
     more = f" ... ({values.size - limit} more)" if values.size > limit else ""
@@ -472,13 +513,32 @@ def _resize_slices(vol: np.ndarray, size: tuple[int, int], mode: str) -> np.ndar
     return np.moveaxis(t[:, 0].numpy(), 0, -1)
 
 
-def _extract_volume(entry: Mapping[str, Any], case: str, cache: Path, params: Mapping[str, Any]) -> dict[str, Any]:
-    """Write the slices of one volume; return its index record (paths relative to ``cache``)."""
+def _is_h5(path: str | os.PathLike) -> bool:
+    return os.fspath(path).lower().endswith(".h5")
+
+
+def _read_h5_volume(image_path: str, label_path: str | None, case: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Read a TransUNet ``test_vol_h5`` volume (already windowed to [0, 1] and mapped to the Synapse classes)."""
+    if label_path is not None and os.path.abspath(label_path) != os.path.abspath(image_path):
+        raise ValueError(
+            f"case {case}: a TransUNet .h5 volume holds its own label; 'label' must be the same file as 'image' "
+            f"({image_path!r}), got {label_path!r}."
+        )
+    data = load_synapse_h5(image_path)
+    image = data["image"].astype(np.float32, copy=False)
+    label = None
+    if label_path is not None:
+        label = check_synapse_labels(data["label"], where=f"case {case} ({image_path})").astype(np.uint8)
+    return image, label
+
+
+def _read_nifti_volume(
+    image_path: str, label_path: str | None, case: str, params: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Read a raw BTCV NIfTI pair: RAS+ (``canonical``), HU window to [0, 1], BTCV ids mapped (``map_labels``)."""
     from spectraflow_monai.transforms.ct import CTWindow  # lazy: transforms.ct imports this module
 
     nib = _nib()
-    image_path = os.fspath(entry["image"])
-    label_path = os.fspath(entry["label"]) if entry.get("label") is not None else None
     img = _load_nifti(image_path, case, "image")  # headers only; the data is read once below
     lbl = _load_nifti(label_path, case, "label") if label_path is not None else None
     _check_loaded_pair(img, lbl, image_path, label_path, case)
@@ -501,8 +561,19 @@ def _extract_volume(entry: Mapping[str, Any], case: str, cache: Path, params: Ma
         label = label.reshape(label.shape[:3])
         if params["map_labels"]:
             label = map_btcv_labels(label, case=f"{case} ({label_path})", dtype=np.uint8)
-        else:
-            label = np.rint(label).astype(np.uint8)
+        else:  # stored as they are: integers that fit the uint8 cache
+            label = check_synapse_labels(label, num_classes=256, where=f"case {case} ({label_path})").astype(np.uint8)
+    return image, label
+
+
+def _extract_volume(entry: Mapping[str, Any], case: str, cache: Path, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the slices of one volume; return its index record (paths relative to ``cache``)."""
+    image_path = os.fspath(entry["image"])
+    label_path = os.fspath(entry["label"]) if entry.get("label") is not None else None
+    if _is_h5(image_path):
+        image, label = _read_h5_volume(image_path, label_path, case)
+    else:
+        image, label = _read_nifti_volume(image_path, label_path, case, params)
     if params["spatial_size"] is not None:
         size = tuple(params["spatial_size"])
         image = _resize_slices(image, size, "bilinear")
@@ -544,9 +615,14 @@ def extract_slices(
     pipeline ``LoadImaged -> EnsureChannelFirstd -> Orientationd(axcodes="RAS")`` with
     ``monai.inferers.SliceInferer(spatial_dim=2)``.
 
+    TransUNet's test volumes (``test_vol_h5/caseXXXX.npy.h5`` entries of :func:`synapse_datalist`; ``"label"``
+    the same file or absent) are cached the same way, except that they are already windowed and mapped: the
+    window, ``map_labels`` and ``canonical`` do not apply to them and their labels must be Synapse classes 0..8.
+
     Args:
         datalist: entries ``{"image": nifti, "label": nifti (optional), "case": id (optional)}``, e.g. from
-            :func:`synapse_datalist` with the raw layout. Without ``"case"``, the id is taken from the file name.
+            :func:`synapse_datalist` with the raw layout, or TransUNet ``.h5`` volumes. Without ``"case"``, the id
+            is taken from the file name.
         cache_dir: folder of the cache (created if needed).
         window: HU window ``(a_min, a_max)``. Defaults to ``(-125, 275)``.
         spatial_size: optional ``(H, W)`` every slice is resized to (image bilinear, label nearest). Defaults to
@@ -562,7 +638,8 @@ def extract_slices(
         :class:`spectraflow_monai.transforms.LoadSynapseSliced`.
 
     Raises:
-        ValueError: bad arguments, entries without ``"image"``, two entries with the same case id.
+        ValueError: bad arguments, entries without ``"image"``, two entries with the same case id, label values
+            outside the expected set (the message names the case).
         DatasetError: a volume is missing, unreadable, 2D, or mismatched with its label.
     """
     if len(window) != 2:
@@ -646,3 +723,139 @@ def extract_slices(
                 item["label"] = str(cache / f)
             out.append(item)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- bundle entry point
+#: the data sets of the ``spectraflow_synapse_segmentation`` bundle (see :func:`build_synapse_datalist`).
+SYNAPSE_BUNDLE_DATASETS: tuple[str, ...] = ("synthetic", "btcv", "transunet")
+_RAW_IMAGE_NAME = re.compile(r"^img(\d+)\.nii(\.gz)?$")
+
+
+def _cases_on_disk(root: Path, split: str) -> list[str]:
+    """The raw-layout case ids found under ``root`` that belong to TransUNet's ``split`` list."""
+    folder = root / os.path.dirname(_RAW_IMAGE)
+    found = sorted(
+        f"{int(m.group(1)):04d}" for m in map(_RAW_IMAGE_NAME.match, os.listdir(folder) if folder.is_dir() else []) if m
+    )
+    wanted = {format_case_id(c) for c in (SYNAPSE_TRAIN_CASES if split == "train" else SYNAPSE_TEST_CASES)}
+    return [c for c in found if c in wanted]
+
+
+def build_synapse_datalist(
+    dataset: str,
+    root: str | os.PathLike,
+    split: str = "train",
+    cases: Sequence[int | str] | None = None,
+    slices: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    spatial_size: Sequence[int] | None = None,
+    window: Sequence[float] = (-125.0, 275.0),
+    generate: Mapping[str, Any] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """One entry point for the ``spectraflow_synapse_segmentation`` bundle (SpectraFlow's Synapse experiment).
+
+    Data sets:
+
+    - ``"btcv"``: the raw BTCV release (``RawData/Training/{img,label}``), the TransUNet 18 / 12 case split unless
+      ``cases`` is given, BTCV labels mapped 13 -> 8 (:data:`BTCV_TO_SYNAPSE`).
+    - ``"transunet"``: TransUNet's preprocessed files (``train_npz/`` slices, ``test_vol_h5/`` volumes; h5py).
+    - ``"synthetic"``: the phantom of :mod:`spectraflow_monai.data.synthetic_ct` in the raw layout, written into
+      ``root`` on first use when ``generate`` is a mapping (the arguments of
+      :func:`~spectraflow_monai.data.synthetic_ct.generate_synthetic_ct`; ``layout`` is always ``"raw"``); without
+      ``cases``, every case found on disk is used, split by TransUNet's lists.
+
+    Args:
+        dataset: ``"synthetic"``, ``"btcv"`` or ``"transunet"``.
+        root: the data set folder.
+        split: ``"train"`` or ``"test"``. Defaults to ``"train"``.
+        cases: case ids instead of the split's default ones. Defaults to None.
+        slices: False: one entry per volume (``{"image", "label", "case"}``; raw NIfTI pairs are checked from their
+            headers: 3D, same shape and affine); True: one entry per axial slice ``.npz``
+            (``{"image", "label", "case", "slice"}``, load with
+            :class:`spectraflow_monai.transforms.LoadSynapseSliced`): raw volumes and TransUNet test volumes are
+            read once into the slice cache ``cache_dir`` with :func:`extract_slices` (reused by later calls),
+            TransUNet's ``train_npz`` slices are listed as they are. Defaults to False.
+        cache_dir: the slice cache folder; required when a volume has to be sliced. Defaults to None.
+        spatial_size: ``(H, W)`` the cached slices are resized to (e.g. the network's 224 x 224); None keeps the
+            native size. Defaults to None.
+        window: HU window of the cached raw slices (TransUNet's files are already windowed). Defaults to
+            ``(-125, 275)``.
+        generate: synthetic data set only: the arguments of ``generate_synthetic_ct`` used when ``root`` holds no
+            phantom yet; None never generates. Defaults to None.
+        progress: show a progress bar while slices are extracted. Defaults to True.
+
+    In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
+    slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
+    must call this function the same number of times (a bundle config resolves each datalist once per process).
+
+    Raises:
+        ValueError: bad arguments; TransUNet's training split asked for as volumes; labels outside the expected set
+            (the message names the case).
+        DatasetError: a missing root or case (the message names the case and the expected path), a 2D file where a
+            volume is expected, or a label volume whose shape or affine differs from its image.
+    """
+    args = (dataset, root, split, cases, slices, cache_dir, spatial_size, window, generate, progress)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return _build_synapse_datalist(*args)
+    if torch.distributed.get_rank() == 0:
+        try:
+            out = _build_synapse_datalist(*args)
+        finally:  # the other ranks must not wait for a rank that failed; they fail on their own build
+            torch.distributed.barrier()
+        return out
+    torch.distributed.barrier()
+    return _build_synapse_datalist(*args[:-1], False)
+
+
+def _build_synapse_datalist(
+    dataset: str,
+    root: str | os.PathLike,
+    split: str,
+    cases: Sequence[int | str] | None,
+    slices: bool,
+    cache_dir: str | os.PathLike | None,
+    spatial_size: Sequence[int] | None,
+    window: Sequence[float],
+    generate: Mapping[str, Any] | None,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    key = str(dataset).lower()
+    if key not in SYNAPSE_BUNDLE_DATASETS:
+        raise ValueError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+    if generate is not None and not isinstance(generate, Mapping):
+        raise ValueError(f"generate must be None or a mapping of generate_synthetic_ct arguments, got {generate!r}.")
+    root = Path(root)
+    if key == "synthetic":
+        if generate is not None and not _cases_on_disk(root, "train") + _cases_on_disk(root, "test"):
+            from spectraflow_monai.data.synthetic_ct import generate_synthetic_ct  # lazy: it imports this module
+
+            logger.info("writing the synthetic CT phantom into %s", root)
+            generate_synthetic_ct(root, **{**dict(generate), "layout": "raw"})
+        if cases is None:
+            cases = _cases_on_disk(root, split)
+            if not cases:
+                raise DatasetError(
+                    f"no synthetic case of the {split} split (TransUNet's list) under {str(root)!r}: expected "
+                    f"{str(root / os.path.dirname(_RAW_IMAGE))}/imgXXXX.nii.gz; generate the phantom with "
+                    "python -m spectraflow_monai.data.synthetic_ct --root <dir>."
+                )
+    layout = "transunet" if key == "transunet" else "raw"
+    entries = synapse_datalist(root, split=split, layout=layout, cases=cases)
+    if layout == "transunet" and split == "train":
+        if not slices:
+            raise ValueError(
+                "TransUNet's training split is distributed as slices (train_npz/); use slices=True, or the raw BTCV "
+                "layout for training volumes."
+            )
+        return entries
+    if not slices:
+        if layout == "raw":
+            for e in entries:
+                check_volume_pair(e["image"], e["label"], case=e["case"])
+        return entries
+    if cache_dir is None:
+        raise ValueError(f"cache_dir is required to slice the {split} volumes of {dataset!r} (slices=True).")
+    return extract_slices(entries, cache_dir, window=window, spatial_size=spatial_size, progress=progress)

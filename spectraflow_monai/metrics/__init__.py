@@ -8,6 +8,7 @@ from .segmentation import (
 )
 from .surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled, transunet_case_metrics
 from .volume import ORGAN_DISPLAY_NAMES, PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, VolumeMetricTable, organ_metrics
+from .volume_handler import VolumeMetricsHandler, spacing_from_affine
 
 __all__: list[str] = []
 
@@ -27,3 +28,4 @@ __all__ += [
 ]
 
 __all__ += ["ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "VOLUME_METRIC_KEYS", "VolumeMetricTable", "organ_metrics"]
+__all__ += ["VolumeMetricsHandler", "spacing_from_affine"]

@@ -1,5 +1,13 @@
 from .label import BinarizeLabel, BinarizeLabelD, BinarizeLabeld, BinarizeLabelDict
-from .ct import CTWindow, CTWindowd, LoadSynapseSliced, MapBTCVLabels, MapBTCVLabelsd, load_slice_npz
+from .ct import (
+    CTWindow,
+    CTWindowd,
+    LoadSynapseH5d,
+    LoadSynapseSliced,
+    MapBTCVLabels,
+    MapBTCVLabelsd,
+    load_slice_npz,
+)
 from .mixed_domain import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -23,3 +31,4 @@ __all__: list[str] = [
 __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelDict"]
 
 __all__ += ["CTWindow", "CTWindowd", "LoadSynapseSliced", "MapBTCVLabels", "MapBTCVLabelsd", "load_slice_npz"]
+__all__ += ["LoadSynapseH5d"]

@@ -10,6 +10,8 @@ and the network is trained on 2D axial slices.
 - :class:`MapBTCVLabels` / :class:`MapBTCVLabelsd`: BTCV label ids (0..13) to the 9 Synapse classes.
 - :class:`LoadSynapseSliced`: loads one axial slice stored as ``.npz`` (TransUNet's ``train_npz`` files or the slice
   cache of :func:`spectraflow_monai.data.synapse.extract_slices`) as channel-first ``MetaTensor`` s.
+- :class:`LoadSynapseH5d`: loads one of TransUNet's ``test_vol_h5`` volumes as channel-first ``MetaTensor`` s
+  ``(1, H, W, D)`` with unit spacing, for whole-volume evaluation.
 
 To feed the 3-channel DINOv2 encoder, repeat the single CT channel with MONAI's own
 :class:`monai.transforms.RepeatChanneld` (``repeats=3``).
@@ -30,11 +32,27 @@ from monai.data import MetaTensor
 from monai.transforms import MapTransform, ScaleIntensityRange, ScaleIntensityRanged, Transform
 from monai.utils import convert_to_dst_type
 
-from spectraflow_monai.data.synapse import map_btcv_labels
+from spectraflow_monai.data.synapse import check_synapse_labels, load_synapse_h5, map_btcv_labels
 
-__all__ = ["CTWindow", "CTWindowd", "MapBTCVLabels", "MapBTCVLabelsd", "LoadSynapseSliced", "load_slice_npz"]
+__all__ = [
+    "CTWindow",
+    "CTWindowd",
+    "MapBTCVLabels",
+    "MapBTCVLabelsd",
+    "LoadSynapseSliced",
+    "LoadSynapseH5d",
+    "load_slice_npz",
+]
 
 _SLICE_NAME = re.compile(r"case(\d+)_slice(\d+)")
+_CASE_NAME = re.compile(r"case(\d+)")
+
+
+def _check_num_classes(num_classes: int | None) -> None:
+    if num_classes is not None and (
+        not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1
+    ):
+        raise ValueError(f"num_classes must be None or a positive integer, got {num_classes!r}.")
 
 
 def _check_window(a_min: float, a_max: float) -> None:
@@ -189,6 +207,10 @@ class LoadSynapseSliced(MapTransform):
             array of their own name. Defaults to None.
         dtype: output data type, or None to keep the stored type. Defaults to ``np.float32``.
         allow_missing_keys: don't raise exception if key is missing. Defaults to False.
+        num_classes: when set, the array loaded for ``label_key`` must hold integer classes in
+            ``[0, num_classes)`` (9 for Synapse); other values raise a ``ValueError`` naming the file and the case.
+            Defaults to None (no check).
+        label_key: the key checked against ``num_classes``. Defaults to ``"label"``.
     """
 
     def __init__(
@@ -197,12 +219,17 @@ class LoadSynapseSliced(MapTransform):
         fields: Mapping[str, str] | None = None,
         dtype: DtypeLike | None = np.float32,
         allow_missing_keys: bool = False,
+        num_classes: int | None = None,
+        label_key: str = "label",
     ) -> None:
         super().__init__(keys, allow_missing_keys)
         if fields is not None and not isinstance(fields, Mapping):
             raise ValueError(f"fields must be a mapping key -> array name or None, got {fields!r}.")
+        _check_num_classes(num_classes)
         self.fields = dict(fields or {})
         self.dtype = dtype
+        self.num_classes = num_classes
+        self.label_key = label_key
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
         d = dict(data)
@@ -225,6 +252,9 @@ class LoadSynapseSliced(MapTransform):
                     raise ValueError(
                         f"slice file {path!r}: array {field!r} must have shape (H, W) or (1, H, W), got {arr.shape}."
                     )
+                if self.num_classes is not None and key == self.label_key:
+                    where = f"case {case} ({path})" if case is not None else path
+                    check_synapse_labels(arr, self.num_classes, where=where)
                 if self.dtype is not None:
                     arr = arr.astype(self.dtype, copy=False)
                 meta: dict[str, Any] = {
@@ -237,4 +267,87 @@ class LoadSynapseSliced(MapTransform):
                 if slice_idx is not None:
                     meta["slice"] = int(slice_idx)
                 d[key] = MetaTensor(torch.from_numpy(np.ascontiguousarray(arr)), affine=torch.eye(3), meta=meta)
+        return d
+
+
+class LoadSynapseH5d(MapTransform):
+    """Load a TransUNet test volume ``test_vol_h5/caseXXXX.npy.h5`` as channel-first ``MetaTensor`` s (1, H, W, D).
+
+    TransUNet (Chen et al., arXiv:2102.04306) distributes its Synapse test volumes preprocessed: ``image`` already
+    windowed to [0, 1] ([-125, 275] HU) and ``label`` already mapped to the 9 Synapse classes, stored ``(D, H, W)``
+    without any geometry. They are returned with the axial axis last (``(1, H, W, D)``, as RAS NIfTI volumes, so
+    ``monai.inferers.SliceInferer(spatial_dim=2)`` slices them the same way) and an identity affine: the spacing is
+    one voxel, so distances measured on them are in voxels, as in TransUNet's evaluation (used by SpectraFlow, Chen
+    et al., for its Synapse table). Each distinct path is read once (``{"image": p, "label": p}`` opens ``p`` a
+    single time); reading needs the optional ``h5py`` (``pip install spectraflow_monai[h5]``).
+
+    Args:
+        keys: keys of the data dictionary holding ``.h5`` paths. Defaults to ``("image", "label")``.
+        fields: the dataset name to read for each key, a mapping ``key -> "image" | "label"``; keys not listed read
+            the dataset of their own name. Defaults to None.
+        dtype: output data type, or None to keep the stored type. Defaults to ``np.float32``.
+        num_classes: the array loaded for ``label_key`` must hold integer classes in ``[0, num_classes)``; None skips
+            the check. Defaults to 9 (Synapse).
+        label_key: the key checked against ``num_classes``. Defaults to ``"label"``.
+        allow_missing_keys: don't raise exception if key is missing. Defaults to False.
+
+    Raises:
+        ImportError: h5py is not installed.
+        DatasetError: a file is missing, unreadable, or not ``(D, H, W)``.
+        ValueError: label values outside the expected classes (the message names the case and the file).
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection = ("image", "label"),
+        fields: Mapping[str, str] | None = None,
+        dtype: DtypeLike | None = np.float32,
+        num_classes: int | None = 9,
+        label_key: str = "label",
+        allow_missing_keys: bool = False,
+    ) -> None:
+        super().__init__(keys, allow_missing_keys)
+        if fields is not None and not isinstance(fields, Mapping):
+            raise ValueError(f"fields must be a mapping key -> 'image' | 'label' or None, got {fields!r}.")
+        bad = {k: v for k, v in (fields or {}).items() if v not in ("image", "label")}
+        if bad:
+            raise ValueError(f"fields must map keys to 'image' or 'label' (the datasets of the file), got {bad!r}.")
+        _check_num_classes(num_classes)
+        self.fields = dict(fields or {})
+        self.dtype = dtype
+        self.num_classes = num_classes
+        self.label_key = label_key
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        loaded: dict[str, dict[str, np.ndarray]] = {}
+        for key in self.key_iterator(d):
+            path = d[key]
+            if not isinstance(path, (str, os.PathLike)):
+                raise ValueError(f"LoadSynapseH5d: d[{key!r}] must be a path to a .h5 volume, got {type(path)}.")
+            path = os.fspath(path)
+            if path not in loaded:
+                loaded[path] = load_synapse_h5(path)
+            field = self.fields.get(str(key), str(key))
+            if field not in ("image", "label"):
+                raise ValueError(
+                    f"LoadSynapseH5d: key {key!r} reads the dataset {field!r}; a TransUNet volume holds 'image' and "
+                    "'label' (map other keys with `fields`)."
+                )
+            match = _CASE_NAME.search(os.path.basename(path))
+            case = d.get("case", match.group(1) if match else None)
+            arr = loaded[path][field]
+            if self.num_classes is not None and key == self.label_key:
+                check_synapse_labels(arr, self.num_classes, where=f"case {case} ({path})" if case else path)
+            if self.dtype is not None:
+                arr = arr.astype(self.dtype, copy=False)
+            meta: dict[str, Any] = {
+                "filename_or_obj": path,
+                "spatial_shape": np.asarray(arr.shape),
+                "original_channel_dim": "no_channel",
+            }
+            if case is not None:
+                meta["case"] = str(case)
+            tensor = torch.from_numpy(np.ascontiguousarray(arr[None]))
+            d[key] = MetaTensor(tensor, affine=torch.eye(4, dtype=torch.float64), meta=meta)
         return d
