@@ -26,7 +26,8 @@ Settings (``--conf KEY VALUE``):
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
 without it is served for training only, and an inference request for it is answered with HTTP 404 and the reason.
 Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id: 404, a file that
-cannot be read as an image: 415) and the server keeps serving.
+cannot be read as an image: 415, a 2D image sent to a volume model or the reverse: 422) and the server keeps
+serving.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -124,26 +126,66 @@ def parse_overrides(conf: dict[str, str], name: str) -> dict[str, Any]:
 
 
 def _short(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
 
 
-def unreadable_image_reason(path: str, loader: Any = None) -> str | None:
-    """Why ``path`` cannot be read as an image, or None when it can.
+def unreadable_image_reason(path: str, loader: Any = None, spatial_rank: int | None = None) -> str | None:
+    """Why ``path`` cannot be read as an image (of the expected rank), or None when it can.
 
     Args:
         path: image file (or DICOM folder).
         loader: a dictionary loader (``LoadImaged`` on key ``image``) to try; default: ``LoadImage`` with all
             of MONAI's readers.
+        spatial_rank: expected number of spatial dimensions (2: an image, 3: a volume); ``None`` does not check.
+            Default ``None``.
     """
     try:
         if loader is None:
-            LoadImage(image_only=True)(path)
+            image = LoadImage(image_only=True)(path)
         else:
-            loader({"image": path})
+            image = loader({"image": path})["image"]
     except Exception as e:  # every reader failure means "not an image for this model"
         return _short(e)
+    if spatial_rank is not None:
+        shape = tuple(image.shape)
+        meta = getattr(image, "meta", {})
+        rank = len(meta["spatial_shape"]) if "spatial_shape" in meta else len(shape)
+        if rank != spatial_rank:
+            kind = {2: "a 2D image", 3: "a 3D volume"}.get(spatial_rank, f"{spatial_rank} spatial dimensions")
+            return f"expected {kind}, got an image of {rank} spatial dimensions (array shape {shape})"
     return None
+
+
+def _metadata(bundle_path: str) -> dict[str, Any]:
+    with open(os.path.join(bundle_path, "configs", "metadata.json")) as f:
+        return json.load(f)
+
+
+def _has_volume_format(bundle_path: str) -> bool:
+    return bool((_metadata(bundle_path).get("volume_data_format") or {}).get("inputs"))
+
+
+def _image_id(path: str) -> str:
+    name = os.path.basename(path)
+    for ext in (".nii.gz", ".nii", ".nrrd", ".png", ".jpg", ".jpeg"):
+        if name.lower().endswith(ext):
+            return name[: -len(ext)]
+    return os.path.splitext(name)[0]
+
+
+def _input_rank(bundle_path: str) -> int:
+    """Spatial rank of a bundle's inference input: ``volume_data_format`` (the whole-volume input of a slice-wise
+    bundle) when the metadata has it, else ``network_data_format``."""
+    meta = _metadata(bundle_path)
+    for section in ("volume_data_format", "network_data_format"):
+        inputs = (meta.get(section) or {}).get("inputs") or {}
+        if inputs:
+            shape = next(iter(inputs.values())).get("spatial_shape")
+            if shape:
+                return len(shape)
+    return 3
 
 
 def _state_dict(path: str) -> dict[str, torch.Tensor]:
@@ -216,6 +258,10 @@ class SpectraFlowInferTask(BundleInferTask):
         self.overrides = dict(overrides or {})
         kwargs.setdefault("load_strict", True)
         super().__init__(path, conf, **kwargs)
+        if self.is_valid():
+            # the rank of what a client sends (a slice-wise 3D bundle takes volumes although its network is 2D)
+            self.input_rank = _input_rank(path)
+            self.dimension = self.input_rank
 
     def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
         parser = super()._load_bundle_config(path, config)
@@ -256,7 +302,9 @@ class SpectraFlowTrainTask(BundleTrainTask):
 
     def __init__(self, path: str, conf: dict[str, str], overrides: dict[str, Any] | None = None, **kwargs: Any):
         self.overrides = dict(overrides or {})
+        kwargs.setdefault("load_strict", True)
         super().__init__(path, conf, **kwargs)
+        self.volume_input = _has_volume_format(path)
 
     def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
         parser = super()._load_bundle_config(path, config)
@@ -264,9 +312,62 @@ class SpectraFlowTrainTask(BundleTrainTask):
             parser.update(self.overrides)
         return parser
 
+    def _load_checkpoint(self, model_pytorch: str, pretrained: bool, train_handlers: list) -> None:
+        # MONAI Label's version expects every handler to be a dict (the bundles also list '@id' references) and
+        # fails for pretrained=False; fine-tuning starts from models/<model_filename> when it exists
+        if not pretrained or not os.path.isfile(model_pytorch):
+            return
+        for handler in train_handlers:
+            if isinstance(handler, dict) and str(handler.get("_target_", "")).endswith("CheckpointLoader"):
+                return
+        logger.info(f"Fine-tuning from {model_pytorch}")
+        train_handlers.insert(
+            0,
+            {
+                "_target_": "CheckpointLoader",
+                "load_path": model_pytorch,
+                "load_dict": {self.model_dict_key: f"$@{self.const.key_network()}"},
+                "strict": self.load_strict,
+                "map_location": "cpu",
+            },
+        )
+
+    def _config_value(self, key: str, default: Any) -> Any:
+        return self.bundle_config.get_parsed_content(key) if key in self.bundle_config else default
+
+    def _to_bundle_data(self, datalist: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Datastore pairs -> the entries the bundle's training reads.
+
+        The datastore holds label maps (0 background, 1..N classes). A slice-wise bundle (its metadata has
+        ``volume_data_format``: 3D volumes in, a 2D network) trains on cached axial slices, extracted once per
+        volume with :func:`spectraflow_monai.data.extract_slices` (labels kept as they are, they are already the
+        bundle's classes); a 2D bundle reads the images directly, with foreground = label >= 1.
+        """
+        if not datalist:
+            return datalist
+        if self.volume_input:
+            from spectraflow_monai.data import extract_slices
+
+            image_size = int(self._config_value("image_size", 224))
+            entries = [
+                {"image": d["image"], "label": d["label"], "case": _image_id(d["image"])} for d in datalist
+            ]
+            return extract_slices(
+                entries,
+                os.path.join(self.bundle_path, "cache", f"monailabel_{image_size}"),
+                window=self._config_value("hu_window", (-125.0, 275.0)),
+                spatial_size=(image_size, image_size),
+                map_labels=False,
+                progress=False,
+            )
+        return [dict(d, label_threshold=1) for d in datalist]
+
     def _update_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
         for key, value in self.overrides.items():
             overrides.setdefault(key, value)
+        for key in (self.const.key_train_dataset_data(), self.const.key_validate_dataset_data()):
+            if key in overrides:
+                overrides[key] = self._to_bundle_data(overrides[key])
         return overrides
 
 
@@ -391,10 +492,17 @@ class SpectraFlowApp(MONAILabelApp):
             if path is not None:
                 task = self._infers[model]
                 loader = task.image_loader() if isinstance(task, SpectraFlowInferTask) else None
+                if path == image and os.path.dirname(os.path.abspath(path)) == os.path.abspath(tempfile.gettempdir()):
+                    shown = "the uploaded file"
+                else:
+                    shown = f"image {image!r}"
                 reason = unreadable_image_reason(path, loader)
                 if reason is not None:
-                    shown = image if path != image else os.path.basename(path)
                     raise HTTPException(
-                        status_code=415, detail=f"{shown!r} cannot be read as an image by model {model!r} ({reason})"
+                        status_code=415, detail=f"{shown} cannot be read as an image by model {model!r} ({reason})"
                     )
+                rank = getattr(task, "input_rank", None)
+                reason = unreadable_image_reason(path, loader, rank) if rank else None
+                if reason is not None:
+                    raise HTTPException(status_code=422, detail=f"{shown} does not suit model {model!r}: {reason}")
             raise

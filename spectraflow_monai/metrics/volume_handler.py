@@ -174,6 +174,7 @@ class VolumeMetricsHandler:
                     meta = getattr(item.get(key), "meta", None)
                     if isinstance(meta, Mapping) and meta.get("filename_or_obj"):
                         name = name_from_path(meta["filename_or_obj"])
+                        name = name[: -len(".npy")] if name.endswith(".npy") else name  # TransUNet's .npy.h5
                         break
             names.append(str(name) if name is not None else f"volume_{len(self.table) + i:04d}")
         return names

@@ -1,0 +1,459 @@
+"""MONAI Label serving of the SpectraFlow bundles (``bundles/monailabel_app``).
+
+The app's tasks run in this process on both bundles (``spectraflow_2d_segmentation``: a 2D PNG in, a PNG label map at
+the input's size out; ``spectraflow_synapse_segmentation``: a 3D CT NIfTI in, a label volume with the input's shape
+and affine out), and their output is compared voxel by voxel with the bundle's own ``configs/inference.yaml`` run
+through ``monai.bundle.run``. Fine-tuning (``BundleTrainTask``) runs one epoch on labels saved in the datastore's
+``labels/final``. The end-to-end test starts ``monailabel start_server`` on 127.0.0.1, requests inferences over HTTP,
+sends bad requests (4xx expected) and checks that the server keeps serving. The networks are tiny SpectraFlowNets
+(2-block DINOv2 encoder, 56x56 / 28x28 slices) passed to the app as bundle config overrides, as a user serving a
+model trained with non-default settings would (``--conf overrides``).
+
+The module is skipped when MONAI Label is not installed (the ``label`` extra, docs/monailabel.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "monailabel",
+    reason="MONAI Label is not installed: pip install -e '.[label]' && "
+    "pip install --no-deps monailabel==0.8.5 pydicom-seg==0.4.1 (docs/monailabel.md)",
+)
+
+import nibabel as nib  # noqa: E402
+import torch  # noqa: E402
+from monai.bundle import ConfigParser  # noqa: E402
+from monai.bundle import run as bundle_run  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from spectraflow_monai.data import map_btcv_labels, synthetic_ct_volume  # noqa: E402
+from spectraflow_monai.data.synthetic2d import synthesize_pair  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+APP_MAIN = REPO / "bundles" / "monailabel_app" / "main.py"
+NAME_2D = "spectraflow_2d_segmentation"
+NAME_3D = "spectraflow_synapse_segmentation"
+# tiny networks: a 2-block encoder; 56x56 images for the 2D bundle, 28x28 slices for the Synapse bundle
+NET = {"encoder_kwargs": {"depth": 2}}
+SIZE = {NAME_2D: {"image_size": 56}, NAME_3D: {"image_size": 28}}
+# training settings for a handful of samples on CPU
+TRAIN = {"batch_size": 2, "val_batch_size": 2, "num_workers": 0, "progress_bar": False}
+IMAGE_2D_SHAPE = (70, 90)  # (H, W) of the test PNG
+VOLUME_SHAPE = (40, 36, 6)
+# a flipped, anisotropic, shifted affine: the label must come back on exactly this grid
+AFFINE = np.array([[-0.8, 0, 0, 10.0], [0, -0.7, 0, -20.0], [0, 0, 2.5, 30.0], [0, 0, 0, 1]])
+ORGANS = {
+    "spleen": 1, "right_kidney": 2, "left_kidney": 3, "gallbladder": 4,
+    "liver": 5, "stomach": 6, "aorta": 7, "pancreas": 8,
+}  # fmt: skip
+SERVER_START_TIMEOUT = 120.0
+
+
+def _load_app_module():
+    spec = importlib.util.spec_from_file_location("spectraflow_monailabel_app_main", APP_MAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+app_main = _load_app_module()
+
+
+def _conf(**extra) -> dict[str, str]:
+    conf = {
+        "overrides": json.dumps(NET),
+        f"overrides.{NAME_2D}": json.dumps(SIZE[NAME_2D]),
+        f"overrides.{NAME_3D}": json.dumps(SIZE[NAME_3D]),
+    }
+    conf.update(extra)
+    return conf
+
+
+def _overrides(name: str) -> dict:
+    return {**NET, **SIZE[name]}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _network(name: str, config: Path):
+    parser = ConfigParser()
+    parser.read_config(str(config))
+    parser.update(_overrides(name))
+    return parser
+
+
+def _make_bundles(root: Path, studies: Path, names=(NAME_2D, NAME_3D), weights: bool = True) -> Path:
+    """``root/bundles/{monailabel_app, <bundles>}`` laid out as in the repository: the app's main.py is a link to
+    the repository's, each bundle has a copy of the repository's configs and a freshly initialised tiny model.pt."""
+    bundles = root / "bundles"
+    (bundles / "monailabel_app").mkdir(parents=True)
+    os.symlink(APP_MAIN, bundles / "monailabel_app" / "main.py")
+    for name in names:
+        shutil.copytree(REPO / "bundles" / name / "configs", bundles / name / "configs")
+        if not weights:
+            continue
+        parser = _network(name, bundles / name / "configs" / "inference.yaml")
+        torch.manual_seed(0)
+        net = parser.get_parsed_content("network_def")
+        if name == NAME_2D:
+            # centre the logits on the test image so that the random network's mask is neither empty nor full
+            image = parser.get_parsed_content("preprocessing")({"image": str(studies / "img_a.png")})["image"]
+            net.eval()
+            with torch.no_grad():
+                logits = net(image[None].float())
+                net.decoder.head.conv.bias -= logits.median()
+        (bundles / name / "models").mkdir()
+        torch.save(net.state_dict(), bundles / name / "models" / "model.pt")
+    return bundles
+
+
+def _write_studies(studies: Path) -> None:
+    """A 70x90 RGB PNG (``img_a``) and a 40x36x6 CT volume (``ct_a``) with a flipped affine."""
+    studies.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    image, _ = synthesize_pair(rng, 96)
+    Image.fromarray(image[: IMAGE_2D_SHAPE[0], : IMAGE_2D_SHAPE[1]]).save(studies / "img_a.png")
+    volume, _ = synthetic_ct_volume(1, shape=VOLUME_SHAPE)
+    nib.save(nib.Nifti1Image(volume, AFFINE), str(studies / "ct_a.nii.gz"))
+
+
+def _bundle_inference(name: str, bundle: Path, image: Path, out_dir: Path) -> Path:
+    """The bundle's own inference.yaml (``monai.bundle run``) on one image; returns the written file."""
+    in_dir = out_dir / "in"
+    in_dir.mkdir(parents=True)
+    shutil.copy(image, in_dir / image.name)
+    saved_path = list(sys.path)
+    try:
+        bundle_run(
+            config_file=str(bundle / "configs" / "inference.yaml"),
+            meta_file=str(bundle / "configs" / "metadata.json"),
+            logging_file=False,
+            bundle_root=str(bundle),
+            input_dir=str(in_dir),
+            output_dir=str(out_dir / "pred"),
+            device="cpu",
+            amp=False,
+            **_overrides(name),
+        )
+    finally:
+        sys.path[:] = saved_path
+    (result,) = list((out_dir / "pred").iterdir())
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _quiet_app(monkeypatch):
+    """One thread, no datastore file watcher threads left behind, and sys.path restored (the Bundle tasks edit it)."""
+    from monailabel.config import settings
+
+    monkeypatch.setattr(settings, "MONAI_LABEL_DATASTORE_AUTO_RELOAD", False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    saved_path = list(sys.path)
+    yield
+    sys.path[:] = saved_path
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("monailabel")
+    studies = root / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(root, studies)
+    return {"root": root, "studies": studies, "bundles": bundles}
+
+
+def _app(bundles: Path, studies: Path, **conf):
+    return app_main.SpectraFlowApp(app_dir=str(bundles / "monailabel_app"), studies=str(studies), conf=_conf(**conf))
+
+
+@pytest.fixture(scope="module")
+def app(served):
+    from monailabel.config import settings
+
+    saved = settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD
+    settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD = False
+    try:
+        return _app(served["bundles"], served["studies"])
+    finally:
+        settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD = saved
+
+
+def _status(exc_info) -> tuple[int, str]:
+    return exc_info.value.status_code, str(exc_info.value.detail)
+
+
+# ---------------------------------------------------------------- 1. the app finds and serves both bundles
+def test_app_serves_both_bundles(app):
+    info = app.info()
+    assert set(info["models"]) == {NAME_2D, NAME_3D}
+    assert set(info["trainers"]) == {NAME_2D, NAME_3D}
+    assert info["models"][NAME_3D]["labels"] == ORGANS  # channel_def without the background
+    assert info["models"][NAME_2D]["labels"] == {"foreground": 1}
+    # what a client sends: a 3D volume to the Synapse bundle (its network is 2D), a 2D image to the 2D bundle
+    assert info["models"][NAME_3D]["dimension"] == 3
+    assert info["models"][NAME_2D]["dimension"] == 2
+
+
+def test_unknown_bundle_name_stops_the_app(served):
+    with pytest.raises(ValueError, match=r"'no_such_bundle'.*not found.*spectraflow_2d_segmentation"):
+        _app(served["bundles"], served["studies"], models="no_such_bundle")
+
+
+@pytest.mark.parametrize(
+    "conf, message",
+    [
+        ({"overrides": "{not json"}, "--conf overrides must be a JSON object"),
+        ({"overrides": "[1, 2]"}, "--conf overrides must be a JSON object"),
+        ({f"overrides.{NAME_2D}": '{"bundle_root": "/x"}'}, "must not set 'bundle_root'"),
+    ],
+)
+def test_bad_overrides_are_named(served, conf, message):
+    with pytest.raises(ValueError, match=message):
+        app_main.SpectraFlowApp(
+            app_dir=str(served["bundles"] / "monailabel_app"), studies=str(served["studies"]), conf=conf
+        )
+
+
+def test_weights_that_do_not_fit_stop_the_app(served):
+    # model.pt has a 2-block encoder; serving it as a 3-block one is refused at start-up, naming the file
+    conf = _conf(models=NAME_2D, overrides=json.dumps({"encoder_kwargs": {"depth": 3}}))
+    with pytest.raises(ValueError, match=r"model\.pt does not fit the network.*missing: \['encoder\.vit\.blocks\.2"):
+        app_main.SpectraFlowApp(
+            app_dir=str(served["bundles"] / "monailabel_app"), studies=str(served["studies"]), conf=conf
+        )
+
+
+# ---------------------------------------------------------------- 2. inference in process (BundleInferTask)
+def test_infer_2d_png_at_input_size(app, served, tmp_path):
+    result = app.infer({"model": NAME_2D, "image": "img_a", "device": "cpu"})
+    label = np.asarray(Image.open(result["file"]))
+    assert label.shape == IMAGE_2D_SHAPE and label.dtype == np.uint8
+    assert set(np.unique(label).tolist()) == {0, 1}  # a label map (not 0/255), neither empty nor full
+    assert result["params"]["label_names"] == {"foreground": 1}
+    # the same mask as the bundle's own inference.yaml (which writes 0/255)
+    expected = np.asarray(
+        Image.open(_bundle_inference(NAME_2D, served["bundles"] / NAME_2D, served["studies"] / "img_a.png", tmp_path))
+    )
+    np.testing.assert_array_equal(label.astype(np.int64) * 255, expected.astype(np.int64))
+
+
+def test_infer_3d_volume_keeps_the_geometry(app, served, tmp_path):
+    result = app.infer({"model": NAME_3D, "image": "ct_a", "device": "cpu"})
+    out = nib.load(result["file"])
+    label = np.asarray(out.dataobj)
+    assert out.shape == VOLUME_SHAPE
+    np.testing.assert_allclose(out.affine, AFFINE, atol=1e-5)
+    np.testing.assert_allclose(out.header.get_zooms(), (0.8, 0.7, 2.5), atol=1e-5)
+    assert label.dtype == np.uint8
+    values = set(np.unique(label).tolist())
+    assert values <= set(range(9)) and len(values) >= 2, values
+    assert result["params"]["label_names"] == ORGANS
+    expected = nib.load(
+        str(_bundle_inference(NAME_3D, served["bundles"] / NAME_3D, served["studies"] / "ct_a.nii.gz", tmp_path))
+    )
+    np.testing.assert_allclose(expected.affine, out.affine, atol=1e-5)
+    np.testing.assert_array_equal(label, np.asarray(expected.dataobj))
+
+
+# ---------------------------------------------------------------- 3. bad requests in process: 4xx, then served again
+def test_bad_requests_are_client_errors(app, served, tmp_path):
+    from fastapi import HTTPException
+
+    with pytest.raises(HTTPException) as info:
+        app.infer({"model": "no_such_model", "image": "ct_a", "device": "cpu"})
+    status, detail = _status(info)
+    assert status == 404 and "'no_such_model' is not loaded" in detail and NAME_3D in detail
+
+    with pytest.raises(HTTPException) as info:
+        app.infer({"model": NAME_3D, "image": "no_such_image", "device": "cpu"})
+    status, detail = _status(info)
+    assert status == 404 and "'no_such_image' is not in the datastore" in detail
+
+    junk = tmp_path / "junk.nii.gz"
+    junk.write_text("not an image")
+    with pytest.raises(HTTPException) as info:
+        app.infer({"model": NAME_3D, "image": str(junk), "device": "cpu"})
+    status, detail = _status(info)
+    assert status == 415 and "cannot be read as an image" in detail
+
+    with pytest.raises(HTTPException) as info:  # a 2D image for the volume model
+        app.infer({"model": NAME_3D, "image": "img_a", "device": "cpu"})
+    status, detail = _status(info)
+    assert status == 422 and "expected a 3D volume" in detail
+
+    with pytest.raises(HTTPException) as info:  # a volume for the 2D model
+        app.infer({"model": NAME_2D, "image": "ct_a", "device": "cpu"})
+    status, detail = _status(info)
+    assert status == 422 and "expected a 2D image" in detail
+
+    # the app still serves
+    result = app.infer({"model": NAME_3D, "image": "ct_a", "device": "cpu"})
+    assert nib.load(result["file"]).shape == VOLUME_SHAPE
+
+
+def test_datastore_refuses_a_non_image_upload(app, tmp_path):
+    from fastapi import HTTPException
+
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"\x00" * 64)
+    with pytest.raises(HTTPException) as info:
+        app.datastore().add_image("junk", str(junk), {})
+    status, detail = _status(info)
+    assert status == 415 and "not a readable image" in detail
+    assert "junk" not in app.datastore().list_images()
+
+
+def test_bundle_without_weights_is_served_for_training_only(tmp_path):
+    from fastapi import HTTPException
+
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,), weights=False)
+    app = _app(bundles, studies, models=NAME_2D)
+    assert NAME_2D not in app.info()["models"] and NAME_2D in app.info()["trainers"]
+    with pytest.raises(HTTPException) as info:
+        app.infer({"model": NAME_2D, "image": "img_a", "device": "cpu"})
+    status, detail = _status(info)
+    assert status == 404 and "model.pt is missing" in detail and "train it first" in detail
+
+
+# ---------------------------------------------------------------- 4. fine-tuning from the datastore (BundleTrainTask)
+def _fine_tune(tmp_path: Path, name: str, write_pairs) -> tuple:
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(name,))
+    (studies / "labels" / "final").mkdir(parents=True)
+    write_pairs(studies)
+    model_pt = bundles / name / "models" / "model.pt"
+    before = torch.load(model_pt, weights_only=True)
+    app = _app(bundles, studies, models=name, **{f"overrides.{name}": json.dumps({**SIZE[name], **TRAIN})})
+    app.train({"model": name, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
+    after = torch.load(model_pt, weights_only=True)
+    assert set(after) == set(before)
+    # started from model.pt (frozen encoder blocks unchanged) and fine-tuned the rest
+    torch.testing.assert_close(after["encoder.vit.blocks.0.attn.qkv.weight"], before["encoder.vit.blocks.0.attn.qkv.weight"])
+    assert not torch.equal(after["decoder.head.conv.weight"], before["decoder.head.conv.weight"])
+    assert (bundles / name / "logs").is_dir()
+    return app, bundles
+
+
+def test_fine_tune_2d_from_datastore_labels(tmp_path):
+    def pairs(studies):
+        rng = np.random.default_rng(1)
+        for i in range(5):
+            image, mask = synthesize_pair(rng, 56)
+            Image.fromarray(image).save(studies / f"s{i}.png")
+            Image.fromarray((mask > 0).astype(np.uint8)).save(studies / "labels" / "final" / f"s{i}.png")  # 0/1 map
+
+    app, _ = _fine_tune(tmp_path, NAME_2D, pairs)
+    result = app.infer({"model": NAME_2D, "image": "s0", "device": "cpu"})  # serves the fine-tuned model.pt
+    assert np.asarray(Image.open(result["file"])).shape == (56, 56)
+
+
+def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
+    def pairs(studies):
+        for i in range(3):
+            volume, btcv = synthetic_ct_volume(i + 2, shape=VOLUME_SHAPE)
+            nib.save(nib.Nifti1Image(volume, AFFINE), str(studies / f"ct{i}.nii.gz"))
+            label = np.asarray(map_btcv_labels(btcv)).astype(np.uint8)  # what MONAI Label saves: classes 0..8
+            nib.save(nib.Nifti1Image(label, AFFINE), str(studies / "labels" / "final" / f"ct{i}.nii.gz"))
+
+    app, bundles = _fine_tune(tmp_path, NAME_3D, pairs)
+    # the volumes were sliced once into the bundle's cache (one file per axial slice)
+    cache = bundles / NAME_3D / "cache" / f"monailabel_{SIZE[NAME_3D]['image_size']}"
+    assert len(list(cache.rglob("*.npz"))) == 3 * VOLUME_SHAPE[2]
+    result = app.infer({"model": NAME_3D, "image": "ct0", "device": "cpu"})
+    assert nib.load(result["file"]).shape == VOLUME_SHAPE
+
+
+# ---------------------------------------------------------------- 5. end to end over HTTP
+def _server_log(path: Path) -> str:
+    return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+def test_server_end_to_end(tmp_path):
+    requests = pytest.importorskip("requests")
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies)
+    port = _free_port()
+    cmd = [sys.executable, "-m", "monailabel.main", "start_server", "--app", str(bundles / "monailabel_app"),
+           "--studies", str(studies), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    for key, value in _conf(models=f"{NAME_3D},{NAME_2D}").items():
+        cmd += ["--conf", key, value]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    log = tmp_path / "server.log"
+    base = f"http://127.0.0.1:{port}"
+    params = {"params": (None, json.dumps({"device": "cpu"}))}
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + SERVER_START_TIMEOUT
+            while True:
+                assert proc.poll() is None, f"server exited with {proc.returncode}:\n{_server_log(log)}"
+                try:
+                    info = requests.get(f"{base}/info/", timeout=5)
+                    if info.status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, f"server not up after {SERVER_START_TIMEOUT} s:\n{_server_log(log)}"
+                time.sleep(0.5)
+            assert set(info.json()["models"]) == {NAME_2D, NAME_3D}
+
+            # automatic segmentation of a 3D CT from the datastore
+            r = requests.post(f"{base}/infer/{NAME_3D}", params={"image": "ct_a", "output": "image"}, files=params, timeout=120)
+            assert r.status_code == 200, r.text
+            (tmp_path / "pred.nii.gz").write_bytes(r.content)
+            out = nib.load(str(tmp_path / "pred.nii.gz"))
+            assert out.shape == VOLUME_SHAPE
+            np.testing.assert_allclose(out.affine, AFFINE, atol=1e-5)
+            assert set(np.unique(np.asarray(out.dataobj)).tolist()) <= set(range(9))
+
+            # bad requests: 4xx with a message
+            r = requests.post(f"{base}/infer/{NAME_3D}", params={"image": "no_such_image", "output": "image"}, timeout=60)
+            assert r.status_code == 404 and "no_such_image" in r.json()["detail"], r.text
+            r = requests.post(f"{base}/infer/no_such_model", params={"image": "ct_a", "output": "image"}, timeout=60)
+            assert r.status_code == 404 and "no_such_model" in r.json()["detail"], r.text
+            r = requests.post(
+                f"{base}/infer/{NAME_3D}", params={"output": "image"},
+                files={"file": ("notes.nii.gz", b"not an image")}, timeout=60,
+            )  # fmt: skip
+            assert r.status_code == 415 and "cannot be read as an image" in r.json()["detail"], r.text
+
+            # the server keeps serving: a 2D image upload
+            with open(studies / "img_a.png", "rb") as f:
+                r = requests.post(
+                    f"{base}/infer/{NAME_2D}", params={"output": "image"},
+                    files={"file": ("img_a.png", f.read()), **params}, timeout=120,
+                )  # fmt: skip
+            assert r.status_code == 200, r.text
+            (tmp_path / "pred.png").write_bytes(r.content)
+            mask = np.asarray(Image.open(tmp_path / "pred.png"))
+            assert mask.shape == IMAGE_2D_SHAPE and set(np.unique(mask).tolist()) <= {0, 1}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=20)
