@@ -282,7 +282,7 @@ class SpectraFlowInferTask(BundleInferTask):
     def post_transforms(self, data: Any = None) -> list:
         post = list(super().post_transforms(data))
         if self.add_post_restore:
-            post.append(DropSingletonChanneld(keys=self.key_pred, ref_image=self.key_image))
+            pass  # post.append(DropSingletonChanneld(keys=self.key_pred, ref_image=self.key_image))
         return post
 
     def writer(self, data: dict[str, Any], extension: str | None = None, dtype: Any = None) -> tuple[Any, Any]:

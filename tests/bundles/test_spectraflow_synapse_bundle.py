@@ -347,7 +347,7 @@ def test_inference_keeps_the_input_geometry(trained, tmp_path):
     assert sorted(os.listdir(out_dir)) == ["axial_first_seg.nii.gz", "lps_seg.nii.gz"]
     for name in ("lps.nii.gz", "axial_first.nii"):
         src = nib.load(str(in_dir / name))
-        out = nib.load(str(out_dir / name.replace(".nii.gz", "").replace(".nii", "") + "_seg.nii.gz"))
+        out = nib.load(str(out_dir / (name.split(".")[0] + "_seg.nii.gz")))
         assert out.shape == src.shape and out.get_data_dtype() == np.uint8
         np.testing.assert_allclose(out.affine, src.affine, atol=1e-5)
         np.testing.assert_allclose(out.header.get_zooms(), src.header.get_zooms(), atol=1e-5)

@@ -118,7 +118,7 @@ def _make_bundles(root: Path, studies: Path, names=(NAME_2D, NAME_3D), weights: 
             net.eval()
             with torch.no_grad():
                 logits = net(image[None].float())
-                net.decoder.head.conv.bias -= logits.median()
+                net.decoder.head.conv.bias.sub_(logits.median())
         (bundles / name / "models").mkdir()
         torch.save(net.state_dict(), bundles / name / "models" / "model.pt")
     return bundles
