@@ -66,8 +66,8 @@ __all__ = [
     "SpectraFlowInferTask",
     "SpectraFlowTrainTask",
     "find_bundles",
+    "image_problem",
     "parse_overrides",
-    "unreadable_image_reason",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,8 +131,8 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
 
 
-def unreadable_image_reason(path: str, loader: Any = None, spatial_rank: int | None = None) -> str | None:
-    """Why ``path`` cannot be read as an image (of the expected rank), or None when it can.
+def image_problem(path: str, loader: Any = None, spatial_rank: int | None = None) -> tuple[int, str] | None:
+    """What is wrong with ``path`` as the input of a model, as ``(HTTP status, reason)``, or None when nothing is.
 
     Args:
         path: image file (or DICOM folder).
@@ -140,6 +140,10 @@ def unreadable_image_reason(path: str, loader: Any = None, spatial_rank: int | N
             of MONAI's readers.
         spatial_rank: expected number of spatial dimensions (2: an image, 3: a volume); ``None`` does not check.
             Default ``None``.
+
+    Returns:
+        ``(415, reason)`` when it cannot be read as an image, ``(422, reason)`` when it is an image of another
+        spatial rank, else None.
     """
     try:
         if loader is None:
@@ -147,14 +151,14 @@ def unreadable_image_reason(path: str, loader: Any = None, spatial_rank: int | N
         else:
             image = loader({"image": path})["image"]
     except Exception as e:  # every reader failure means "not an image for this model"
-        return _short(e)
+        return 415, _short(e)
     if spatial_rank is not None:
         shape = tuple(image.shape)
         meta = getattr(image, "meta", {})
         rank = len(meta["spatial_shape"]) if "spatial_shape" in meta else len(shape)
         if rank != spatial_rank:
             kind = {2: "a 2D image", 3: "a 3D volume"}.get(spatial_rank, f"{spatial_rank} spatial dimensions")
-            return f"expected {kind}, got an image of {rank} spatial dimensions (array shape {shape})"
+            return 422, f"expected {kind}, got an image of {rank} spatial dimensions (array shape {shape})"
     return None
 
 
@@ -211,7 +215,7 @@ def _check_weights(path: str, network: torch.nn.Module, name: str) -> None:
                 parts.append(f"{label}: {keys[:5]}{' ...' if len(keys) > 5 else ''} ({len(keys)})")
         raise ValueError(
             f"{path} does not fit the network of bundle {name!r} ({'; '.join(parts)}). Serve it with the network "
-            "settings it was trained with, e.g. --conf overrides '{\"encoder_name\": ..., \"encoder_kwargs\": ...}'."
+            'settings it was trained with, e.g. --conf overrides \'{"encoder_name": ..., "encoder_kwargs": ...}\'.'
         )
 
 
@@ -282,7 +286,7 @@ class SpectraFlowInferTask(BundleInferTask):
     def post_transforms(self, data: Any = None) -> list:
         post = list(super().post_transforms(data))
         if self.add_post_restore:
-            pass  # post.append(DropSingletonChanneld(keys=self.key_pred, ref_image=self.key_image))
+            post.append(DropSingletonChanneld(keys=self.key_pred, ref_image=self.key_image))
         return post
 
     def writer(self, data: dict[str, Any], extension: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
@@ -349,9 +353,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
             from spectraflow_monai.data import extract_slices
 
             image_size = int(self._config_value("image_size", 224))
-            entries = [
-                {"image": d["image"], "label": d["label"], "case": _image_id(d["image"])} for d in datalist
-            ]
+            entries = [{"image": d["image"], "label": d["label"], "case": _image_id(d["image"])} for d in datalist]
             return extract_slices(
                 entries,
                 os.path.join(self.bundle_path, "cache", f"monailabel_{image_size}"),
@@ -375,9 +377,9 @@ class _CheckedLocalDatastore(LocalDatastore):
     """Local datastore that refuses an uploaded image MONAI cannot read (HTTP 415) instead of storing it."""
 
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
-        reason = unreadable_image_reason(image_filename)
-        if reason is not None:
-            raise HTTPException(status_code=415, detail=f"the upload is not a readable image ({reason})")
+        problem = image_problem(image_filename)
+        if problem is not None:
+            raise HTTPException(status_code=415, detail=f"the upload is not a readable image ({problem[1]})")
         return super().add_image(image_id, image_filename, image_info)
 
 
@@ -496,13 +498,11 @@ class SpectraFlowApp(MONAILabelApp):
                     shown = "the uploaded file"
                 else:
                     shown = f"image {image!r}"
-                reason = unreadable_image_reason(path, loader)
-                if reason is not None:
-                    raise HTTPException(
-                        status_code=415, detail=f"{shown} cannot be read as an image by model {model!r} ({reason})"
-                    )
-                rank = getattr(task, "input_rank", None)
-                reason = unreadable_image_reason(path, loader, rank) if rank else None
-                if reason is not None:
-                    raise HTTPException(status_code=422, detail=f"{shown} does not suit model {model!r}: {reason}")
+                problem = image_problem(path, loader, getattr(task, "input_rank", None))
+                if problem is not None and problem[0] == 415:
+                    detail = f"{shown} cannot be read as an image by model {model!r} ({problem[1]})"
+                    raise HTTPException(status_code=415, detail=detail)
+                if problem is not None:
+                    detail = f"{shown} does not suit model {model!r}: {problem[1]}"
+                    raise HTTPException(status_code=problem[0], detail=detail)
             raise

@@ -382,7 +382,7 @@ def test_verify_net_in_out(trained):
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------- 6. bad input: the message names the case and the problem
+# ---------------------------------------------------------------- 6. bad input: named case and problem
 def _raw_case(root: Path, case: int, image=None, label=None, image_affine=None, label_affine=None):
     vol, lab = synthetic_ct_volume(case, shape=(32, 32, 6))
     affine = np.diag([*SPACING, 1.0])

@@ -350,7 +350,9 @@ def _fine_tune(tmp_path: Path, name: str, write_pairs) -> tuple:
     after = torch.load(model_pt, weights_only=True)
     assert set(after) == set(before)
     # started from model.pt (frozen encoder blocks unchanged) and fine-tuned the rest
-    torch.testing.assert_close(after["encoder.vit.blocks.0.attn.qkv.weight"], before["encoder.vit.blocks.0.attn.qkv.weight"])
+    torch.testing.assert_close(
+        after["encoder.vit.blocks.0.attn.qkv.weight"], before["encoder.vit.blocks.0.attn.qkv.weight"]
+    )
     assert not torch.equal(after["decoder.head.conv.weight"], before["decoder.head.conv.weight"])
     assert (bundles / name / "logs").is_dir()
     return app, bundles
@@ -421,7 +423,9 @@ def test_server_end_to_end(tmp_path):
             assert set(info.json()["models"]) == {NAME_2D, NAME_3D}
 
             # automatic segmentation of a 3D CT from the datastore
-            r = requests.post(f"{base}/infer/{NAME_3D}", params={"image": "ct_a", "output": "image"}, files=params, timeout=120)
+            r = requests.post(
+                f"{base}/infer/{NAME_3D}", params={"image": "ct_a", "output": "image"}, files=params, timeout=120
+            )
             assert r.status_code == 200, r.text
             (tmp_path / "pred.nii.gz").write_bytes(r.content)
             out = nib.load(str(tmp_path / "pred.nii.gz"))
@@ -430,7 +434,9 @@ def test_server_end_to_end(tmp_path):
             assert set(np.unique(np.asarray(out.dataobj)).tolist()) <= set(range(9))
 
             # bad requests: 4xx with a message
-            r = requests.post(f"{base}/infer/{NAME_3D}", params={"image": "no_such_image", "output": "image"}, timeout=60)
+            r = requests.post(
+                f"{base}/infer/{NAME_3D}", params={"image": "no_such_image", "output": "image"}, timeout=60
+            )
             assert r.status_code == 404 and "no_such_image" in r.json()["detail"], r.text
             r = requests.post(f"{base}/infer/no_such_model", params={"image": "ct_a", "output": "image"}, timeout=60)
             assert r.status_code == 404 and "no_such_model" in r.json()["detail"], r.text

@@ -130,10 +130,10 @@ def test_bad_arguments(tmp_path, kwargs, match):
 
 def test_run_time_errors_name_the_case(tmp_path):
     pred, gt = _volumes()
+    handler = VolumeMetricsHandler(tmp_path, num_classes=4)
     with pytest.raises(ValueError, match=r"case 0007: the prediction has shape .*\(Invertd\)"):
-        _run(VolumeMetricsHandler(tmp_path, num_classes=4), [{"pred": _meta(pred[:-1]), "label": _meta(gt), "case": "0007"}])
+        _run(handler, [{"pred": _meta(pred[:-1]), "label": _meta(gt), "case": "0007"}])
     with pytest.raises(ValueError, match=r"case 0008: .*integer labels in \[0, 3\]"):
-        _run(VolumeMetricsHandler(tmp_path, num_classes=4), [{"pred": _meta(pred * 2), "label": _meta(gt), "case": "0008"}])
+        _run(handler, [{"pred": _meta(pred * 2), "label": _meta(gt), "case": "0008"}])
     with pytest.raises(ValueError, match=r"case 0009: spacing='meta' needs the label as a MetaTensor"):
-        item = {"pred": _meta(pred), "label": torch.from_numpy(gt[None]), "case": "0009"}
-        _run(VolumeMetricsHandler(tmp_path, num_classes=4), [item])
+        _run(handler, [{"pred": _meta(pred), "label": torch.from_numpy(gt[None]), "case": "0009"}])
