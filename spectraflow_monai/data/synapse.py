@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 
 from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = [
     "SYNAPSE_TRAIN_CASES",
@@ -443,27 +443,12 @@ def load_synapse_h5(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 # ----------------------------------------------------------------------------------------------------- slice cache
 def _atomic_write_json(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_text_atomic(path, json.dumps(obj, indent=1))
 
 
 def _atomic_write_npz(path: Path, **arrays: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_path(path, suffix=".tmp") as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def _file_signature(path: str | os.PathLike | None) -> dict[str, Any] | None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from spectraflow_monai.data.synapse import SYNAPSE_TEST_CASES, format_case_id, map_btcv_labels
+from spectraflow_monai.utils.files import atomic_path
 
 __all__ = ["DEFAULT_SYNTHETIC_CASES", "synthetic_ct_volume", "generate_synthetic_ct", "main"]
 
@@ -126,17 +126,8 @@ def synthetic_ct_volume(
 
 
 def _atomic_save(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = "".join(path.suffixes)  # keep .nii.gz so that nibabel picks the format
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:  # keeps .nii.gz so that nibabel picks the format
         write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def generate_synthetic_ct(

@@ -25,7 +25,7 @@ from monai.handlers.utils import from_engine
 from monai.utils import IgniteInfo, min_version, optional_import
 
 from spectraflow_monai.metrics.handler import name_from_path
-from spectraflow_monai.metrics.segmentation import write_text_atomic
+from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.metrics.volume import VolumeMetricTable
 
 Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
