@@ -14,21 +14,21 @@ import csv
 import glob
 import math
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from monai.bundle import ConfigParser
-from monai.bundle import run as bundle_run
 from monai.bundle.scripts import ckpt_export, verify_metadata, verify_net_in_out
 from monai.utils import set_determinism
 from PIL import Image
 
 from spectraflow_monai.networks import DINOv2Encoder
+from tests.bundles.helpers import error_text as _error_text
+from tests.bundles.helpers import load_weights as _load
+from tests.bundles.helpers import parse_config as _parse
+from tests.bundles.helpers import run_bundle
+from tests.bundles.helpers import torchrun_bundle as _torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "bundles" / "spectraflow_2d_segmentation"
@@ -63,30 +63,10 @@ STAGE1_ARGS = {
 pytestmark = pytest.mark.xdist_group("spectraflow_2d_bundle")
 
 
-def _run(config_file, **override) -> None:
-    """``monai.bundle.run`` in this process (no logging config, so pytest's log capture is left alone)."""
-    saved_path = list(sys.path)  # ConfigWorkflow.run() prepends the bundle folder to sys.path
-    try:
-        bundle_run(config_file=config_file, meta_file=META, logging_file=False, **override)
-    finally:
-        sys.path[:] = saved_path
 
 
-def _parse(config_file, **override) -> ConfigParser:
-    parser = ConfigParser()
-    parser.read_config(config_file)
-    parser.update(override)
-    return parser
 
 
-def _error_text(exc: BaseException) -> str:
-    """The messages of an exception and of its causes (MONAI wraps errors raised inside config expressions)."""
-    texts, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        texts.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(texts)
 
 
 def _scalars(log_dir: str) -> dict[str, list[int]]:
@@ -98,14 +78,12 @@ def _scalars(log_dir: str) -> dict[str, list[int]]:
     return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def _load(path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+
+def _run(config_file, **override) -> None:
+    run_bundle(config_file, META, **override)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -307,15 +285,6 @@ def test_verify_net_in_out(trained):
 
 
 # ---------------------------------------------------------------- 7. multi-GPU override (2 CPU processes, gloo)
-def _torchrun(config_files: list[str], args: list[str], cwd: Path) -> None:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-        "-m", "monai.bundle", "run", "--config_file", repr(config_files), *args,
-    ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\nrc={proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
 
 
 @pytest.mark.slow

@@ -16,21 +16,21 @@ import glob
 import json
 import math
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from monai.bundle import ConfigParser
-from monai.bundle import run as bundle_run
 from monai.bundle.scripts import verify_metadata, verify_net_in_out
 from monai.utils import set_determinism
 
 from spectraflow_monai.data import DatasetError, build_synapse_datalist, generate_synthetic_ct, synthetic_ct_volume
+from tests.bundles.helpers import error_text as _error_text
+from tests.bundles.helpers import load_weights as _load
+from tests.bundles.helpers import parse_config as _parse
+from tests.bundles.helpers import run_bundle
+from tests.bundles.helpers import torchrun_bundle as _torchrun
 from spectraflow_monai.metrics import PAPER_ORGAN_ORDER, organ_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,46 +58,24 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 pytestmark = pytest.mark.xdist_group("spectraflow_synapse_bundle")
 
 
-def _run(config_file, **override) -> None:
-    """``monai.bundle.run`` in this process (no logging config, so pytest's log capture is left alone)."""
-    saved_path = list(sys.path)  # ConfigWorkflow.run() prepends the bundle folder to sys.path
-    try:
-        bundle_run(config_file=config_file, meta_file=META, logging_file=False, **override)
-    finally:
-        sys.path[:] = saved_path
 
 
-def _parse(config_file, **override) -> ConfigParser:
-    parser = ConfigParser()
-    parser.read_config(config_file)
-    parser.update(override)
-    return parser
 
 
-def _error_text(exc: BaseException) -> str:
-    """The messages of an exception and of its causes (MONAI wraps errors raised inside config expressions)."""
-    texts, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        texts.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return "\n".join(texts)
 
 
-def _load(path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _save_nifti(path, array, affine) -> str:
     os.makedirs(os.path.dirname(str(path)), exist_ok=True)
     nib.save(nib.Nifti1Image(array, affine), str(path))
     return str(path)
+
+
+def _run(config_file, **override) -> None:
+    run_bundle(config_file, META, **override)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -452,15 +430,6 @@ def test_bad_transunet_label_is_named(transunet_root, tmp_path):
 
 
 # ---------------------------------------------------------------- 7. multi-GPU override (2 CPU processes, gloo)
-def _torchrun(config_files: list[str], args: list[str], cwd: Path) -> None:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-        "-m", "monai.bundle", "run", "--config_file", repr(config_files), *args,
-    ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\nrc={proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from spectraflow_monai.visualize import report as rep

@@ -1,0 +1,61 @@
+"""Helpers shared by the bundle tests: in-process ``monai.bundle.run``, config parsing, torchrun launches."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from monai.bundle import ConfigParser
+from monai.bundle import run as bundle_run
+
+
+def run_bundle(config_file, meta_file: str, **override) -> None:
+    """``monai.bundle.run`` in this process (no logging config, so pytest's log capture is left alone)."""
+    saved_path = list(sys.path)  # ConfigWorkflow.run() prepends the bundle folder to sys.path
+    try:
+        bundle_run(config_file=config_file, meta_file=meta_file, logging_file=False, **override)
+    finally:
+        sys.path[:] = saved_path
+
+
+def parse_config(config_file, **override) -> ConfigParser:
+    parser = ConfigParser()
+    parser.read_config(config_file)
+    parser.update(override)
+    return parser
+
+
+def error_text(exc: BaseException) -> str:
+    """The messages of an exception and of its causes (MONAI wraps errors raised inside config expressions)."""
+    texts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        texts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(texts)
+
+
+def load_weights(path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> None:
+    """``torchrun --nproc_per_node=2 -m monai.bundle run ...`` on CPU (gloo); asserts success with the log tail."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+        "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        "-m", "monai.bundle", "run", "--config_file", repr(config_files), *args,
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\nrc={proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
