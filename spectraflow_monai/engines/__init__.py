@@ -2,6 +2,7 @@
 
 from .pretrainer import (
     EncoderExportHandler,
+    LinearDecayLR,
     MeanFlowPretrainer,
     encoder_export_state_dict,
     linear_lr_schedule,
@@ -11,6 +12,7 @@ from .pretrainer import (
 
 __all__: list[str] = [
     "EncoderExportHandler",
+    "LinearDecayLR",
     "MeanFlowPretrainer",
     "encoder_export_state_dict",
     "linear_lr_schedule",

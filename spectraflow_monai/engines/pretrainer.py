@@ -14,7 +14,8 @@ This module provides:
   without ``DistributedDataParallel`` (see the class notes);
 - :class:`EncoderExportHandler`: writes the (EMA) encoder as a timm-layout state dict that
   ``DINOv2Encoder(pretrained=path)`` loads for Stage-2;
-- :func:`linear_lr_schedule`: the paper's linear learning-rate decay;
+- :func:`linear_lr_schedule` / :class:`LinearDecayLR`: the paper's linear learning-rate decay, resumable with a
+  different number of epochs;
 - :func:`normalize_latent`: the per-token, non-affine normalisation of the latent.
 """
 
@@ -54,6 +55,7 @@ __all__ = [
     "MeanFlowPretrainer",
     "EncoderExportHandler",
     "linear_lr_schedule",
+    "LinearDecayLR",
     "normalize_latent",
     "encoder_export_state_dict",
     "save_encoder_export",
@@ -103,7 +105,8 @@ def linear_lr_schedule(
         end_lr: final learning rate, ``0 <= end_lr <= start_lr``. Defaults to 1e-6.
 
     Returns:
-        the ``LinearLR`` scheduler (checkpoint it with the rest of the training state).
+        a :class:`LinearDecayLR` (a ``LinearLR``; checkpoint it with the rest of the training state; loading a
+        checkpoint keeps the configured schedule and restores only the step count).
 
     Raises:
         ValueError: non-positive ``total_steps`` or ``start_lr``, or ``end_lr`` outside ``[0, start_lr]``.
@@ -122,9 +125,38 @@ def linear_lr_schedule(
         raise ValueError(f"the optimizer's learning rate must be > 0 when start_lr=None, got {start_lr!r}.")
     if not (math.isfinite(end_lr) and 0 <= end_lr <= start_lr):
         raise ValueError(f"end_lr must be in [0, start_lr={start_lr}], got {end_lr!r}.")
-    return torch.optim.lr_scheduler.LinearLR(
-        optimizer, start_factor=1.0, end_factor=end_lr / start_lr, total_iters=total_steps
-    )
+    return LinearDecayLR(optimizer, start_factor=1.0, end_factor=end_lr / start_lr, total_iters=total_steps)
+
+
+class LinearDecayLR(torch.optim.lr_scheduler.LinearLR):
+    """``torch.optim.lr_scheduler.LinearLR`` whose checkpoint restores the progress, not the schedule.
+
+    ``load_state_dict`` takes the step count (``last_epoch``) from the checkpoint and keeps this scheduler's own
+    configuration (``base_lrs``, ``start_factor``, ``end_factor``, ``total_iters``). Resuming Stage-1 with the same
+    settings is therefore an exact resume, and resuming it with more (or fewer) epochs, or other rates, continues on
+    the newly configured straight line: the rate right after loading is the new schedule's rate at the restored step
+    (a plain ``LinearLR`` would keep decaying over the old length, because its state dict holds ``total_iters``).
+    """
+
+    _SCHEDULE_KEYS = ("base_lrs", "start_factor", "end_factor", "total_iters")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        configured = {key: getattr(self, key) for key in self._SCHEDULE_KEYS}
+        super().load_state_dict(state_dict)
+        if all(state_dict.get(key) == value for key, value in configured.items()):
+            return  # same schedule: the loaded state (and the optimizer's restored rates) resume it exactly
+        self.__dict__.update(configured)
+        rates = self._get_closed_form_lr()
+        for group, lr, base_lr in zip(self.optimizer.param_groups, rates, self.base_lrs):
+            group["lr"] = lr
+            group["initial_lr"] = base_lr
+        self._last_lr = list(rates)
+        warnings.warn(
+            f"learning-rate schedule changed since the checkpoint (total_iters {state_dict.get('total_iters')} -> "
+            f"{self.total_iters}, end_factor {state_dict.get('end_factor')} -> {self.end_factor}): continuing at step "
+            f"{self.last_epoch} on the new schedule with lr {rates[0]:.3g}.",
+            stacklevel=2,
+        )
 
 
 def encoder_export_state_dict(encoder: nn.Module) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ import torch
 from torch.nn.modules.loss import _Loss
 
 from monai.losses import BoundaryLoss, DiceCELoss
+from monai.networks.utils import one_hot
 
 __all__ = ["DiceBCEBoundaryLoss"]
 
@@ -22,7 +23,8 @@ class DiceBCEBoundaryLoss(_Loss):
     """``lambda_dice * Dice + lambda_ce * (B)CE + beta * Boundary``, the Stage-2 loss of SpectraFlow (eq. 7).
 
     - Binary / multi-label (``sigmoid=True``, the default): ``input`` holds logits (B, N, H, W[, D]) and ``target``
-      the same shape in {0, 1}; the CE term is ``BCEWithLogitsLoss``.
+      the same shape in {0, 1}; the CE term is ``BCEWithLogitsLoss`` over every channel (``DiceCELoss`` alone
+      would use softmax cross entropy for N > 1).
     - Multi-class (``softmax=True``, e.g. Synapse with 9 channels): ``input`` holds logits (B, N, H, W[, D]);
       ``target`` is a class-index map (B, 1, H, W[, D]) with ``to_onehot_y=True``, or one-hot (B, N, ...);
       the CE term is ``CrossEntropyLoss``.
@@ -183,7 +185,13 @@ class DiceBCEBoundaryLoss(_Loss):
                 f"to_onehot_y=True expects a class-index target with 1 channel, got target shape {tuple(target.shape)}"
                 f" for input shape {tuple(input.shape)} (set to_onehot_y=False for a one-hot target)."
             )
-        loss: torch.Tensor = self.dice_ce(input, target)
+        if self.sigmoid and n_in > 1:
+            # multi-label: BCE on every channel (DiceCELoss itself switches to softmax CE whenever N > 1)
+            bce_target = one_hot(target, num_classes=n_in) if self.to_onehot_y and n_t == 1 else target
+            loss: torch.Tensor = self.dice_ce.lambda_dice * self.dice_ce.dice(input, target)
+            loss = loss + self.dice_ce.lambda_ce * self.dice_ce.bce(input, bce_target)
+        else:
+            loss = self.dice_ce(input, target)
         if self._beta > 0:
             loss = loss + self._beta * self.boundary(input, target)
         return loss

@@ -153,6 +153,11 @@ def test_stage1_resume_continues(trained, tmp_path):
     first = STAGE1_EPOCHS * iters_per_epoch + 1
     assert steps == list(range(first, first + iters_per_epoch))
     assert (tmp_path / "models" / "encoder_stage1.pt").is_file()
+    # the learning rate followed the new, longer schedule down to its end rate (not the checkpoint's length)
+    total = (STAGE1_EPOCHS + 1) * iters_per_epoch
+    assert resumed["lr_scheduler"]["total_iters"] == total == resumed["lr_scheduler"]["last_epoch"]
+    end_lr = resumed["lr_scheduler"]["base_lrs"][0] * resumed["lr_scheduler"]["end_factor"]
+    assert resumed["optimizer"]["param_groups"][0]["lr"] == pytest.approx(end_lr, rel=1e-6)
 
 
 # ---------------------------------------------------------------- 2. Stage-2

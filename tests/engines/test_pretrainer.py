@@ -431,6 +431,49 @@ class TestHelpers:
         expected = [1e-5 + (1e-6 - 1e-5) * min(k, 10) / 10 for k in range(13)]
         assert lrs == pytest.approx(expected, rel=1e-6)
 
+    @staticmethod
+    def _schedule_after(steps, total_steps, start_lr=1e-3, end_lr=1e-4):
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([p], lr=0.1)
+        sched = linear_lr_schedule(opt, total_steps=total_steps, start_lr=start_lr, end_lr=end_lr)
+        for _ in range(steps):
+            opt.step()
+            sched.step()
+        return opt, sched
+
+    def test_linear_lr_schedule_same_schedule_resumes_exactly(self):
+        opt, sched = self._schedule_after(4, total_steps=10)
+        state, opt_state = sched.state_dict(), opt.state_dict()
+        new_opt, new_sched = self._schedule_after(0, total_steps=10)
+        new_opt.load_state_dict(opt_state)
+        new_sched.load_state_dict(state)
+        for _ in range(3):
+            for o, s in ((opt, sched), (new_opt, new_sched)):
+                o.step()
+                s.step()
+        assert new_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"]  # bit-for-bit
+        assert new_sched.state_dict() == sched.state_dict()
+
+    @parameterized.expand([(20, 1e-3, 1e-4), (6, 1e-3, 1e-4), (3, 1e-3, 1e-4), (20, 2e-3, 1e-5)])
+    def test_linear_lr_schedule_resume_with_new_schedule(self, new_total, new_start, new_end):
+        # 4 steps of a 10-step schedule, then resumed with another length / other rates: the rate continues on the
+        # newly configured straight line from step 4, not on the checkpoint's
+        opt, sched = self._schedule_after(4, total_steps=10)
+        state, opt_state = sched.state_dict(), opt.state_dict()
+        new_opt, new_sched = self._schedule_after(0, total_steps=new_total, start_lr=new_start, end_lr=new_end)
+        new_opt.load_state_dict(opt_state)
+        with pytest.warns(UserWarning, match=f"total_iters 10 -> {new_total}"):
+            new_sched.load_state_dict(state)
+        assert new_sched.last_epoch == 4
+        lrs = [new_opt.param_groups[0]["lr"]]
+        for _ in range(new_total + 2):
+            new_opt.step()
+            new_sched.step()
+            lrs.append(new_opt.param_groups[0]["lr"])
+        expected = [new_start + (new_end - new_start) * min(k, new_total) / new_total for k in range(4, new_total + 7)]
+        assert lrs == pytest.approx(expected, rel=1e-6)
+        assert new_sched.get_last_lr()[0] == pytest.approx(expected[-1], rel=1e-6)
+
     @parameterized.expand(
         [
             ({"total_steps": 0}, "total_steps.*0"),

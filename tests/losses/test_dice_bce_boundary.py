@@ -39,6 +39,22 @@ def test_binary_equals_monai_components(beta, reduction):
     torch.testing.assert_close(loss, dice_ce + beta * bd)
 
 
+@pytest.mark.parametrize("to_onehot_y", [False, True])
+def test_multilabel_sigmoid_uses_bce_on_every_channel(to_onehot_y):
+    # hand-computed: soft Dice per (b, c) on sigmoid probabilities + mean binary cross entropy over all elements
+    logits, classes = _multiclass_case(classes=4)
+    onehot = torch.nn.functional.one_hot(classes[:, 0].long(), 4).permute(0, 3, 1, 2).float()
+    probs = torch.sigmoid(logits)
+    inter = (probs * onehot).sum((2, 3))
+    dice = 1 - (2 * inter + 1e-5) / (probs.sum((2, 3)) + onehot.sum((2, 3)) + 1e-5)
+    bce = -(onehot * torch.log(probs) + (1 - onehot) * torch.log(1 - probs)).mean()
+    target = classes if to_onehot_y else onehot
+    loss = DiceBCEBoundaryLoss(beta=0.0, lambda_dice=0.7, lambda_ce=0.3, to_onehot_y=to_onehot_y)(logits, target)
+    torch.testing.assert_close(loss, 0.7 * dice.mean() + 0.3 * bce)
+    softmax_ce = torch.nn.functional.cross_entropy(logits, onehot)
+    assert not torch.allclose(loss, 0.7 * dice.mean() + 0.3 * softmax_ce)
+
+
 @pytest.mark.parametrize("include_background", [True, False])
 def test_multiclass_equals_monai_components(include_background):
     logits, target = _multiclass_case()
