@@ -737,6 +737,7 @@ def build_synapse_datalist(
     window: Sequence[float] = (-125.0, 275.0),
     generate: Mapping[str, Any] | None = None,
     progress: bool = True,
+    exclude_cases: Sequence[int | str] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry point for the ``spectraflow_synapse_segmentation`` bundle (SpectraFlow's Synapse experiment).
 
@@ -769,6 +770,8 @@ def build_synapse_datalist(
         generate: synthetic data set only: the arguments of ``generate_synthetic_ct`` used when ``root`` holds no
             phantom yet; None never generates. Defaults to None.
         progress: show a progress bar while slices are extracted. Defaults to True.
+        exclude_cases: case ids left out of the split (after ``cases`` or the split's default cases are chosen),
+            e.g. the training cases held out for validation. Defaults to None.
 
     In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
     slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
@@ -780,7 +783,7 @@ def build_synapse_datalist(
         DatasetError: a missing root or case (the message names the case and the expected path), a 2D file where a
             volume is expected, or a label volume whose shape or affine differs from its image.
     """
-    args = (dataset, root, split, cases, slices, cache_dir, spatial_size, window, generate, progress)
+    args = (dataset, root, split, cases, exclude_cases, slices, cache_dir, spatial_size, window, generate, progress)
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return _build_synapse_datalist(*args)
     if torch.distributed.get_rank() == 0:
@@ -798,6 +801,7 @@ def _build_synapse_datalist(
     root: str | os.PathLike,
     split: str,
     cases: Sequence[int | str] | None,
+    exclude_cases: Sequence[int | str] | None,
     slices: bool,
     cache_dir: str | os.PathLike | None,
     spatial_size: Sequence[int] | None,
@@ -827,6 +831,15 @@ def _build_synapse_datalist(
                     f"{str(root / os.path.dirname(_RAW_IMAGE))}/imgXXXX.nii.gz; generate the phantom with "
                     "python -m spectraflow_monai.data.synthetic_ct --root <dir>."
                 )
+    if exclude_cases:
+        excluded = set(_case_list(exclude_cases, split))
+        chosen = _case_list(cases, split)
+        cases = [c for c in chosen if c not in excluded]
+        if not cases:
+            raise ValueError(
+                f"no case of the {split} split is left after excluding {sorted(excluded)} from {chosen} "
+                "(exclude_cases, e.g. the bundle's val_cases, takes every case of the split)."
+            )
     layout = "transunet" if key == "transunet" else "raw"
     entries = synapse_datalist(root, split=split, layout=layout, cases=cases)
     if layout == "transunet" and split == "train":

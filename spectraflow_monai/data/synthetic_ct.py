@@ -19,7 +19,7 @@ Every case is generated from ``(seed, case id)`` only, so a case looks the same 
 
 Command line::
 
-    python -m spectraflow_monai.data.synthetic_ct --root DIR [--cases 5 6 7 1 2] [--layout raw|transunet|both]
+    python -m spectraflow_monai.data.synthetic_ct --root DIR [--cases 5 6 7 40 1 2] [--layout raw|transunet|both]
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from spectraflow_monai.utils.files import atomic_path
 
 __all__ = ["DEFAULT_SYNTHETIC_CASES", "synthetic_ct_volume", "generate_synthetic_ct", "main"]
 
-#: default cases: three of the TransUNet training split and two of its test split.
-DEFAULT_SYNTHETIC_CASES: tuple[int, ...] = (5, 6, 7, 1, 2)
+#: default cases: four of the TransUNet training split (40 is the Synapse bundle's held-out validation case on the
+#: phantom) and two of its test split.
+DEFAULT_SYNTHETIC_CASES: tuple[int, ...] = (5, 6, 7, 40, 1, 2)
 
 # (BTCV id, HU, centre (u, v, w), radii (u, v, w)) in fractions of the field of view; u: towards the subject's
 # right, v: anterior, w: superior (RAS+). Painted in order, later structures overwrite earlier ones.
@@ -151,7 +152,7 @@ def generate_synthetic_ct(
     Args:
         root: output folder (created if needed).
         cases: case ids to write; ids of TransUNet's lists make :func:`synapse_datalist`'s default splits work
-            with few cases. Defaults to :data:`DEFAULT_SYNTHETIC_CASES` (train 5, 6, 7 and test 1, 2).
+            with few cases. Defaults to :data:`DEFAULT_SYNTHETIC_CASES` (train 5, 6, 7, 40 and test 1, 2).
         shape: volume shape ``(H, W, D)``, axial axis last. Defaults to ``(96, 96, 24)``.
         spacing: voxel spacing in mm (anisotropic like abdominal CT). Defaults to ``(0.8, 0.8, 2.5)``.
         seed: global seed; the output is a deterministic function of ``(seed, case, shape, noise_std)``.
@@ -237,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Command line entry point: ``python -m spectraflow_monai.data.synthetic_ct --root DIR``."""
     parser = argparse.ArgumentParser(description="Write the synthetic Synapse-like CT phantom.")
     parser.add_argument("--root", required=True, help="output folder")
-    parser.add_argument("--cases", nargs="+", default=None, help="case ids (default: 5 6 7 1 2)")
+    parser.add_argument("--cases", nargs="+", default=None, help="case ids (default: 5 6 7 40 1 2)")
     parser.add_argument("--shape", nargs=3, type=int, default=[96, 96, 24], metavar=("H", "W", "D"))
     parser.add_argument("--spacing", nargs=3, type=float, default=[0.8, 0.8, 2.5], metavar=("SX", "SY", "SZ"))
     parser.add_argument("--seed", type=int, default=0)

@@ -112,7 +112,7 @@ def hd95_pooled(
     """HD95 as the 95th percentile of the pooled surface distances of both directions (medpy / TransUNet).
 
     This is the definition of ``medpy.metric.binary.hd95`` used by TransUNet (Chen et al., "TransUNet: Transformers
-    Make Strong Encoders for Medical Image Segmentation", 2021) and reported as HD95 in the SpectraFlow Synapse table.
+    Make Strong Encoders for Medical Image Segmentation", 2021) and the Synapse results that follow its protocol.
     Surfaces are ``mask ^ erode(mask)`` (connectivity-1 structure, outside = background); distances come from
     ``scipy.ndimage.distance_transform_edt`` of the other mask's surface.
 

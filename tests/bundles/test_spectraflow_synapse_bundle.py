@@ -47,7 +47,8 @@ IMAGE_SIZE = 56
 DEPTH = 2
 SHAPE = (64, 64, 12)
 SPACING = (0.8, 0.8, 2.5)
-TRAIN_CASES, TEST_CASES = ["0005", "0006", "0007"], ["0001", "0002"]
+# phantom cases 5, 6, 7 (TransUNet training list; 7 held out for validation) and 1, 2 (test list)
+TRAIN_CASES, VAL_CASES, TEST_CASES = ["0005", "0006"], ["0007"], ["0001", "0002"]
 SYNTHETIC = {"cases": [5, 6, 7, 1, 2], "shape": list(SHAPE), "spacing": list(SPACING)}
 NET = {"image_size": IMAGE_SIZE, "encoder_kwargs": {"depth": DEPTH}}
 ORGANS = ["spleen", "right_kidney", "left_kidney", "gallbladder", "liver", "stomach", "aorta", "pancreas"]
@@ -94,6 +95,7 @@ def trained(tmp_path_factory):
         "bundle_root": str(root),
         "dataset_dir": str(root / "data"),
         "synthetic_size": SYNTHETIC,
+        "val_cases": [int(c) for c in VAL_CASES],
         "num_workers": 0,
         "progress_bar": False,
         **NET,
@@ -122,6 +124,9 @@ def test_datalists_of_both_layouts(trained, transunet_root, tmp_path):
     cache = root / "cache" / f"synthetic_{IMAGE_SIZE}"
     assert len(train) == len(TRAIN_CASES) * SHAPE[2]
     assert sorted({d["case"] for d in train}) == TRAIN_CASES
+    # validation reads the held-out training case, never a test case
+    val = _parse(TRAIN, **trained["common"]).get_parsed_content("validate#datalist")
+    assert sorted({d["case"] for d in val}) == VAL_CASES and len(val) == len(VAL_CASES) * SHAPE[2]
     assert all(d["image"] == d["label"] and d["image"].startswith(str(cache)) for d in train)
     assert train[1]["image"] == str(cache / "case0005" / "case0005_slice001.npz") and train[1]["slice"] == 1
     volumes = build_synapse_datalist("synthetic", root / "data", "test")
@@ -180,7 +185,7 @@ def test_slices_are_extracted_once(trained, monkeypatch):
     monkeypatch.setattr(synapse, "_extract_volume", fail)
     parser = _parse(TRAIN, **trained["common"])
     assert len(parser.get_parsed_content("train#datalist")) == len(TRAIN_CASES) * SHAPE[2]
-    assert len(parser.get_parsed_content("validate#datalist")) == len(TEST_CASES) * SHAPE[2]
+    assert len(parser.get_parsed_content("validate#datalist")) == len(VAL_CASES) * SHAPE[2]
     # and the training transforms load one .npz slice per item (no volume reader in the chain)
     names = [type(t).__name__ for t in parser.get_parsed_content("train#preprocessing").transforms]
     assert names[0] == "LoadSynapseSliced" and "LoadImaged" not in names
@@ -265,15 +270,17 @@ def test_evaluate_without_model_names_the_file(tmp_path):
 
 
 def test_transunet_layout_train_and_evaluate(trained, transunet_root, tmp_path):
-    """Stage-2 on train_npz slices (validation on the cached h5 test slices), evaluation on the h5 volumes."""
+    """Stage-2 on train_npz slices (validation on a held-out train_npz case), evaluation on the h5 volumes."""
     common = {
         "bundle_root": str(tmp_path), "dataset": "transunet", "dataset_dir": str(transunet_root),
-        "train_cases": [int(c) for c in TRAIN_CASES], "test_cases": [int(c) for c in TEST_CASES],
+        "train_cases": [int(c) for c in TRAIN_CASES + VAL_CASES], "val_cases": [int(c) for c in VAL_CASES],
+        "test_cases": [int(c) for c in TEST_CASES],
         "num_workers": 0, "progress_bar": False, **NET,
     }  # fmt: skip
     _run(TRAIN, **common, max_epochs=1, batch_size=6, val_batch_size=12)
     assert (tmp_path / "models" / "model.pt").is_file()
-    assert len(glob.glob(str(tmp_path / "cache" / f"transunet_{IMAGE_SIZE}" / "case0001" / "*.npz"))) == SHAPE[2]
+    # training and validation read train_npz slices only: no test volume was touched (none sliced into the cache)
+    assert not glob.glob(str(tmp_path / "cache" / "**" / "case0001*"), recursive=True)
     _run([TRAIN, EVALUATE], **common)
     rows = _check_reports(tmp_path / "eval", TEST_CASES, "voxels")  # h5 volumes have no geometry: unit spacing
     pred = nib.load(str(tmp_path / "eval" / "predictions" / "case0001.npy_seg.nii.gz"))
@@ -402,7 +409,7 @@ def test_bad_raw_input_is_named(tmp_path, problem, match):
     # and so does the bundle, before any training
     with pytest.raises(Exception) as info:
         _run(TRAIN, bundle_root=str(tmp_path / "b"), dataset="btcv", dataset_dir=str(data), train_cases=cases,
-             test_cases=[6], num_workers=0, progress_bar=False, **NET)  # fmt: skip
+             val_cases=[6], test_cases=[6], num_workers=0, progress_bar=False, **NET)  # fmt: skip
     text = _error_text(info.value)
     assert "case 0009" in text if problem == "missing" else "case 0005" in text, text
     assert not (tmp_path / "b" / "models" / "model.pt").exists()
@@ -438,7 +445,7 @@ def test_multi_gpu_override_two_processes(tmp_path):
     root = tmp_path / "ddp"
     args = [
         "--bundle_root", str(root), "--dataset_dir", str(root / "data"),
-        "--synthetic_size", "{'cases':[5,6,7,1,2],'shape':[64,64,12]}",
+        "--synthetic_size", "{'cases':[5,6,7,1,2],'shape':[64,64,12]}", "--val_cases", "[7]",
         "--image_size", str(IMAGE_SIZE), "--encoder_kwargs", f"{{'depth':{DEPTH}}}", "--num_workers", "0",
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
     ]  # fmt: skip
@@ -456,7 +463,7 @@ def test_multi_gpu_override_two_processes(tmp_path):
         BUNDLE,
     )
     index = json.loads((root / "cache" / f"synthetic_{IMAGE_SIZE}" / "index.json").read_text())
-    assert sorted(index["volumes"]) == sorted(TEST_CASES + TRAIN_CASES)
+    assert sorted(index["volumes"]) == sorted(TRAIN_CASES + VAL_CASES)  # the test volumes are never sliced
     model, export = _load(root / "models" / "model.pt"), _load(export_path)
     assert not any(k.startswith("module.") for k in model)
     torch.testing.assert_close(model["encoder.vit.blocks.0.attn.qkv.weight"], export["blocks.0.attn.qkv.weight"])

@@ -18,6 +18,7 @@ from spectraflow_monai.data.synapse import (
     SYNAPSE_ORGANS,
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
+    build_synapse_datalist,
     check_volume_pair,
     extract_slices,
     format_case_id,
@@ -114,6 +115,30 @@ def test_transunet_datalists(tu_root):
         synapse_datalist(tu_root, "train", cases=[5, 7])
     with pytest.raises(DatasetError, match=r"case 0002: .*case0002\.npy\.h5"):
         synapse_datalist(tu_root, "test", cases=[1, 2])
+
+
+@pytest.mark.parametrize(
+    "dataset, cases, exclude, expected",
+    [
+        ("synthetic", None, [6], ["0005"]),  # every case on disk of the split, minus the held-out one
+        ("synthetic", [5, 6], "0005", ["0006"]),
+        ("btcv", [5, 6], [6, 40], ["0005"]),  # an excluded id that is not in the list is ignored
+        ("btcv", None, None, None),  # nothing excluded: TransUNet's 18 training cases, 16 of them missing here
+    ],
+)
+def test_build_synapse_datalist_exclude_cases(raw_root, dataset, cases, exclude, expected):
+    kwargs = dict(cases=cases, exclude_cases=exclude)
+    if expected is None:
+        with pytest.raises(DatasetError, match="case 0007"):
+            build_synapse_datalist(dataset, raw_root, "train", **kwargs)
+        return
+    entries = build_synapse_datalist(dataset, raw_root, "train", **kwargs)
+    assert [d["case"] for d in entries] == expected
+
+
+def test_build_synapse_datalist_exclude_every_case(raw_root):
+    with pytest.raises(ValueError, match=r"no case of the train split is left after excluding \['0005', '0006'\]"):
+        build_synapse_datalist("synthetic", raw_root, "train", exclude_cases=[5, 6])
 
 
 def test_datalist_bad_arguments(tmp_path, raw_root):
