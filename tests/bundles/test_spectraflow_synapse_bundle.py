@@ -154,6 +154,19 @@ def test_datalists_of_both_layouts(trained, transunet_root, tmp_path):
         build_synapse_datalist("kvasir", root)
 
 
+@pytest.mark.parametrize("dataset", ["synthetic", "btcv", "transunet"])
+def test_default_validation_cases_are_held_out_training_cases(dataset):
+    from spectraflow_monai.data import SYNAPSE_TEST_CASES, SYNAPSE_TRAIN_CASES
+
+    parser = _parse(TRAIN, dataset=dataset)
+    val = parser.get_parsed_content("val_cases")
+    assert val and set(val) <= set(SYNAPSE_TRAIN_CASES) and not set(val) & set(SYNAPSE_TEST_CASES)
+    assert len(val) < len(SYNAPSE_TRAIN_CASES)
+    if dataset == "synthetic":  # the default phantom has the held-out case, and a training case besides it
+        phantom = parser.get_parsed_content("synthetic_size")["cases"]
+        assert set(val) <= set(phantom) and set(phantom) & set(SYNAPSE_TRAIN_CASES) - set(val)
+
+
 def test_label_mapping_and_window_of_cached_slices(trained, tmp_path):
     root = trained["root"] / "data"
     # native size: the cached slices are exactly the windowed image and the mapped label (phantom affine is RAS+)
