@@ -1,5 +1,6 @@
 from .datasets2d import (
     DATASET_PRESETS,
+    KVASIR_SPLIT_DIR,
     build_datalist,
     canonical_dataset_name,
     glas_datalist,
@@ -33,6 +34,7 @@ __all__: list[str] = []
 __all__ += [
     "DATASET_PRESETS",
     "DatasetError",
+    "KVASIR_SPLIT_DIR",
     "build_datalist",
     "canonical_dataset_name",
     "generate_synthetic_dataset",

@@ -40,6 +40,7 @@ from spectraflow_monai.data.validation import (
 
 __all__ = [
     "DATASET_PRESETS",
+    "KVASIR_SPLIT_DIR",
     "build_datalist",
     "canonical_dataset_name",
     "glas_datalist",
@@ -51,9 +52,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: the 880/120 Kvasir-SEG split lists shipped with the package (used when the data set folder has no ``splits``).
+KVASIR_SPLIT_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources", "kvasir_seg_splits"
+)
 KVASIR_LAYOUT = (
     "<root>/Kvasir-SEG/images/<id>.jpg, <root>/Kvasir-SEG/masks/<id>.jpg (or <root>/images, <root>/masks), "
-    "split lists <root>/splits/{train,val}.txt with one id per line"
+    "split lists <root>/splits/{train,val}.txt with one id per line (default: the 880/120 lists shipped with the "
+    "package)"
 )
 ISIC_LAYOUT = (
     "<root>/ISBI2016_ISIC_Part1_{Training,Test}_Data/ISIC_XXXXXXX.jpg and "
@@ -200,14 +206,17 @@ def kvasir_seg_datalist(
     """Kvasir-SEG datalist (Jha et al., "Kvasir-SEG: A Segmented Polyp Dataset", MMM 2020).
 
     Layout: ``<root>/Kvasir-SEG/images/<id>.jpg`` and ``<root>/Kvasir-SEG/masks/<id>.jpg`` (``<root>`` may also be the
-    ``Kvasir-SEG`` folder itself), split lists ``<root>/splits/{train,val}.txt`` (one id per line): the 880/120
-    split SpectraFlow evaluates on. Masks are JPEG, binarised at 128 (``label_threshold``).
+    ``Kvasir-SEG`` folder itself), split lists ``<root>/splits/{train,val}.txt`` (one id per line). Without a
+    ``<root>/splits`` folder the lists shipped with the package (:data:`KVASIR_SPLIT_DIR`) are used: the widely used
+    880/120 split SpectraFlow evaluates on, so the public release works as downloaded. Masks are JPEG, binarised at
+    128 (``label_threshold``).
 
     Args:
         root: dataset root.
         split: ``"train"``, ``"val"`` (alias ``"test"``) or ``"all"`` (every image, no split file needed).
             Defaults to ``"train"``.
-        split_dir: folder of the split lists. Defaults to ``<root>/splits``.
+        split_dir: folder of the split lists. Defaults to ``<root>/splits`` when it exists, else
+            :data:`KVASIR_SPLIT_DIR`.
         fraction: kept fraction (:func:`low_data_subset`). Defaults to 1.0.
         seed: seed of the subset. Defaults to 0.
         check_images: verify that every image/mask opens and sizes match. Defaults to ``True``.
@@ -219,7 +228,12 @@ def kvasir_seg_datalist(
     base = os.path.join(root, "Kvasir-SEG")
     if not os.path.isdir(base) and os.path.isdir(os.path.join(root, "images")):
         base = root
-    split_dir = os.fspath(split_dir) if split_dir is not None else os.path.join(root, "splits")
+    if split_dir is None:
+        split_dir = os.path.join(root, "splits")
+        if split != "all" and not os.path.isdir(split_dir):
+            logger.info(f"kvasir: no split folder {split_dir!r}, using the 880/120 split lists of {KVASIR_SPLIT_DIR!r}")
+            split_dir = KVASIR_SPLIT_DIR
+    split_dir = os.fspath(split_dir)
     out = _folder_pair_datalist(
         base, split, split_dir, "kvasir", KVASIR_LAYOUT, fraction, seed, check_images, check_masks
     )

@@ -1,10 +1,13 @@
 import os
+import re
+import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from spectraflow_monai.data import (
+    KVASIR_SPLIT_DIR,
     DatasetError,
     build_datalist,
     glas_datalist,
@@ -241,8 +244,33 @@ def test_empty_glas_test_split(tmp_path):
         glas_datalist(tmp_path, "test")
 
 
+def test_kvasir_without_splits_folder_uses_the_shipped_lists(tmp_path, monkeypatch):
+    import spectraflow_monai.data.datasets2d as datasets2d
+
+    assert sorted(os.listdir(KVASIR_SPLIT_DIR)) == ["train.txt", "val.txt"]
+    shipped = {s: open(os.path.join(KVASIR_SPLIT_DIR, f"{s}.txt")).read().split() for s in ("train", "val")}
+    assert (len(shipped["train"]), len(shipped["val"])) == (880, 120) and not set(shipped["train"]) & set(shipped["val"])
+    # a download without splits/: the shipped lists name ids this tiny tree lacks, and the message says which file
+    make_kvasir(tmp_path / "k")
+    shutil.rmtree(tmp_path / "k" / "splits")
+    with pytest.raises(DatasetError, match=re.escape(os.path.join(KVASIR_SPLIT_DIR, "train.txt"))):
+        kvasir_seg_datalist(tmp_path / "k", "train")
+    # the fallback reads whatever KVASIR_SPLIT_DIR holds; an existing splits/ folder still wins
+    other = tmp_path / "shipped"
+    other.mkdir()
+    (other / "train.txt").write_text("a2\nb1\n")
+    monkeypatch.setattr(datasets2d, "KVASIR_SPLIT_DIR", str(other))
+    assert [d["name"] for d in kvasir_seg_datalist(tmp_path / "k", "train")] == ["a2", "b1"]
+    make_kvasir(tmp_path / "k2")
+    assert [d["name"] for d in kvasir_seg_datalist(tmp_path / "k2", "train")] == ["a1", "a2", "a3"]
+
+
 @pytest.mark.skipif(not os.path.isdir(KVASIR_REAL), reason="real Kvasir-SEG not available")
 def test_real_kvasir_880_120():
+    for split in ("train", "val"):  # the shipped lists are this copy's lists
+        with open(os.path.join(KVASIR_REAL, "splits", f"{split}.txt")) as a:
+            with open(os.path.join(KVASIR_SPLIT_DIR, f"{split}.txt")) as b:
+                assert a.read().split() == b.read().split()
     train = kvasir_seg_datalist(KVASIR_REAL, "train", check_images=False, check_masks=False)
     val = kvasir_seg_datalist(KVASIR_REAL, "val", check_images=False, check_masks=False)
     assert (len(train), len(val)) == (880, 120)
