@@ -726,6 +726,34 @@ def _cases_on_disk(root: Path, split: str) -> list[str]:
     return [c for c in found if c in wanted]
 
 
+def _generate_or_check_phantom(root: Path, generate: Mapping[str, Any]) -> None:
+    """Write the phantom when ``root`` holds none; else make sure it is the one ``generate`` asks for."""
+    # lazy: synthetic_ct imports this module
+    from spectraflow_monai.data.synthetic_ct import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
+
+    on_disk = _cases_on_disk(root, "train") + _cases_on_disk(root, "test")
+    if not on_disk:
+        logger.info("writing the synthetic CT phantom into %s", root)
+        generate_synthetic_ct(root, **{**dict(generate), "layout": "raw"})
+        return
+    try:
+        wanted = phantom_parameters(**{k: v for k, v in generate.items() if k != "layout"})
+    except TypeError as exc:
+        raise ValueError(f"generate holds an argument generate_synthetic_ct does not take: {exc}") from exc
+    manifest = root / PHANTOM_MANIFEST
+    if manifest.is_file():
+        recorded = json.loads(manifest.read_text())
+        differs = {k: recorded.get(k) for k in wanted if recorded.get(k) != wanted[k]}
+    else:  # written before the manifest existed: only the case ids can be compared
+        differs = {"cases": on_disk} if set(wanted["cases"]) - set(on_disk) else {}
+    if differs:
+        raise DatasetError(
+            f"{str(root)!r} holds a synthetic CT phantom generated with other parameters ({differs}) than the "
+            f"requested ones ({ {k: wanted[k] for k in differs} }): choose another dataset_dir, or delete that folder "
+            "to regenerate it."
+        )
+
+
 def build_synapse_datalist(
     dataset: str,
     root: str | os.PathLike,
@@ -818,11 +846,8 @@ def _build_synapse_datalist(
         raise ValueError(f"generate must be None or a mapping of generate_synthetic_ct arguments, got {generate!r}.")
     root = Path(root)
     if key == "synthetic":
-        if generate is not None and not _cases_on_disk(root, "train") + _cases_on_disk(root, "test"):
-            from spectraflow_monai.data.synthetic_ct import generate_synthetic_ct  # lazy: it imports this module
-
-            logger.info("writing the synthetic CT phantom into %s", root)
-            generate_synthetic_ct(root, **{**dict(generate), "layout": "raw"})
+        if generate is not None:
+            _generate_or_check_phantom(root, generate)
         if cases is None:
             cases = _cases_on_disk(root, split)
             if not cases:

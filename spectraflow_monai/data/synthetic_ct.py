@@ -35,9 +35,19 @@ from typing import Any
 import numpy as np
 
 from spectraflow_monai.data.synapse import SYNAPSE_TEST_CASES, format_case_id, map_btcv_labels
-from spectraflow_monai.utils.files import atomic_path
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
-__all__ = ["DEFAULT_SYNTHETIC_CASES", "synthetic_ct_volume", "generate_synthetic_ct", "main"]
+__all__ = [
+    "DEFAULT_SYNTHETIC_CASES",
+    "PHANTOM_MANIFEST",
+    "phantom_parameters",
+    "synthetic_ct_volume",
+    "generate_synthetic_ct",
+    "main",
+]
+
+#: file written into the phantom's root with the parameters it was generated with.
+PHANTOM_MANIFEST = "synthetic_ct.json"
 
 #: default cases: four of the TransUNet training split (40 is the Synapse bundle's held-out validation case on the
 #: phantom) and two of its test split.
@@ -131,6 +141,22 @@ def _atomic_save(path: Path, write: Any) -> None:
         write(tmp)
 
 
+def phantom_parameters(
+    cases: Sequence[int | str] | None = None,
+    shape: Sequence[int] = (96, 96, 24),
+    spacing: Sequence[float] = (0.8, 0.8, 2.5),
+    seed: int = 0,
+    noise_std: float = 12.0,
+) -> dict[str, Any]:
+    """The parameters that determine a phantom's content, normalised (what :data:`PHANTOM_MANIFEST` records).
+
+    Takes the arguments of :func:`generate_synthetic_ct` (without ``root`` and ``layout``) with the same defaults.
+    """
+    shape, spacing = _check_shape_spacing(shape, spacing)
+    ids = [format_case_id(c) for c in (DEFAULT_SYNTHETIC_CASES if cases is None else cases)]
+    return {"cases": ids, "shape": list(shape), "spacing": list(spacing), "seed": int(seed), "noise_std": float(noise_std)}
+
+
 def generate_synthetic_ct(
     root: str | os.PathLike,
     cases: Sequence[int | str] | None = None,
@@ -147,7 +173,7 @@ def generate_synthetic_ct(
     image windowed to [0, 1] ([-125, 275] HU) and the label mapped to the 9 Synapse classes, as
     ``train_npz/caseXXXX_sliceNNN.npz`` (one per axial slice) for cases outside TransUNet's test list and
     ``test_vol_h5/caseXXXX.npy.h5`` (``(D, H, W)``; only when h5py is installed) for test cases. ``both`` writes
-    both. Files are written atomically.
+    both. Files are written atomically; :data:`PHANTOM_MANIFEST` records the parameters.
 
     Args:
         root: output folder (created if needed).
@@ -222,6 +248,8 @@ def generate_synthetic_ct(
                     sl = (np.ascontiguousarray(windowed[..., k]), np.ascontiguousarray(mapped[..., k]))
                     _atomic_save(path, lambda p, _s=sl: np.savez(p, image=_s[0], label=_s[1]))
                     files.append(str(path))
+    params = phantom_parameters(ids, shape, spacing, seed, noise_std)
+    write_text_atomic(root / PHANTOM_MANIFEST, json.dumps(params, indent=1) + "\n")
     return {
         "root": str(root),
         "layout": layout,

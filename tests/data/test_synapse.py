@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -134,6 +135,29 @@ def test_build_synapse_datalist_exclude_cases(raw_root, dataset, cases, exclude,
         return
     entries = build_synapse_datalist(dataset, raw_root, "train", **kwargs)
     assert [d["case"] for d in entries] == expected
+
+
+def test_synthetic_phantom_is_generated_once_and_checked(tmp_path):
+    root = tmp_path / "phantom"
+    gen = {"cases": [5, 1], "shape": list(TINY)}
+    assert [d["case"] for d in build_synapse_datalist("synthetic", root, "train", generate=gen)] == ["0005"]
+    manifest = json.loads((root / "synthetic_ct.json").read_text())
+    assert manifest == {"cases": ["0005", "0001"], "shape": list(TINY), "spacing": [0.8, 0.8, 2.5], "seed": 0,
+                        "noise_std": 12.0}  # fmt: skip
+    stamp = os.path.getmtime(root / "RawData" / "Training" / "img" / "img0005.nii.gz")
+    assert len(build_synapse_datalist("synthetic", root, "test", generate=dict(gen))) == 1  # same request: reused
+    assert os.path.getmtime(root / "RawData" / "Training" / "img" / "img0005.nii.gz") == stamp
+    # another request on the same folder stops with both parameter sets instead of silently using the old phantom
+    for other, key in (({"cases": [5, 6, 1]}, "cases"), ({"shape": [16, 16, 4]}, "shape"), ({"seed": 3}, "seed")):
+        with pytest.raises(DatasetError, match=rf"{re.escape(str(root))}.*other parameters.*'{key}'.*dataset_dir"):
+            build_synapse_datalist("synthetic", root, "train", generate={**gen, **other})
+    with pytest.raises(ValueError, match="generate_synthetic_ct"):
+        build_synapse_datalist("synthetic", root, "train", generate={**gen, "size": 3})
+    # a phantom without manifest: the requested cases must be there
+    os.remove(root / "synthetic_ct.json")
+    assert len(build_synapse_datalist("synthetic", root, "train", generate={"cases": [5], "shape": [8, 8, 2]})) == 1
+    with pytest.raises(DatasetError, match=r"'cases': \['0005', '0001'\]"):
+        build_synapse_datalist("synthetic", root, "train", generate={"cases": [5, 6, 1]})
 
 
 def test_build_synapse_datalist_exclude_every_case(raw_root):

@@ -82,7 +82,8 @@ class DINOv2Encoder(nn.Module):
 
     Args:
         model_name: timm model name, one of :attr:`SUPPORTED_MODELS`. Defaults to ``"vit_small_patch14_dinov2"``.
-        pretrained: ``None`` for random initialisation; ``"timm"`` to let timm download its DINOv2 weights (needs
+        pretrained: ``None`` (or ``"none"`` / ``"null"``, as command lines pass it) for random initialisation;
+            ``"timm"`` to let timm download its DINOv2 weights (needs
             network access); or a path to a local weight file (official facebookresearch DINOv2 layout or timm
             layout, see :meth:`load_weights`). Defaults to ``None``.
         img_size: image size the position embedding is built for (a multiple of the patch size). Defaults to 224.
@@ -132,6 +133,8 @@ class DINOv2Encoder(nn.Module):
             if reserved in kwargs:
                 raise ValueError(f"model_kwargs must not contain {reserved!r}; use the encoder's arguments instead.")
 
+        if isinstance(pretrained, str) and pretrained.strip().lower() in ("", "none", "null"):
+            pretrained = None  # what a command line gives for "no weights" (e.g. --pretrained_weights null)
         use_timm_weights = isinstance(pretrained, str) and pretrained == "timm"
         try:
             self.vit = timm.create_model(

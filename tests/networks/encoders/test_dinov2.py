@@ -168,6 +168,17 @@ def test_timm_download_failure_is_explained(monkeypatch):
         DINOv2Encoder(pretrained="timm")
 
 
+@pytest.mark.parametrize("word", ["null", "None", " none ", ""])
+def test_command_line_words_for_no_weights(monkeypatch, word):
+    # a bundle override such as --pretrained_weights null arrives as a string: random init, never a file lookup
+    calls = []
+    create = timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda *a, **k: calls.append(k["pretrained"]) or create(*a, **k))
+    monkeypatch.setattr(DINOv2Encoder, "load_weights", lambda *a, **k: pytest.fail("tried to load a weight file"))
+    enc = DINOv2Encoder(pretrained=word, img_size=28, model_kwargs={"depth": 2})
+    assert calls == [False] and enc.depth == 2
+
+
 # ---------------------------------------------------------------- freezing
 def _expected_trainable(enc: DINOv2Encoder, mode) -> set[str]:
     names = {n for n, _ in enc.vit.named_parameters()}
