@@ -236,6 +236,7 @@ def test_inference_writes_masks_at_input_size(trained, tmp_path):
     height, width = 70, 90
     for name in ("case_a", "case_b"):
         Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(in_dir / f"{name}.png")
+    (in_dir / "notes.txt").write_text("not an image")  # skipped, not read
     _run(INFERENCE, bundle_root=str(trained["root"]), input_dir=str(in_dir), output_dir=str(out_dir), **NET)
     outputs = sorted(p.name for p in out_dir.glob("*.png"))
     assert outputs == ["case_a_seg.png", "case_b_seg.png"]
