@@ -343,6 +343,16 @@ def test_evaluate_without_model_names_the_file(tmp_path):
     assert not (tmp_path / "eval").exists()
 
 
+def test_evaluation_loads_no_encoder_weights_before_model_pt(tmp_path):
+    # model.pt holds every weight: neither a Stage-1 export nor a DINOv2 file (or a hub download) is read first
+    export = tmp_path / "models" / "encoder_stage1.pt"
+    export.parent.mkdir()
+    export.write_bytes(b"")
+    common = {"bundle_root": str(tmp_path), "pretrained_weights": "timm"}
+    assert _parse(TRAIN, **common).get_parsed_content("encoder_weights") == str(export)
+    assert _parse([TRAIN, EVALUATE], **common).get_parsed_content("encoder_weights") is None
+
+
 def test_inference_without_images_names_the_folder(trained, tmp_path):
     with pytest.raises(Exception) as info:
         _run(INFERENCE, bundle_root=str(trained["root"]), input_dir=str(tmp_path), output_dir=str(tmp_path), **NET)

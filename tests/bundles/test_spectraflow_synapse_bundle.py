@@ -275,6 +275,16 @@ def test_evaluate_raw_volumes(trained):
                 assert (math.isnan(value) and math.isnan(m[key])) or value == pytest.approx(m[key], rel=1e-4), key
 
 
+def test_evaluation_loads_no_encoder_weights_before_model_pt(tmp_path):
+    # model.pt holds every weight: neither a Stage-1 export nor a DINOv2 file (or a hub download) is read first
+    export = tmp_path / "models" / "encoder_stage1.pt"
+    export.parent.mkdir()
+    export.write_bytes(b"")
+    common = {"bundle_root": str(tmp_path), "pretrained_weights": "timm"}
+    assert _parse(TRAIN, **common).get_parsed_content("encoder_weights") == str(export)
+    assert _parse([TRAIN, EVALUATE], **common).get_parsed_content("encoder_weights") is None
+
+
 def test_evaluate_without_model_names_the_file(tmp_path):
     with pytest.raises(Exception) as info:
         _run([TRAIN, EVALUATE], bundle_root=str(tmp_path), num_workers=0, **NET)
