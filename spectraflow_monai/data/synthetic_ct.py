@@ -154,7 +154,9 @@ def phantom_parameters(
     """
     shape, spacing = _check_shape_spacing(shape, spacing)
     ids = [format_case_id(c) for c in (DEFAULT_SYNTHETIC_CASES if cases is None else cases)]
-    return {"cases": ids, "shape": list(shape), "spacing": list(spacing), "seed": int(seed), "noise_std": float(noise_std)}
+    return {
+        "cases": ids, "shape": list(shape), "spacing": list(spacing), "seed": int(seed), "noise_std": float(noise_std)
+    }
 
 
 def generate_synthetic_ct(

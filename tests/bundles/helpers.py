@@ -29,6 +29,17 @@ def parse_config(config_file, **override) -> ConfigParser:
     return parser
 
 
+def assert_evaluation_skips_encoder_weights(train_config: str, evaluate_config: str, root: Path) -> None:
+    """``evaluate.yaml`` loads no encoder weights before ``model.pt`` (which holds every weight): neither the Stage-1
+    export that Stage-2 would load nor a DINOv2 file or hub download."""
+    export = root / "models" / "encoder_stage1.pt"
+    export.parent.mkdir(parents=True, exist_ok=True)
+    export.write_bytes(b"")
+    common = {"bundle_root": str(root), "pretrained_weights": "timm"}
+    assert parse_config(train_config, **common).get_parsed_content("encoder_weights") == str(export)
+    assert parse_config([train_config, evaluate_config], **common).get_parsed_content("encoder_weights") is None
+
+
 def error_text(exc: BaseException) -> str:
     """The messages of an exception and of its causes (MONAI wraps errors raised inside config expressions)."""
     texts, seen = [], set()

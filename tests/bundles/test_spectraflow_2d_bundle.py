@@ -26,6 +26,7 @@ from PIL import Image
 from spectraflow_monai.networks import DINOv2Encoder
 from tests.bundles.helpers import error_text as _error_text
 from tests.bundles.helpers import load_weights as _load
+from tests.bundles.helpers import assert_evaluation_skips_encoder_weights
 from tests.bundles.helpers import parse_config as _parse
 from tests.bundles.helpers import run_bundle
 from tests.bundles.helpers import torchrun_bundle as _torchrun
@@ -344,13 +345,7 @@ def test_evaluate_without_model_names_the_file(tmp_path):
 
 
 def test_evaluation_loads_no_encoder_weights_before_model_pt(tmp_path):
-    # model.pt holds every weight: neither a Stage-1 export nor a DINOv2 file (or a hub download) is read first
-    export = tmp_path / "models" / "encoder_stage1.pt"
-    export.parent.mkdir()
-    export.write_bytes(b"")
-    common = {"bundle_root": str(tmp_path), "pretrained_weights": "timm"}
-    assert _parse(TRAIN, **common).get_parsed_content("encoder_weights") == str(export)
-    assert _parse([TRAIN, EVALUATE], **common).get_parsed_content("encoder_weights") is None
+    assert_evaluation_skips_encoder_weights(TRAIN, EVALUATE, tmp_path)
 
 
 def test_inference_without_images_names_the_folder(trained, tmp_path):

@@ -249,7 +249,8 @@ def test_kvasir_without_splits_folder_uses_the_shipped_lists(tmp_path, monkeypat
 
     assert sorted(os.listdir(KVASIR_SPLIT_DIR)) == ["train.txt", "val.txt"]
     shipped = {s: open(os.path.join(KVASIR_SPLIT_DIR, f"{s}.txt")).read().split() for s in ("train", "val")}
-    assert (len(shipped["train"]), len(shipped["val"])) == (880, 120) and not set(shipped["train"]) & set(shipped["val"])
+    assert (len(shipped["train"]), len(shipped["val"])) == (880, 120)
+    assert not set(shipped["train"]) & set(shipped["val"])
     # a download without splits/: the shipped lists name ids this tiny tree lacks, and the message says which file
     make_kvasir(tmp_path / "k")
     shutil.rmtree(tmp_path / "k" / "splits")
