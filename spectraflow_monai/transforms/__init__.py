@@ -17,6 +17,7 @@ from .mixed_domain import (
     RandMixedDomaind,
     RandMixedDomainDict,
 )
+from .mixed_domain_batch import MixedDomainCollate, num_masks
 
 __all__: list[str] = [
     "IMAGENET_MEAN",
@@ -32,3 +33,4 @@ __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelD
 
 __all__ += ["CTWindow", "CTWindowd", "LoadSynapseSliced", "MapBTCVLabels", "MapBTCVLabelsd", "load_slice_npz"]
 __all__ += ["LoadSynapseH5d"]
+__all__ += ["MixedDomainCollate", "num_masks"]

@@ -56,7 +56,7 @@ class TanhHead(torch.nn.Module):
 
 def _perturbed_head(channels: int = 8, seed: int = 0, **kwargs) -> MeanFlowHead:
     torch.manual_seed(seed)
-    head = MeanFlowHead(channels, **{**SMALL, **kwargs})
+    head = MeanFlowHead(channels, **{"num_domains": 2, **SMALL, **kwargs})  # the domain-conditioned extension
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.3)

@@ -135,8 +135,9 @@ class MeanFlowHead(nn.Module):
         num_heads: attention heads. Defaults to 4.
         use_attention: if True the token mixer is multi-head self-attention; if False a depthwise 3×3 convolution
             (cheaper, local). Defaults to True.
-        num_domains: size of the learned domain embedding (2: image | mask); 0 disables domain conditioning.
-            Defaults to 2.
+        num_domains: size of a learned domain embedding (2: image | mask) added to the condition; 0 (the paper,
+            whose eqs. 1-3 condition on ``t`` and ``s`` only) disables it. A labelled extension of the method, off by
+            default. Defaults to 0.
         time_embed_dim: size of the sinusoidal frequency embedding of ``t`` and ``t - s`` (even). Defaults to 256.
         mlp_ratio: MLP hidden width as a multiple of ``hidden_channels``. Defaults to 2.0.
 
@@ -144,7 +145,8 @@ class MeanFlowHead(nn.Module):
 
         head = MeanFlowHead(in_channels=384)
         z = torch.randn(2, 384, 16, 16)
-        u = head(z, t=torch.rand(2), s=torch.zeros(2), domain=torch.tensor([0, 1]))  # (2, 384, 16, 16)
+        u = head(z, t=torch.rand(2), s=torch.zeros(2))  # (2, 384, 16, 16)
+        # the domain-conditioned extension: MeanFlowHead(384, num_domains=2)(z, t, s, domain=torch.tensor([0, 1]))
     """
 
     def __init__(
@@ -154,7 +156,7 @@ class MeanFlowHead(nn.Module):
         num_blocks: int = 2,
         num_heads: int = 4,
         use_attention: bool = True,
-        num_domains: int = 2,
+        num_domains: int = 0,
         time_embed_dim: int = 256,
         mlp_ratio: float = 2.0,
     ) -> None:

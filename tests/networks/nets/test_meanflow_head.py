@@ -60,7 +60,7 @@ class TestMeanFlowHead(unittest.TestCase):
     @parameterized.expand([[True], [False]])
     def test_conditioning_changes_output(self, use_attention):
         torch.manual_seed(0)
-        head = _perturbed(MeanFlowHead(8, use_attention=use_attention, **SMALL)).eval()
+        head = _perturbed(MeanFlowHead(8, use_attention=use_attention, num_domains=2, **SMALL)).eval()
         z = torch.randn(2, 8, 4, 4)
         t, s = torch.tensor([0.7, 0.4]), torch.tensor([0.2, 0.4])
         out_img = head(z, t, s, domain=torch.tensor([0, 0]))
@@ -81,7 +81,7 @@ class TestMeanFlowHead(unittest.TestCase):
         torch.testing.assert_close(head(z, 0.5, 0.5)[0], head(z[:1], torch.tensor([0.5]), torch.tensor([0.5]))[0])
 
     def test_attention_mixes_tokens(self):
-        head = _perturbed(MeanFlowHead(8, **SMALL))
+        head = _perturbed(MeanFlowHead(8, num_domains=2, **SMALL))
         z = torch.randn(1, 8, 4, 4)
         z2 = z.clone()
         z2[..., 3, 3] += 1.0  # change one token only
@@ -95,8 +95,15 @@ class TestMeanFlowHead(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, name):
             MeanFlowHead(**args)
 
-    def test_bad_inputs(self):
+    def test_domain_embedding_is_off_by_default(self):
+        # the paper's head (eqs. 1-3) conditions on t and s only; the domain embedding is an extension
         head = MeanFlowHead(8, **SMALL)
+        self.assertEqual(head.num_domains, 0)
+        self.assertIsNone(head.domain_embed)
+        self.assertIsNotNone(MeanFlowHead(8, num_domains=2, **SMALL).domain_embed)
+
+    def test_bad_inputs(self):
+        head = MeanFlowHead(8, num_domains=2, **SMALL)
         z = torch.randn(2, 8, 4, 4)
         t = torch.rand(2)
         with self.assertRaisesRegex(ValueError, r"domain values must be in \[0, 2\)"):
@@ -125,7 +132,7 @@ class TestMeanFlowHead(unittest.TestCase):
 
     @parameterized.expand([[True], [False]])
     def test_jvp_matches_finite_differences(self, use_attention):
-        head = _perturbed(MeanFlowHead(8, use_attention=use_attention, **SMALL)).double()
+        head = _perturbed(MeanFlowHead(8, use_attention=use_attention, num_domains=2, **SMALL)).double()
         g = torch.Generator().manual_seed(1)
         z = torch.randn(2, 8, 3, 3, generator=g, dtype=torch.float64)
         v = torch.randn(2, 8, 3, 3, generator=g, dtype=torch.float64)

@@ -1,0 +1,156 @@
+"""Stage-1 mini-batches with a fixed image/mask ratio (SpectraFlow, Sec. "Mixed-Domain Latent Pretraining").
+
+The paper: "Image and mask inputs are mixed with a fixed sampling ratio to form Stage-1 mini-batches." A per-sample
+coin flip (:class:`~spectraflow_monai.transforms.RandMixedDomaind`) gives that ratio only in expectation; the
+composition of each mini-batch then varies. :class:`MixedDomainCollate` is a ``DataLoader`` ``collate_fn`` that
+shows exactly ``round(mask_ratio * B)`` samples of every mini-batch of ``B`` samples as their masks and the others
+as their images, then collates with MONAI's ``list_data_collate``.
+
+What one Stage-1 epoch covers: every training pair is drawn once (the sampler's order), and is shown either as its
+image or as its mask; over ``E`` epochs a pair is seen about ``mask_ratio * E`` times as a mask. Under DDP each
+process collates its own mini-batch, so each per-process batch (and therefore the global batch) holds the exact
+count.
+
+The rows shown as masks are drawn from torch's global generator, which PyTorch seeds per ``DataLoader`` worker from
+the loader's base seed (itself drawn from the generator that :func:`monai.utils.set_determinism` seeds): a run is
+reproducible for a fixed seed and number of workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from monai.config import KeysCollection
+from monai.data import list_data_collate
+from monai.utils import ensure_tuple
+
+from spectraflow_monai.transforms.mixed_domain import (
+    DOMAIN_IMAGE,
+    DOMAIN_MASK,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    MaskToImage,
+    _as_stats,
+    _mix,
+)
+
+__all__ = ["MixedDomainCollate", "num_masks"]
+
+
+def num_masks(batch_size: int, mask_ratio: float) -> int:
+    """The number of masks in a mini-batch of ``batch_size`` samples: ``round(mask_ratio * batch_size)``.
+
+    Python's ``round`` (half to even) is used, so ``mask_ratio=0.5`` gives 4 of 8 and 2 of 5.
+    """
+    return int(round(float(mask_ratio) * int(batch_size)))
+
+
+class MixedDomainCollate:
+    """``collate_fn`` that shows exactly ``round(mask_ratio * B)`` samples of each mini-batch as masks (Stage-1).
+
+    Each sample is a dictionary holding the image (``keys``) and its mask (``mask_key``, an input only, never a
+    target). The chosen samples' images are replaced by the mask rendered with
+    :class:`~spectraflow_monai.transforms.MaskToImage` (0/1 in the images' intensity range, repeated to the image
+    channels, normalised with ``mean`` / ``std``); ``domain_key`` receives 1 for a mask and 0 for an image. The
+    mask is dropped before collation (``drop_mask=True``). Place the images' own normalisation before it, in the
+    dataset's transforms, with the same ``mean`` / ``std``.
+
+    Args:
+        mask_ratio: fraction of every mini-batch shown as masks, in [0, 1]; 0 is the image-only ablation.
+            Defaults to 0.5.
+        keys: image key(s) to replace. Defaults to ``("image",)``.
+        mask_key: key of the (1, H, W[, D]) or (H, W[, D]) mask. Defaults to ``"label"``.
+        domain_key: key receiving the 0/1 domain flag (int64). Defaults to ``"domain"``.
+        drop_mask: remove ``mask_key`` (and its legacy meta entries) before collation. Defaults to True.
+        mean: per-channel mean (1 value or one per image channel), None for no normalisation. Defaults to ImageNet.
+        std: per-channel std (> 0), None for no normalisation. Defaults to ImageNet.
+        foreground_value: mask foreground intensity before normalisation. Defaults to 1.0.
+        binarize: foreground = label > 0; if False the label map is scaled to [0, 1] by ``max_label``.
+            Defaults to True.
+        max_label: see :class:`~spectraflow_monai.transforms.MaskToImage`. Defaults to None.
+
+    Raises:
+        ValueError: for ``mask_ratio`` outside [0, 1], ``mask_key`` / ``domain_key`` clashing with ``keys`` or
+            with each other, and the :class:`~spectraflow_monai.transforms.MaskToImage` argument errors; at call
+            time, for a sample that is not a dictionary or lacks ``mask_key`` while masks are needed.
+    """
+
+    def __init__(
+        self,
+        mask_ratio: float = 0.5,
+        keys: KeysCollection = ("image",),
+        mask_key: Hashable = "label",
+        domain_key: Hashable = "domain",
+        drop_mask: bool = True,
+        mean: float | Sequence[float] | None = IMAGENET_MEAN,
+        std: float | Sequence[float] | None = IMAGENET_STD,
+        foreground_value: float = 1.0,
+        binarize: bool = True,
+        max_label: float | None = None,
+    ) -> None:
+        if isinstance(mask_ratio, bool) or not isinstance(mask_ratio, (int, float)) or not 0 <= mask_ratio <= 1:
+            raise ValueError(f"mask_ratio must be a number in [0, 1], got {mask_ratio!r}.")
+        self.keys = ensure_tuple(keys)
+        if not self.keys:
+            raise ValueError(f"keys must name at least one image key, got {keys!r}.")
+        if mask_key in self.keys:
+            raise ValueError(f"mask_key {mask_key!r} must not be one of keys {self.keys}.")
+        if domain_key in self.keys or domain_key == mask_key:
+            raise ValueError(f"domain_key {domain_key!r} must differ from keys {self.keys} and mask_key {mask_key!r}.")
+        self.mask_ratio = float(mask_ratio)
+        self.mask_key = mask_key
+        self.domain_key = domain_key
+        self.drop_mask = drop_mask
+        stats = _as_stats(mean, "mean")
+        self.mask_to_image = MaskToImage(
+            channels=len(stats) if stats is not None else 1,
+            foreground_value=foreground_value,
+            mean=mean,
+            std=std,
+            binarize=binarize,
+            max_label=max_label,
+        )
+
+    def choose(self, batch_size: int) -> torch.Tensor:
+        """A bool vector of length ``batch_size`` with exactly :func:`num_masks` True entries at random rows."""
+        chosen = torch.zeros(batch_size, dtype=torch.bool)
+        chosen[torch.randperm(batch_size)[: num_masks(batch_size, self.mask_ratio)]] = True
+        return chosen
+
+    def __call__(self, batch: Sequence[Any]) -> Any:
+        """
+        Args:
+            batch: the list of sample dictionaries of one mini-batch (a dataset returning a list of dictionaries
+                per item, e.g. ``RandCropByPosNegLabeld``, is flattened first, as ``list_data_collate`` does).
+
+        Returns:
+            the collated mini-batch with the ``domain_key`` entry (``(B,)`` int64).
+        """
+        samples = [s for item in batch for s in (item if isinstance(item, list) else [item])]
+        chosen = self.choose(len(samples))
+        mixed = []
+        for i, sample in enumerate(samples):
+            if not isinstance(sample, dict):
+                raise ValueError(f"{type(self).__name__} needs dictionary samples, got {type(sample).__name__}.")
+            d = dict(sample)
+            use_mask = bool(chosen[i])
+            if self.mask_key not in d:
+                if use_mask:
+                    raise ValueError(
+                        f"mask_key {self.mask_key!r} is missing from a sample (keys {list(d)}); the mixed-domain "
+                        f"mini-batch needs each sample's mask."
+                    )
+            else:
+                for key in self.keys:
+                    d[key] = _mix(
+                        self.mask_to_image, d[key], d[self.mask_key], use_mask, repr(key), repr(self.mask_key)
+                    )
+            d[self.domain_key] = torch.tensor(DOMAIN_MASK if use_mask else DOMAIN_IMAGE, dtype=torch.int64)
+            if self.drop_mask:
+                for k in (self.mask_key, f"{self.mask_key}_meta_dict", f"{self.mask_key}_transforms"):
+                    d.pop(k, None)
+            mixed.append(d)
+        return list_data_collate(mixed)

@@ -1,0 +1,96 @@
+"""Tests for spectraflow_monai.transforms.mixed_domain_batch (exact image/mask ratio per Stage-1 mini-batch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from monai.data import DataLoader, Dataset
+from monai.utils import set_determinism
+
+from spectraflow_monai.transforms import MaskToImage, MixedDomainCollate, RandMixedDomaind, num_masks
+
+
+def _samples(n: int, size: int = 8) -> list[dict]:
+    out = []
+    for i in range(n):
+        mask = np.zeros((1, size, size), dtype=np.float32)
+        mask[0, 1 : 2 + i % 5, 2:6] = 1
+        out.append({"image": torch.full((3, size, size), float(i) + 10.0), "label": torch.as_tensor(mask)})
+    return out
+
+
+@pytest.mark.parametrize(
+    "batch_size, ratio, expected",
+    [(8, 0.5, 4), (8, 0.0, 0), (8, 1.0, 8), (5, 0.5, 2), (6, 0.25, 2), (7, 0.3, 2), (2, 0.5, 1)],
+)
+def test_num_masks_is_round_of_ratio_times_batch(batch_size, ratio, expected):
+    assert num_masks(batch_size, ratio) == expected == round(ratio * batch_size)
+
+
+@pytest.mark.parametrize("batch_size, ratio", [(8, 0.5), (6, 0.25), (5, 0.5), (4, 1.0), (4, 0.0)])
+def test_every_batch_holds_exactly_round_ratio_masks(batch_size, ratio):
+    set_determinism(seed=0)
+    loader = DataLoader(
+        Dataset(_samples(30)), batch_size=batch_size, shuffle=True, drop_last=True,
+        collate_fn=MixedDomainCollate(mask_ratio=ratio), num_workers=0,
+    )
+    render = MaskToImage()
+    for batch in loader:
+        domain = batch["domain"]
+        assert domain.shape == (batch_size,) and domain.dtype == torch.int64
+        assert int(domain.sum()) == num_masks(batch_size, ratio)
+        assert "label" not in batch  # the mask is an input only, never a target
+        for row in range(batch_size):
+            image = batch["image"][row]
+            if domain[row] == 1:
+                assert image.min() < 0  # a rendered, normalised 0/1 mask
+                assert torch.allclose(image, render(torch.as_tensor(image[:1] > image.min()).float()), atol=1e-5)
+            else:
+                assert float(image.min()) >= 10.0  # the original image untouched
+    set_determinism(seed=None)
+
+
+def test_per_sample_flip_varies_but_collate_does_not():
+    """The old per-sample Bernoulli mixing varies the batch composition; the collate never does."""
+    set_determinism(seed=0)
+    flips = RandMixedDomaind(mask_ratio=0.5).set_random_state(seed=1)
+    counts = {int(sum(int(flips(s)["domain"]) for s in _samples(8))) for _ in range(20)}
+    assert len(counts) > 1
+    collate = MixedDomainCollate(mask_ratio=0.5)
+    assert {int(collate(_samples(8))["domain"].sum()) for _ in range(20)} == {4}
+    set_determinism(seed=None)
+
+
+def test_reproducible_for_a_seed_and_varies_across_batches():
+    def draws():
+        set_determinism(seed=3)
+        collate = MixedDomainCollate(mask_ratio=0.5)
+        return [tuple(collate(_samples(8))["domain"].tolist()) for _ in range(6)]
+
+    first = draws()
+    assert first == draws()
+    assert len(set(first)) > 1
+    set_determinism(seed=None)
+
+
+def test_list_items_are_flattened():
+    collate = MixedDomainCollate(mask_ratio=0.5)
+    s = _samples(4)
+    batch = collate([[s[0], s[1]], [s[2], s[3]]])
+    assert batch["image"].shape == (4, 3, 8, 8) and int(batch["domain"].sum()) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"mask_ratio": -0.1}, {"mask_ratio": 1.5}, {"mask_ratio": True}, {"mask_ratio": "half"},
+     {"mask_key": "image"}, {"domain_key": "label"}, {"keys": ()}, {"std": [0.0, 1.0, 1.0]}],
+)
+def test_ill_arguments(kwargs):
+    with pytest.raises(ValueError):
+        MixedDomainCollate(**kwargs)
+
+
+def test_missing_mask_is_named():
+    with pytest.raises(ValueError, match="label"):
+        MixedDomainCollate(mask_ratio=1.0)([{"image": torch.zeros(3, 8, 8)}, {"image": torch.zeros(3, 8, 8)}])
