@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -125,11 +126,13 @@ def _make_bundles(root: Path, studies: Path, names=(NAME_2D, NAME_3D), weights: 
 
 
 def _write_studies(studies: Path) -> None:
-    """A 70x90 RGB PNG (``img_a``) and a 40x36x6 CT volume (``ct_a``) with a flipped affine."""
+    """A 70x90 RGB PNG (``img_a``), the same image as a JPEG (``img_j``) and a 40x36x6 CT volume (``ct_a``) with a
+    flipped affine."""
     studies.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     image, _ = synthesize_pair(rng, 96)
     Image.fromarray(image[: IMAGE_2D_SHAPE[0], : IMAGE_2D_SHAPE[1]]).save(studies / "img_a.png")
+    Image.fromarray(image[: IMAGE_2D_SHAPE[0], : IMAGE_2D_SHAPE[1]]).save(studies / "img_j.jpg", quality=95)
     volume, _ = synthetic_ct_volume(1, shape=VOLUME_SHAPE)
     nib.save(nib.Nifti1Image(volume, AFFINE), str(studies / "ct_a.nii.gz"))
 
@@ -286,14 +289,20 @@ def test_bad_requests_are_client_errors(app, served, tmp_path):
     with pytest.raises(HTTPException) as info:
         app.infer({"model": NAME_3D, "image": "no_such_image", "device": "cpu"})
     status, detail = _status(info)
-    assert status == 404 and "'no_such_image' is not in the datastore" in detail
+    # the answer names neither the id nor a server path (server-side paths get the very same answer)
+    assert status == 404 and "image not found" in detail and "no_such_image" not in detail
+    assert str(served["studies"]) not in detail
 
-    junk = tmp_path / "junk.nii.gz"
-    junk.write_text("not an image")
-    with pytest.raises(HTTPException) as info:
-        app.infer({"model": NAME_3D, "image": str(junk), "device": "cpu"})
+    # an upload (the endpoint saves it as a temporary file) that is not an image
+    with tempfile.NamedTemporaryFile(suffix=".nii.gz", delete=False) as f:
+        f.write(b"not an image")
+    try:
+        with pytest.raises(HTTPException) as info, app_main.client_request(upload=True):
+            app.infer({"model": NAME_3D, "image": f.name, "device": "cpu"})
+    finally:
+        os.unlink(f.name)
     status, detail = _status(info)
-    assert status == 415 and "cannot be read as an image" in detail
+    assert status == 415 and "the uploaded file cannot be read as an image" in detail
 
     with pytest.raises(HTTPException) as info:  # a 2D image for the volume model
         app.infer({"model": NAME_3D, "image": "img_a", "device": "cpu"})
@@ -437,7 +446,8 @@ def test_server_end_to_end(tmp_path):
             r = requests.post(
                 f"{base}/infer/{NAME_3D}", params={"image": "no_such_image", "output": "image"}, timeout=60
             )
-            assert r.status_code == 404 and "no_such_image" in r.json()["detail"], r.text
+            detail = r.json()["detail"]  # names neither the id nor a path: see the server-side paths below
+            assert r.status_code == 404 and "image not found" in detail and "no_such_image" not in detail, r.text
             r = requests.post(f"{base}/infer/no_such_model", params={"image": "ct_a", "output": "image"}, timeout=60)
             assert r.status_code == 404 and "no_such_model" in r.json()["detail"], r.text
             r = requests.post(
@@ -445,6 +455,33 @@ def test_server_end_to_end(tmp_path):
                 files={"file": ("notes.nii.gz", b"not an image")}, timeout=60,
             )  # fmt: skip
             assert r.status_code == 415 and "cannot be read as an image" in r.json()["detail"], r.text
+
+            # a server-side path (existing image, unreadable file, '../' path, missing file) is an unknown id
+            (tmp_path / "junk.nii.gz").write_text("not an image")
+            images = ["no_such_image", str(studies / "img_a.png"), str(tmp_path / "junk.nii.gz"),
+                      f"../{tmp_path.name}/studies/img_a.png", str(studies / "missing.png")]  # fmt: skip
+            unknown = requests.post(
+                f"{base}/infer/{NAME_2D}", params={"image": images[0], "output": "image"}, files=params, timeout=60
+            )
+            assert unknown.status_code == 404, unknown.text
+            for image in images:  # as the image of the query, and as "image" in params (which replaces it)
+                for query, options in ((image, {}), ("img_a", {"image": image})):
+                    form = {"params": (None, json.dumps({"device": "cpu", **options}))}
+                    r = requests.post(
+                        f"{base}/infer/{NAME_2D}", params={"image": query, "output": "image"}, files=form, timeout=60
+                    )
+                    assert (r.status_code, r.content) == (404, unknown.content), (image, options, r.text)
+
+            # training options that the bundle config parser would evaluate: 422 naming the option, nothing runs
+            marker = tmp_path / "marker"
+            payload = f"$__import__('pathlib').Path({str(marker)!r}).touch() or 1"
+            for option, run_sync in (("max_epochs", "true"), ("max_epochs", "false"), ("device", "false")):
+                r = requests.post(
+                    f"{base}/train/{NAME_2D}", params={"run_sync": run_sync}, json={option: payload}, timeout=60
+                )
+                assert r.status_code == 422 and repr(option) in r.json()["detail"], r.text
+            assert requests.get(f"{base}/train/", timeout=30).status_code == 404  # no training task was queued
+            assert not marker.exists()
 
             # the server keeps serving: a 2D image upload
             with open(studies / "img_a.png", "rb") as f:

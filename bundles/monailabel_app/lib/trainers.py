@@ -1,0 +1,288 @@
+"""Training task of the SpectraFlow MONAI Label app and the training options a request may set.
+
+MONAI Label's ``BundleTrainTask`` turns request values into bundle config overrides (``train#trainer#max_epochs``,
+``device``, ``tracking_uri``, ...), and MONAI's config parser evaluates a string that starts with ``$`` as Python and
+resolves ``@`` / ``%`` references and ``_target_`` objects. A request may therefore set only the options of
+:data:`TRAIN_OPTIONS`, each of a checked type and range; anything else is refused before the bundle is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from typing import Any, Callable
+
+from monai.bundle import ConfigParser
+
+from monailabel.tasks.train.bundle import BundleTrainTask
+from monailabel.utils.others.generic import device_map
+
+from .infers import has_volume_format
+
+__all__ = ["MAX_EPOCHS", "TRAIN_OPTIONS", "SpectraFlowTrainTask", "check_train_options", "config_syntax"]
+
+logger = logging.getLogger(__name__)
+
+MAX_EPOCHS = 10000
+# what MONAI's config parser treats as an expression, a reference, a macro or a special key
+_CONFIG_PREFIXES = ("$", "@", "%")
+_CONFIG_MARKERS = ("_target_", "_requires_", "_disabled_", "_mode_", "_desc_", "#", "::")
+_MAX_TEXT = 200
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.pt")
+_GPUS = re.compile(r"\d{1,2}(,\d{1,2}){0,15}")
+_DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?")
+_NONE = (None, "", "None", "none")
+
+
+def config_syntax(text: str) -> bool:
+    """Whether MONAI's config parser would read ``text`` as more than a plain string (an expression ``$``, a
+    reference ``@``, a macro ``%``, a special key such as ``_target_``, or an id path with ``#`` / ``::``)."""
+    stripped = text.strip()
+    return stripped.startswith(_CONFIG_PREFIXES) or any(m in stripped for m in _CONFIG_MARKERS)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _first(value: Any) -> Any:
+    # MONAI Label's clients send the option lists of ``config()`` back as they are; the first item is the choice
+    return value[0] if isinstance(value, (list, tuple)) and value else value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _max_epochs(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_EPOCHS:
+        raise ValueError(f"must be an integer from 1 to {MAX_EPOCHS}")
+    return value
+
+
+def _val_split(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError("must be a number >= 0 and < 1")
+    if not 0.0 <= value < 1.0:
+        raise ValueError("must be a number >= 0 and < 1")
+    return float(value)
+
+
+def _device(value: Any) -> str | None:
+    value = _first(value)
+    if value in _NONE:
+        return None
+    if not isinstance(value, str) or not (_DEVICE.fullmatch(value) or value in device_map()):
+        raise ValueError("must be 'cpu', 'cuda', 'cuda:<index>' or a GPU name listed by GET /info/")
+    return value
+
+
+def _gpus(value: Any) -> str:
+    if value in _NONE:
+        return "all"
+    if not isinstance(value, str) or not (value == "all" or _GPUS.fullmatch(value)):
+        raise ValueError("must be 'all' or comma-separated GPU indices such as '0,1'")
+    return value
+
+
+def _tracking(value: Any) -> str:
+    if _first(value) not in _NONE:
+        raise ValueError("must be 'None': experiment tracking (MLflow) is not available in this app")
+    return "None"
+
+
+def _text(value: Any) -> None:
+    # accepted for MONAI Label clients that send every option back; unused, since tracking is always off
+    if value is not None and (not isinstance(value, str) or len(value) > _MAX_TEXT or config_syntax(value)):
+        raise ValueError(f"must be a plain string of at most {_MAX_TEXT} characters")
+    return None
+
+
+def _run_id(value: Any) -> None:
+    if value not in (*_NONE, "run"):
+        raise ValueError("must be 'run' (the bundle's training workflow)")
+    return None
+
+
+def _model_filename(value: Any) -> str:
+    value = _first(value)
+    if not isinstance(value, str) or not _FILE_NAME.fullmatch(value) or ".." in value:
+        raise ValueError("must be the name of a .pt file in the bundle's models/ folder, such as 'model.pt'")
+    return value
+
+
+# option -> (check returning the value to use, or None to leave the option out; what it means)
+TRAIN_OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "max_epochs": (_max_epochs, f"integer 1..{MAX_EPOCHS}: epochs to run (default 50)"),
+    "val_split": (_val_split, "number in [0, 1): fraction of the datastore pairs used for validation (default 0.2)"),
+    "device": (_device, "'cpu', 'cuda', 'cuda:<index>' or a GPU name (default 'cuda', 'cpu' without a GPU)"),
+    "pretrained": (_bool, "true/false: start from models/<model_filename> when it exists (default true)"),
+    "model_filename": (_model_filename, "a .pt file name in the bundle's models/ folder (default 'model.pt')"),
+    "multi_gpu": (_bool, "true/false: torchrun on the GPUs of 'gpus' when there are several (default true)"),
+    "force_multi_gpu": (_bool, "true/false: torchrun even with one GPU (default false)"),
+    "gpus": (_gpus, "'all' or GPU indices such as '0,1' (default 'all')"),
+    "tracking": (_tracking, "'None' only (no MLflow)"),
+    "tracking_uri": (_text, "ignored (tracking is off)"),
+    "tracking_experiment_name": (_text, "ignored (tracking is off)"),
+    "tracking_run_name": (_text, "ignored (tracking is off)"),
+    "run_id": (_run_id, "'run' only"),
+}
+
+
+def check_train_options(request: dict[str, Any], bundle_path: str | None = None) -> dict[str, Any]:
+    """The training request as ``BundleTrainTask`` may use it, or ValueError naming the first refused option.
+
+    Args:
+        request: ``model`` (the bundle name), ``bundle_path`` (added by MONAI Label; must be the bundle's folder)
+            and options of :data:`TRAIN_OPTIONS`.
+        bundle_path: the folder of the bundle being trained; ``None`` refuses any ``bundle_path`` in the request.
+            Default ``None``.
+
+    Returns:
+        a new request with the checked values (options that are unused or at their default left out).
+
+    Raises:
+        ValueError: an option that is not in :data:`TRAIN_OPTIONS` (bundle config ids such as
+            ``train#trainer#max_epochs`` included), a value of the wrong type or out of range, or a string that the
+            bundle config parser would evaluate (``$``, ``@``, ``%``, ``_target_``, ...).
+    """
+    if not isinstance(request, dict):
+        raise ValueError(f"the training request must be a JSON object, got {type(request).__name__}.")
+    checked: dict[str, Any] = {}
+    for key, value in request.items():
+        if not isinstance(key, str):
+            raise ValueError(f"train option {_show(key)} is not a name.")
+        if isinstance(value, str) and config_syntax(value):
+            raise ValueError(
+                f"train option {key!r}: {_show(value)} would be evaluated by the bundle config parser "
+                "(it starts with $, @ or % or holds _target_, #, ::); only plain values are accepted."
+            )
+        if key == "model":
+            if not isinstance(value, str):
+                raise ValueError(f"train option 'model' must be a bundle name, got {_show(value)}.")
+            checked[key] = value
+        elif key == "bundle_path":
+            if bundle_path is None or not isinstance(value, str) or os.path.realpath(value) != os.path.realpath(
+                bundle_path
+            ):
+                raise ValueError("train option 'bundle_path' is set by the server and cannot be chosen.")
+        elif key in TRAIN_OPTIONS:
+            check, _ = TRAIN_OPTIONS[key]
+            try:
+                value = check(value)
+            except ValueError as e:
+                raise ValueError(f"train option {key!r} {e}, got {_show(value)}.") from None
+            if value is not None:
+                checked[key] = value
+        else:
+            raise ValueError(
+                f"train option {_show(key)} is not accepted; a request may set only {sorted(TRAIN_OPTIONS)} "
+                "(bundle settings are server settings: --conf overrides)."
+            )
+    return checked
+
+
+class SpectraFlowTrainTask(BundleTrainTask):
+    """``BundleTrainTask`` with bundle config overrides (MONAI Label's own data/epochs/device settings win) and a
+    request that may set only the options of :data:`TRAIN_OPTIONS`.
+
+    Args:
+        path: bundle folder.
+        conf: the app settings.
+        overrides: bundle config id -> value, passed to ``monai.bundle.run``. Default ``None``.
+        kwargs: passed to ``BundleTrainTask``.
+    """
+
+    def __init__(self, path: str, conf: dict[str, str], overrides: dict[str, Any] | None = None, **kwargs: Any):
+        self.overrides = dict(overrides or {})
+        kwargs.setdefault("load_strict", True)
+        super().__init__(path, conf, **kwargs)
+        self.volume_input = has_volume_format(path)
+
+    def check_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """:func:`check_train_options` for this bundle (raises ValueError naming a refused option)."""
+        return check_train_options(request, getattr(self, "bundle_path", None))
+
+    def __call__(self, request: dict[str, Any], datastore: Any) -> Any:
+        return super().__call__(self.check_request(request), datastore)
+
+    def config(self) -> dict[str, Any]:
+        options = super().config()
+        options["tracking"] = ["None"]  # MLflow is not part of this app
+        options["run_id"] = "run"
+        return options
+
+    def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
+        parser = super()._load_bundle_config(path, config)
+        if self.overrides:
+            parser.update(self.overrides)
+        return parser
+
+    def _load_checkpoint(self, model_pytorch: str, pretrained: bool, train_handlers: list) -> None:
+        # MONAI Label's version expects every handler to be a dict (the bundles also list '@id' references) and
+        # fails for pretrained=False; fine-tuning starts from models/<model_filename> when it exists
+        if not pretrained or not os.path.isfile(model_pytorch):
+            return
+        for handler in train_handlers:
+            if isinstance(handler, dict) and str(handler.get("_target_", "")).endswith("CheckpointLoader"):
+                return
+        logger.info(f"Fine-tuning from {model_pytorch}")
+        train_handlers.insert(
+            0,
+            {
+                "_target_": "CheckpointLoader",
+                "load_path": model_pytorch,
+                "load_dict": {self.model_dict_key: f"$@{self.const.key_network()}"},
+                "strict": self.load_strict,
+                "map_location": "cpu",
+            },
+        )
+
+    def _config_value(self, key: str, default: Any) -> Any:
+        return self.bundle_config.get_parsed_content(key) if key in self.bundle_config else default
+
+    def _to_bundle_data(self, datalist: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Datastore pairs -> the entries the bundle's training reads.
+
+        The datastore holds label maps (0 background, 1..N classes). A slice-wise bundle (its metadata has
+        ``volume_data_format``: 3D volumes in, a 2D network) trains on cached axial slices, extracted once per
+        volume with :func:`spectraflow_monai.data.extract_slices` (labels kept as they are, they are already the
+        bundle's classes); a 2D bundle reads the images directly, with foreground = label >= 1.
+        """
+        if not datalist:
+            return datalist
+        if self.volume_input:
+            from spectraflow_monai.data import extract_slices
+
+            image_size = int(self._config_value("image_size", 224))
+            entries = [{"image": d["image"], "label": d["label"], "case": _image_id(d["image"])} for d in datalist]
+            return extract_slices(
+                entries,
+                os.path.join(self.bundle_path, "cache", f"monailabel_{image_size}"),
+                window=self._config_value("hu_window", (-125.0, 275.0)),
+                spatial_size=(image_size, image_size),
+                map_labels=False,
+                progress=False,
+            )
+        return [dict(d, label_threshold=1) for d in datalist]
+
+    def _update_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        for key, value in self.overrides.items():
+            overrides.setdefault(key, value)
+        for key in (self.const.key_train_dataset_data(), self.const.key_validate_dataset_data()):
+            if key in overrides:
+                overrides[key] = self._to_bundle_data(overrides[key])
+        return overrides
+
+
+def _image_id(path: str) -> str:
+    name = os.path.basename(path)
+    for ext in (".nii.gz", ".nii", ".nrrd", ".png", ".jpg", ".jpeg"):
+        if name.lower().endswith(ext):
+            return name[: -len(ext)]
+    return os.path.splitext(name)[0]
