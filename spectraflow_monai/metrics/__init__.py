@@ -1,4 +1,5 @@
 from .handler import MetricSuiteHandler, name_from_path
+from .hd95 import HD95EmptyAsDiagonal, HD95EmptyAsDiagonalMetric
 from .segmentation import (
     EMPTY_CONVENTIONS,
     METRIC_KEYS,
@@ -6,7 +7,14 @@ from .segmentation import (
     binarize_prediction,
     evaluate_segmentation,
 )
-from .surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled, transunet_case_metrics
+from .surface import (
+    HD95_DEFINITIONS,
+    HD95_SHORT_LABELS,
+    hd95_monai,
+    hd95_pooled,
+    image_diagonal,
+    transunet_case_metrics,
+)
 from .volume import ORGAN_DISPLAY_NAMES, PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, VolumeMetricTable, organ_metrics
 from .volume_handler import VolumeMetricsHandler, spacing_from_affine
 
@@ -16,6 +24,8 @@ __all__ += [
     "EMPTY_CONVENTIONS",
     "HD95_DEFINITIONS",
     "HD95_SHORT_LABELS",
+    "HD95EmptyAsDiagonal",
+    "HD95EmptyAsDiagonalMetric",
     "METRIC_KEYS",
     "MetricSuiteHandler",
     "SegmentationMetricSuite",
@@ -23,6 +33,7 @@ __all__ += [
     "evaluate_segmentation",
     "hd95_monai",
     "hd95_pooled",
+    "image_diagonal",
     "name_from_path",
     "transunet_case_metrics",
 ]

@@ -83,7 +83,8 @@ class MetricSuiteHandler:
         summary_name: Markdown summary file name. Defaults to ``"summary.md"``.
         json_name: JSON summary file name, ``None`` to skip. Defaults to ``"summary.json"``.
         metric_prefix: when not ``None``, the scalar summary values are also put in ``engine.state.metrics`` under
-            ``f"{metric_prefix}{key}"`` (e.g. ``suite_mDSC``). Defaults to ``None``.
+            ``f"{metric_prefix}{key}"`` (e.g. ``suite_mDSC``, ``suite_hd95_monai_empty_as_diagonal``, and the count
+            ``suite_hd95_dropped``). Defaults to ``None``.
     """
 
     def __init__(
@@ -169,5 +170,5 @@ class MetricSuiteHandler:
         )
         if self.metric_prefix is not None:
             for key, value in summary.items():
-                if isinstance(value, float):
+                if isinstance(value, float) or key == "hd95_dropped":
                     engine.state.metrics[f"{self.metric_prefix}{key}"] = value

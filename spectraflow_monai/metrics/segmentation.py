@@ -23,6 +23,13 @@ pred empty, gt not: recall      0                    0          0
 either empty: HD95 (both defs)  NaN                  NaN        NaN
 ==============================  ===================  =========  ===========
 
+HD95 comes in two versions per definition. ``hd95_<definition>`` leaves every image with an empty mask out of the
+mean (``excluded``); the images with an empty prediction and a non-empty ground truth among them (missed structures)
+are counted as ``hd95_dropped``. Because dropping them can flatter a model that misses lesions,
+``hd95_<definition>_empty_as_diagonal`` scores those images with the image diagonal (``sqrt(H**2 + W**2)`` pixels,
+the volume diagonal in 3D, in spacing units when ``spacing`` is given; see
+:func:`~spectraflow_monai.metrics.surface.image_diagonal`); images with an empty ground truth stay undefined in both.
+
 ``"one"`` scores a correct "nothing here" as perfect (the clinical reading) and every other undefined ratio (0/0) as
 0, so an empty prediction is never rewarded. ``"nan"`` leaves every 0/0 ratio undefined. ``"monai"`` reproduces
 MONAI's defaults (``ignore_empty=True``: Dice/IoU are NaN whenever the ground truth is empty; confusion-matrix ratios
@@ -48,7 +55,13 @@ from monai.metrics import compute_confusion_matrix_metric, compute_dice, compute
 from monai.networks.utils import one_hot
 
 from spectraflow_monai.utils.files import write_text_atomic
-from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, HD95_SHORT_LABELS, hd95_monai, hd95_pooled
+from spectraflow_monai.metrics.surface import (
+    HD95_DEFINITIONS,
+    HD95_SHORT_LABELS,
+    hd95_monai,
+    hd95_pooled,
+    image_diagonal,
+)
 
 __all__ = [
     "EMPTY_CONVENTIONS",
@@ -169,8 +182,13 @@ class SegmentationMetricSuite:
     # ------------------------------------------------------------------ inputs
     @property
     def metric_keys(self) -> tuple[str, ...]:
-        """Per-row metric keys: ``iou, dice, recall, precision`` then ``hd95_<definition>``."""
-        return METRIC_KEYS + tuple(f"hd95_{d}" for d in self.hd95)
+        """Per-row metric keys: ``iou, dice, recall, precision``, ``hd95_<definition>`` (missed structures dropped)
+        then ``hd95_<definition>_empty_as_diagonal`` (missed structures score the image diagonal)."""
+        return (
+            METRIC_KEYS
+            + tuple(f"hd95_{d}" for d in self.hd95)
+            + tuple(f"hd95_{d}_empty_as_diagonal" for d in self.hd95)
+        )
 
     def reset(self) -> None:
         """Forget all recorded images."""
@@ -262,7 +280,8 @@ class SegmentationMetricSuite:
             spacing: pixel/voxel size for HD95, overriding the suite's ``spacing``. Defaults to ``None``.
 
         Returns:
-            The rows added: dicts with ``name``, ``class``, ``gt_area``, ``pred_area`` and :attr:`metric_keys`.
+            The rows added: dicts with ``name``, ``class``, ``gt_area``, ``pred_area`` and :attr:`metric_keys`
+            (``pred_area == 0 < gt_area`` marks an image dropped from ``hd95_<definition>``).
         """
         p, g, class_names = self._prepare(pred, gt)
         spacing = self.spacing if spacing is None else spacing
@@ -270,6 +289,7 @@ class SegmentationMetricSuite:
             self._units = "spacing units"
         batch, n_cls = p.shape[:2]
         names = self._names(name, batch, self._count)
+        diagonal = image_diagonal(p.shape[2:], spacing)
 
         cm = get_confusion_matrix(p, g, include_background=True)  # (B, C, 4): tp, fp, tn, fn
         precision = compute_confusion_matrix_metric("precision", cm)
@@ -303,6 +323,9 @@ class SegmentationMetricSuite:
                 for d in self.hd95:
                     fn_hd = hd95_monai if d == "monai" else hd95_pooled
                     row[f"hd95_{d}"] = float("nan") if (gt_empty or pred_empty) else fn_hd(p[b, c], g[b, c], spacing)
+                for d in self.hd95:  # a missed structure scores the image diagonal
+                    missed = pred_empty and not gt_empty
+                    row[f"hd95_{d}_empty_as_diagonal"] = diagonal if missed else row[f"hd95_{d}"]
                 rows.append(row)
         self._rows.extend(rows)
         self._count += batch
@@ -323,6 +346,7 @@ class SegmentationMetricSuite:
             name = _SUMMARY_NAMES.get(key, key)
             out[name], excluded[name] = _nanmean([r[key] for r in rows])
         out["excluded"] = excluded
+        out["hd95_dropped"] = sum(1 for r in rows if r["pred_area"] == 0 < r["gt_area"])
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -330,10 +354,14 @@ class SegmentationMetricSuite:
 
         Returns:
             A dict with ``mIoU``, ``mDSC``, ``recall``, ``precision`` (fractions in [0, 1]), ``hd95_<definition>``
-            (pixels, or spacing units), ``excluded`` (per metric, the number of NaN rows left out of the mean: for HD95
-            the images where either mask is empty), ``num_images``, ``empty``, ``hd95_definitions`` (the name and
-            text of each definition), ``units`` and, for multi-class input, ``per_class`` (the same metrics for each
-            class); the top-level values are then the means over classes and ``excluded`` is summed over classes.
+            (pixels, or spacing units) with the images of an empty mask left out,
+            ``hd95_<definition>_empty_as_diagonal`` with the missed structures (prediction empty, ground truth not)
+            scored as the image diagonal, ``hd95_dropped`` (the number of such missed structures, left out of
+            ``hd95_<definition>``), ``excluded`` (per metric, the number of NaN rows left out of the mean: for HD95
+            the images where either mask is empty, for the diagonal variant those with an empty ground truth),
+            ``num_images``, ``empty``, ``hd95_definitions`` (the name and text of each definition), ``units`` and,
+            for multi-class input, ``per_class`` (the same metrics for each class); the top-level values are then
+            the means over classes and ``excluded`` and ``hd95_dropped`` are summed over classes.
         """
         classes = list(dict.fromkeys(r["class"] for r in self._rows))
         out: dict[str, Any]
@@ -348,6 +376,7 @@ class SegmentationMetricSuite:
             out["excluded"] = {
                 k: sum(per_class[c]["excluded"][k] for c in classes) for k in per_class[classes[0]]["excluded"]
             }
+            out["hd95_dropped"] = sum(per_class[c]["hd95_dropped"] for c in classes)
             out["per_class"] = per_class
         out["num_images"] = self._count
         out["empty"] = self.empty
@@ -384,11 +413,19 @@ class SegmentationMetricSuite:
             lines.append(f"| {label} (%) | {pct(s[key])} |")
         for d in self.hd95:
             lines.append(f"| HD95, {d}: {HD95_SHORT_LABELS[d]} ({units}) | {dist(s[f'hd95_{d}'])} |")
+        for d in self.hd95:
+            value = dist(s[f"hd95_{d}_empty_as_diagonal"])
+            lines.append(f"| HD95, {d}, empty prediction = image diagonal ({units}) | {value} |")
         lines.append("")
         lines.append(f"Images: {s['num_images']}. Empty-mask convention: `{s['empty']}`.")
         for d in self.hd95:
             lines.append(
                 f"HD95 [{d}]: {s['excluded'][f'hd95_{d}']} image(s) excluded (prediction or ground truth empty)."
+            )
+        if self.hd95:
+            lines.append(
+                f"HD95 dropped: {s['hd95_dropped']} image(s) with an empty prediction and a non-empty ground truth, "
+                "left out of the HD95 rows above and scored as the image diagonal in the 'empty prediction' rows."
             )
         nan_overlap = {k: v for k, v in s["excluded"].items() if not k.startswith("hd95") and v}
         if nan_overlap:
@@ -396,9 +433,11 @@ class SegmentationMetricSuite:
         if "per_class" in s:
             head = ["Class", *(f"{_MARKDOWN_LABELS[k]} (%)" for k in _MARKDOWN_LABELS)]
             head += [f"HD95 [{d}] ({units})" for d in self.hd95]
+            head += [f"HD95 [{d}, empty = diagonal] ({units})" for d in self.hd95]
             lines += ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
             for c, m in s["per_class"].items():
                 cells = [c, *(pct(m[k]) for k in _MARKDOWN_LABELS), *(dist(m[f"hd95_{d}"]) for d in self.hd95)]
+                cells += [dist(m[f"hd95_{d}_empty_as_diagonal"]) for d in self.hd95]
                 lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
 

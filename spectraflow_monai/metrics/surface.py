@@ -33,6 +33,7 @@ __all__ = [
     "as_binary_numpy",
     "hd95_monai",
     "hd95_pooled",
+    "image_diagonal",
     "transunet_case_metrics",
 ]
 
@@ -104,6 +105,25 @@ def _surface_distances(pred: np.ndarray, gt: np.ndarray, spacing: np.ndarray) ->
     d_pred_to_gt = distance_transform_edt(~gt_s, sampling=spacing)[pred_s]
     d_gt_to_pred = distance_transform_edt(~pred_s, sampling=spacing)[gt_s]
     return d_pred_to_gt, d_gt_to_pred
+
+
+def image_diagonal(shape: Sequence[int], spacing: float | Sequence[float] | None = None) -> float:
+    """Diagonal of an image or volume, the HD95 an empty prediction scores in the ``*_empty_as_diagonal`` variants.
+
+    ``sqrt(sum_i (n_i * s_i) ** 2)`` over the spatial ``shape`` (``sqrt(H**2 + W**2)`` pixels in 2D, the volume
+    diagonal in voxels, or in the units of ``spacing`` (e.g. mm) when given, like the HD95 values themselves).
+
+    Args:
+        shape: spatial shape, 2 or 3 sizes.
+        spacing: pixel/voxel size, one number or one per axis. Defaults to ``None`` (unit spacing).
+    """
+    size = np.asarray([int(n) for n in shape], dtype=np.float64)
+    sp = np.ones_like(size) if spacing is None else np.atleast_1d(np.asarray(spacing, dtype=np.float64))
+    if sp.size == 1:
+        sp = np.repeat(sp, size.size)
+    if sp.size != size.size or not np.all(np.isfinite(sp)) or np.any(sp <= 0):
+        raise ValueError(f"spacing must be one positive number or {size.size} positive numbers, got {spacing!r}.")
+    return float(np.sqrt(np.sum((size * sp) ** 2)))
 
 
 def hd95_pooled(

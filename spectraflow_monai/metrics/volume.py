@@ -44,7 +44,7 @@ from monai.metrics.utils import get_mask_edges
 
 from spectraflow_monai.data.synapse import SYNAPSE_ORGANS
 from spectraflow_monai.utils.files import write_text_atomic
-from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, hd95_monai, transunet_case_metrics
+from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, hd95_monai, image_diagonal, transunet_case_metrics
 
 __all__ = ["ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "VOLUME_METRIC_KEYS", "organ_metrics", "VolumeMetricTable"]
 
@@ -71,8 +71,8 @@ PAPER_ORGAN_ORDER: tuple[str, ...] = (
     "stomach",
 )
 #: per-organ metric keys returned by :func:`organ_metrics`.
-VOLUME_METRIC_KEYS: tuple[str, ...] = ("dice", "hd95", "dice_transunet", "hd95_transunet")
-_NAN_SKIPPED = ("dice", "hd95")  # MONAI conventions: NaN = undefined, left out of the means
+VOLUME_METRIC_KEYS: tuple[str, ...] = ("dice", "hd95", "dice_transunet", "hd95_transunet", "hd95_empty_as_diagonal")
+_NAN_SKIPPED = ("dice", "hd95", "hd95_empty_as_diagonal")  # MONAI conventions: NaN = undefined, left out of the means
 
 
 def _as_label_volume(x: Any, name: str, num_classes: int) -> np.ndarray:
@@ -210,6 +210,7 @@ def organ_metrics(
     boxes_p = find_objects(pred, max_label=num_classes - 1)
     boxes_g = find_objects(gt, max_label=num_classes - 1)
     empty = np.zeros((1,) * pred.ndim, dtype=bool)
+    diagonal = image_diagonal(pred.shape, sp)  # a missed organ's hd95_empty_as_diagonal, in the units of hd95
     out: dict[str, dict[str, float]] = {}
     for c in range(1, num_classes):
         bp, bg = boxes_p[c - 1], boxes_g[c - 1]
@@ -243,6 +244,7 @@ def organ_metrics(
             "hd95": float(hd),
             "dice_transunet": float(dice_tu),
             "hd95_transunet": float(hd_tu),
+            "hd95_empty_as_diagonal": diagonal if (n_p == 0 and n_g > 0) else float(hd),
             "gt_voxels": n_g,
             "pred_voxels": n_p,
         }
@@ -365,17 +367,27 @@ class VolumeMetricTable:
         """Per-organ means over cases and the mean over organs.
 
         Returns:
-            ``{"organs": {organ: {metric: mean, "excluded": {metric: n_nan}}}, "mean": {metric: value},
-            "num_cases": n, "hd95_units": "mm" | "voxels"}``.
+            ``{"organs": {organ: {metric: mean, "excluded": {metric: n_nan}, "hd95_dropped": n}},
+            "mean": {metric: value}, "hd95_dropped": n, "num_cases": n, "hd95_units": "mm" | "voxels"}``;
+            ``hd95_dropped`` counts the (case, organ) pairs with an empty prediction and a non-empty ground truth,
+            left out of ``hd95`` and scored as the volume diagonal in ``hd95_empty_as_diagonal``.
         """
         organs: dict[str, dict[str, Any]] = {}
         for o in self.organ_names:
             entry: dict[str, Any] = {"excluded": {}}
             for k in VOLUME_METRIC_KEYS:
                 entry[k], entry["excluded"][k] = _mean([m[o][k] for m in self._cases.values()], k in _NAN_SKIPPED)
+            entry["hd95_dropped"] = sum(1 for m in self._cases.values() if m[o]["pred_voxels"] == 0 < m[o]["gt_voxels"])
             organs[o] = entry
         mean = {k: _mean([organs[o][k] for o in self.organ_names], k in _NAN_SKIPPED)[0] for k in VOLUME_METRIC_KEYS}
-        return {"organs": organs, "mean": mean, "num_cases": len(self._cases), "hd95_units": self._units or "mm"}
+        dropped = sum(organs[o]["hd95_dropped"] for o in self.organ_names)
+        return {
+            "organs": organs,
+            "mean": mean,
+            "hd95_dropped": dropped,
+            "num_cases": len(self._cases),
+            "hd95_units": self._units or "mm",
+        }
 
     def to_csv(self, path: str | os.PathLike) -> str:
         """Write the per-case rows (one per case and organ) to ``path`` atomically; returns the path."""
@@ -400,7 +412,8 @@ class VolumeMetricTable:
             return "nan" if math.isnan(v) else f"{v:.2f}"
 
         head = ["Organ", "DSC (%)", f"HD95 ({units})", "DSC TransUNet (%)", "HD95 TransUNet (voxels)"]
-        fmt = (pct, dist, pct, dist)
+        head.append(f"HD95, empty = diagonal ({units})")
+        fmt = (pct, dist, pct, dist, dist)
         lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
         for o in self.row_order:
             cells = [ORGAN_DISPLAY_NAMES.get(o, o), *(f(s["organs"][o][k]) for f, k in zip(fmt, VOLUME_METRIC_KEYS))]
@@ -417,6 +430,9 @@ class VolumeMetricTable:
             "- DSC TransUNet, HD95 TransUNet (voxels): TransUNet's `calculate_metric_percase`; HD95 = "
             f"{HD95_DEFINITIONS['pooled']}, unit spacing. Empty prediction -> (0, 0); empty ground truth with a "
             "non-empty prediction -> (1, 0).",
+            f"- HD95, empty = diagonal ({units}): as HD95, but an organ missed by the prediction (prediction empty, "
+            f"ground truth not) scores the volume diagonal instead of being left out; {s.get('hd95_dropped', 0)} "
+            "(case, organ) pair(s) were missed.",
         ]
         if excluded:
             lines.append(f"- NaN values left out of the means (cases per organ and metric): {excluded}.")

@@ -100,7 +100,8 @@ class VolumeMetricsHandler:
         json_name: JSON summary file name, None to skip. Defaults to ``"synapse_summary.json"``.
         metric_prefix: when not None, the mean values over organs are put into ``engine.state.metrics`` as
             ``f"{metric_prefix}{metric}"`` (``mean_dice``, ``mean_hd95``, ``mean_dice_transunet``,
-            ``mean_hd95_transunet``). Defaults to ``""``.
+            ``mean_hd95_transunet``, ``mean_hd95_empty_as_diagonal``), with the count ``hd95_dropped``.
+            Defaults to ``""``.
 
     Raises:
         ValueError: bad arguments; at run time, a prediction and label of different shapes, label values outside
@@ -234,3 +235,4 @@ class VolumeMetricsHandler:
         if self.metric_prefix is not None:
             for key, value in summary["mean"].items():
                 engine.state.metrics[f"{self.metric_prefix}mean_{key}"] = value
+            engine.state.metrics[f"{self.metric_prefix}hd95_dropped"] = summary["hd95_dropped"]

@@ -88,3 +88,19 @@ def test_handler_bad_arguments(tmp_path):
 )
 def test_name_from_path(path, name):
     assert name_from_path(path) == name
+
+
+def test_handler_reports_missed_structures(tmp_path):
+    gt = square(2, 8, 2, 8)
+    batch = [{"pred": gt.clone(), "label": gt}, {"pred": torch.zeros_like(gt), "label": gt}]  # second one missed
+    handler = MetricSuiteHandler(tmp_path, metric_prefix="suite_")
+    engine = run(handler, [batch])
+    assert engine.state.metrics["suite_hd95_dropped"] == 1
+    assert engine.state.metrics["suite_hd95_monai"] == 0.0
+    diagonal = (10**2 + 10**2) ** 0.5
+    assert engine.state.metrics["suite_hd95_monai_empty_as_diagonal"] == pytest.approx(diagonal / 2)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[1]["hd95_monai"] == "nan" and float(rows[1]["hd95_pooled_empty_as_diagonal"]) == pytest.approx(
+        diagonal, rel=1e-5
+    )

@@ -146,6 +146,8 @@ def test_csv_and_markdown(tmp_path):
         "precision",
         "hd95_monai",
         "hd95_pooled",
+        "hd95_monai_empty_as_diagonal",
+        "hd95_pooled_empty_as_diagonal",
     ]
     assert [r["name"] for r in rows] == ["a", "b"]
     assert float(rows[0]["iou"]) == pytest.approx(25 / 47, rel=1e-5) and rows[1]["recall"] == "0.666667"
@@ -155,7 +157,9 @@ def test_csv_and_markdown(tmp_path):
     assert lines[0] == "| Metric | Value |"
     assert f"| mIoU (%) | {100 * (25 / 47 + 2 / 3) / 2:.2f} |" in lines
     assert f"| Precision (%) | {100 * (25 / 36 + 1) / 2:.2f} |" in lines
-    hd_rows = [line for line in lines if line.startswith("| HD95")]
+    hd_rows = [line for line in lines if line.startswith("| HD95") and "empty prediction" not in line]
+    diagonal_rows = [line for line in lines if line.startswith("| HD95") and "empty prediction = image" in line]
+    assert len(diagonal_rows) == 2 and diagonal_rows[1].endswith(f"| {(HD_SQUARES + 2) / 2:.2f} |")
     assert len(hd_rows) == 2 and "monai" in hd_rows[0] and "pooled" in hd_rows[1] and "(pixels)" in hd_rows[0]
     assert hd_rows[1].endswith(f"| {(HD_SQUARES + 2) / 2:.2f} |")
     assert "Images: 2." in md
@@ -214,3 +218,47 @@ def test_bad_constructor_arguments(kwargs, match):
 def test_bad_update_arguments(pred, gt, name, match):
     with pytest.raises(ValueError, match=match):
         SegmentationMetricSuite().update(pred, gt, name)
+
+
+def test_missed_structure_scores_image_diagonal(tmp_path):
+    """Empty prediction, non-empty ground truth: dropped from hd95_* (counted in hd95_dropped), the image diagonal in
+    hd95_*_empty_as_diagonal; an empty ground truth stays undefined in both."""
+    full, empty = square(2, 8, 2, 8, size=10), torch.zeros(1, 1, 10, 10)
+    shifted = square(3, 9, 3, 9, size=10)
+    suite = SegmentationMetricSuite()
+    rows = suite.update(
+        torch.cat([shifted, empty, full]), torch.cat([full, full, empty]), name=["hit", "missed", "fp"]
+    )
+    diagonal = math.sqrt(10**2 + 10**2)
+    assert math.isnan(rows[1]["hd95_monai"]) and rows[1]["hd95_monai_empty_as_diagonal"] == pytest.approx(diagonal)
+    assert rows[1]["hd95_pooled_empty_as_diagonal"] == pytest.approx(diagonal)
+    assert rows[0]["hd95_monai_empty_as_diagonal"] == rows[0]["hd95_monai"]
+    assert math.isnan(rows[2]["hd95_monai_empty_as_diagonal"])
+    s = suite.save(tmp_path)
+    assert s["hd95_monai"] == pytest.approx(HD_SQUARES, rel=1e-6)  # the flattering figure is kept
+    assert s["hd95_monai_empty_as_diagonal"] == pytest.approx((HD_SQUARES + diagonal) / 2, rel=1e-6)
+    assert s["hd95_dropped"] == 1 and s["excluded"]["hd95_monai_empty_as_diagonal"] == 1
+    with open(tmp_path / "summary.json") as f:
+        saved = json.load(f)
+    assert saved["hd95_dropped"] == 1 and saved["hd95_pooled_empty_as_diagonal"] == pytest.approx(
+        (HD_SQUARES + diagonal) / 2, rel=1e-6
+    )
+    with open(tmp_path / "metrics.csv") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert float(csv_rows[1]["hd95_monai_empty_as_diagonal"]) == pytest.approx(diagonal, rel=1e-5)
+    md = (tmp_path / "summary.md").read_text()
+    assert f"| HD95, monai, empty prediction = image diagonal (pixels) | {(HD_SQUARES + diagonal) / 2:.2f} |" in md
+    assert "HD95 dropped: 1 image(s)" in md
+
+
+def test_missed_structure_volume_diagonal_in_spacing_units():
+    gt = torch.zeros(1, 3, 4, 6, 8)
+    gt[0, 1, 1, 1, 1] = gt[0, 2, 2, 2, 2] = 1
+    pred = torch.zeros_like(gt)
+    pred[0, 2, 2, 2, 2] = 1  # class 1 missed, class 2 hit
+    suite = SegmentationMetricSuite(spacing=(2.0, 1.0, 0.5))
+    rows = suite.update(pred, gt)
+    assert rows[0]["hd95_pooled_empty_as_diagonal"] == pytest.approx(math.sqrt(8.0**2 + 6.0**2 + 4.0**2))
+    assert rows[1]["hd95_pooled_empty_as_diagonal"] == 0.0
+    s = suite.summary()
+    assert s["hd95_dropped"] == 1 and s["per_class"]["1"]["hd95_dropped"] == 1

@@ -201,3 +201,19 @@ def test_volume_metric_table_errors():
     with pytest.raises(ValueError, match="order"):
         VolumeMetricTable(order="alphabetical")
     assert table.cases == ["a"] and len(table) == 1
+
+
+def test_missed_organ_scores_volume_diagonal(tmp_path):
+    gt = np.zeros((4, 6, 8), dtype=np.int64)
+    gt[1, 1, 1], gt[2, 3, 4] = 1, 2
+    pred = np.zeros_like(gt)
+    pred[2, 3, 4] = 2  # organ 1 missed
+    table = VolumeMetricTable(num_classes=3, order="class")
+    m = table.add("case0", pred, gt, spacing=(2.0, 1.0, 0.5))
+    assert math.isnan(m["class_1"]["hd95"])
+    assert m["class_1"]["hd95_empty_as_diagonal"] == pytest.approx(math.sqrt(8.0**2 + 6.0**2 + 4.0**2))
+    assert m["class_2"]["hd95_empty_as_diagonal"] == m["class_2"]["hd95"] == 0.0
+    s = table.save(tmp_path)
+    assert s["hd95_dropped"] == 1 and s["organs"]["class_1"]["hd95_dropped"] == 1
+    assert s["mean"]["hd95_empty_as_diagonal"] == pytest.approx(math.sqrt(116) / 2)
+    assert "HD95, empty = diagonal (mm)" in (tmp_path / "synapse_organs.md").read_text()

@@ -17,7 +17,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.utils import _pair
 
-__all__ = ["FDConv2d"]
+from spectraflow_monai.networks.blocks.frequency import (
+    FrequencyBandModulation,
+    _check_k_list,
+    _fft_dtype,
+    rfft2_band_index,
+)
+from spectraflow_monai.networks.blocks.kernel_modulation import (
+    KernelSpatialModulationGlobal,
+    KernelSpatialModulationLocal,
+    StarReLU,
+)
+
+__all__ = [
+    "FDConv2d",
+    "FrequencyBandModulation",
+    "KernelSpatialModulationGlobal",
+    "KernelSpatialModulationLocal",
+    "StarReLU",
+]
 
 _SUPPORTED_KERNEL_SIZES = (1, 3)
 _CONV_ARGS = (
@@ -33,241 +51,6 @@ _CONV_ARGS = (
     "device",
     "dtype",
 )
-
-
-def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Real dtype the FFTs run in: float64 stays float64, everything else (bf16/fp16/fp32) runs in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check_k_list(k_list: Sequence[float]) -> list[float]:
-    """Validate the FBM low-pass divisors: a non-empty, strictly increasing sequence of positive numbers."""
-    try:
-        values = [float(v) for v in k_list]
-    except (TypeError, ValueError):
-        raise ValueError(f"fbm_k_list must be a sequence of positive numbers, got {k_list!r}.") from None
-    if len(values) == 0 or any(v <= 0 for v in values) or any(b <= a for a, b in zip(values, values[1:])):
-        raise ValueError(
-            f"fbm_k_list must be a non-empty, strictly increasing sequence of positive numbers, got {k_list!r}."
-        )
-    return values
-
-
-class StarReLU(nn.Module):
-    """StarReLU ``s * relu(x) ** 2 + b`` with learnable scalars (Yu et al., "MetaFormer Baselines", 2022).
-
-    timm ships it only inside ``timm.models.metaformer`` (not in ``timm.layers``); this copy keeps timm optional.
-
-    Args:
-        scale: initial value of ``s``. Defaults to 1.0.
-        bias: initial value of ``b``. Defaults to 0.0.
-    """
-
-    def __init__(self, scale: float = 1.0, bias: float = 0.0) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((1,), float(scale)))
-        self.bias = nn.Parameter(torch.full((1,), float(bias)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * F.relu(x).square() + self.bias
-
-
-class KernelSpatialModulationGlobal(nn.Module):
-    """Global branch of FDConv's Kernel Spatial Modulation (KSM) on the globally pooled input.
-
-    Trunk ``Linear(Cin, A, bias=False) -> LayerNorm(A) -> StarReLU`` followed by four linear heads: channel
-    (``Cin``), filter (``Cout``), spatial (``k*k``, only for ``k > 1``) and kernel-number (``kernel_num``, only for
-    ``kernel_num > 1``) attentions. Channel, filter and spatial attentions are ``2 * sigmoid(logit / temperature)``;
-    the kernel attention is ``2 * sigmoid(logit / kernel_temperature) / kernel_num``. All heads are zero-initialised,
-    so at initialisation every attention is exactly 1 (kernel attention exactly ``1 / kernel_num``).
-
-    Args:
-        in_channels: input channels ``Cin``.
-        out_channels: output channels ``Cout``.
-        kernel_size: square kernel size ``k``.
-        kernel_num: number of frequency bands ``kernel_num``.
-        attention_channels: trunk width ``A``.
-        temperature: temperature of the channel/filter/spatial attentions.
-        kernel_temperature: temperature of the kernel attention.
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int,
-        kernel_num: int,
-        attention_channels: int,
-        temperature: float = 1.0,
-        kernel_temperature: float = 1.0,
-    ) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.kernel_num = kernel_num
-        self.temperature = float(temperature)
-        self.kernel_temperature = float(kernel_temperature)
-        self.fc = nn.Linear(in_channels, attention_channels, bias=False)
-        self.norm = nn.LayerNorm(attention_channels)
-        self.act = StarReLU()
-        self.channel_fc = nn.Linear(attention_channels, in_channels)
-        self.filter_fc = nn.Linear(attention_channels, out_channels)
-        self.spatial_fc = nn.Linear(attention_channels, kernel_size * kernel_size) if kernel_size > 1 else None
-        self.kernel_fc = nn.Linear(attention_channels, kernel_num) if kernel_num > 1 else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Kaiming (fan-out) trunk as in the official code; all heads zero so that every attention starts at 1."""
-        nn.init.kaiming_normal_(self.fc.weight, mode="fan_out", nonlinearity="relu")
-        self.norm.reset_parameters()
-        with torch.no_grad():
-            self.act.scale.fill_(1.0)
-            self.act.bias.fill_(0.0)
-        for head in (self.channel_fc, self.filter_fc, self.spatial_fc, self.kernel_fc):
-            if head is not None:
-                nn.init.zeros_(head.weight)
-                nn.init.zeros_(head.bias)
-
-    def forward(
-        self, pooled: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """
-        Args:
-            pooled: globally average-pooled input, shape ``(B, Cin)``.
-
-        Returns:
-            channel ``(B, Cin)``, filter ``(B, Cout)``, spatial ``(B, k, k)`` or None, kernel ``(B, kernel_num)``
-            or None attentions.
-        """
-        hidden = self.act(self.norm(self.fc(pooled)))
-        channel = 2.0 * torch.sigmoid(self.channel_fc(hidden) / self.temperature)
-        filt = 2.0 * torch.sigmoid(self.filter_fc(hidden) / self.temperature)
-        spatial: Optional[torch.Tensor] = None
-        if self.spatial_fc is not None:
-            spatial_logit = self.spatial_fc(hidden).reshape(-1, self.kernel_size, self.kernel_size)
-            spatial = 2.0 * torch.sigmoid(spatial_logit / self.temperature)
-        kernel: Optional[torch.Tensor] = None
-        if self.kernel_fc is not None:
-            kernel = 2.0 * torch.sigmoid(self.kernel_fc(hidden) / self.kernel_temperature) / self.kernel_num
-        return channel, filt, spatial, kernel
-
-
-class KernelSpatialModulationLocal(nn.Module):
-    """Local branch of FDConv's Kernel Spatial Modulation: a dense, per-element kernel modulation (ECA-like).
-
-    The pooled input ``(B, Cin)`` is layer-normalised and read by a ``Conv1d(1, Cout*k*k)`` sliding along the input
-    channels (kernel ``round(log2(Cin) / 2 + 0.5) // 2 * 2 + 1``, i.e. 5 for 64-256 channels), giving one logit per
-    kernel element; the modulation is ``2 * sigmoid(logit)``. The convolution is zero-initialised (modulation 1).
-
-    Args:
-        in_channels: input channels ``Cin``.
-        out_channels: output channels ``Cout``.
-        kernel_size: square kernel size ``k``.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
-        super().__init__()
-        self.out_channels = out_channels
-        self.kernel_size = kernel_size
-        eca_kernel = round(math.log2(in_channels) / 2 + 0.5) // 2 * 2 + 1
-        self.norm = nn.LayerNorm(in_channels)
-        self.conv = nn.Conv1d(
-            1, out_channels * kernel_size * kernel_size, eca_kernel, padding=eca_kernel // 2, bias=False
-        )
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        self.norm.reset_parameters()
-        nn.init.zeros_(self.conv.weight)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        """Map the pooled input ``(B, Cin)`` to the modulation ``(B, Cout, Cin, k, k)``."""
-        logits = self.conv(self.norm(pooled).unsqueeze(1))  # (B, Cout*k*k, Cin)
-        k = self.kernel_size
-        logits = logits.reshape(logits.shape[0], self.out_channels, k, k, logits.shape[-1]).permute(0, 1, 4, 2, 3)
-        return 2.0 * torch.sigmoid(logits)
-
-
-class FrequencyBandModulation(nn.Module):
-    """FDConv's Frequency Band Modulation (FBM) of the input feature map.
-
-    ``X = rfft2(x, norm="ortho")``; for each ``k`` in ``k_list`` an L-infinity box low-pass mask
-    ``M_k = [max(|f_h|, |f_w|) < 0.5 / k]`` gives ``low_k = irfft2(X * M_k)``. The bands are
-    ``high_1 = x - low_{k_1}``, ``high_i = low_{k_{i-1}} - low_{k_i}`` and the lowest band ``low_{k_last}``; each
-    high band is multiplied by a spatial map ``2 * sigmoid(conv3x3(x))`` and the lowest band is left unmodulated:
-    ``FBM(x) = sum_i g_i * high_i + low_{k_last}``. It is evaluated in the algebraically equal form
-    ``g_1 x + sum_i (g_{i+1} - g_i) low_{k_i} + (1 - g_last) low_{k_last}``, which returns ``x`` exactly (not only up
-    to FFT round-off) when all gains are 1, as they are at initialisation (zero-initialised gain convolution).
-
-    Args:
-        in_channels: input channels.
-        k_list: strictly increasing low-pass divisors; band edges are at ``0.5 / k`` cycles per pixel.
-            Defaults to ``(2, 4, 8)``.
-        spatial_kernel: kernel size of the gain convolution. Defaults to 3.
-    """
-
-    def __init__(self, in_channels: int, k_list: Sequence[float] = (2, 4, 8), spatial_kernel: int = 3) -> None:
-        super().__init__()
-        self.k_list = _check_k_list(k_list)
-        # one Conv2d(Cin -> len(k_list)) equals the official list of Conv2d(Cin -> 1), one per band
-        self.gain_conv = nn.Conv2d(in_channels, len(self.k_list), spatial_kernel, padding=spatial_kernel // 2)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.zeros_(self.gain_conv.weight)
-        if self.gain_conv.bias is not None:
-            nn.init.zeros_(self.gain_conv.bias)
-
-    def _kept_columns(self, width: int) -> list[int]:
-        """Per band, how many leading rfft columns ``j`` pass ``j / width < 0.5 / k`` (a prefix of the rfft grid)."""
-        counts: list[int] = []
-        for k in self.k_list:
-            counts.append(min(int(math.ceil(width / (2.0 * k))), width // 2 + 1))
-        return counts
-
-    def _kept_rows(self, height: int, k: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """0/1 vector over the ``height`` fft rows: ``|f_h| < 0.5 / k``."""
-        index = torch.arange(height, device=device, dtype=torch.float64)
-        return (2.0 * k * torch.minimum(index, height - index) < height).to(dtype)
-
-    def masks(self, height: int, width: int, device: Optional[torch.device] = None) -> torch.Tensor:
-        """Low-pass masks ``(len(k_list), height, width // 2 + 1)`` (float32) on the rfft2 grid of ``(height, width)``.
-
-        ``M_k[i, j] = 1`` iff ``max(|f_h(i)|, |f_w(j)|) < 0.5 / k`` (strict, so a bin exactly on the edge is dropped).
-        """
-        device = torch.device("cpu") if device is None else device
-        columns = torch.arange(width // 2 + 1, device=device)
-        masks: list[torch.Tensor] = []
-        for k, n_cols in zip(self.k_list, self._kept_columns(width)):
-            rows = self._kept_rows(height, k, device, torch.float32)
-            masks.append(rows[:, None] * (columns < n_cols).to(torch.float32)[None, :])
-        return torch.stack(masks, dim=0)
-
-    def _modulate(self, x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
-        """FBM in float32 (float64 for double input); the L-infinity boxes are separable, so each low band is a
-        prefix of the rfft columns times a set of rows, and only the kept columns are transformed along the height."""
-        height, width = x.shape[-2], x.shape[-1]
-        n_cols = self._kept_columns(width)
-        work = x.to(_fft_dtype(x.dtype))
-        gains = gains.to(work.dtype)
-        coef = torch.cat([gains[:, 1:] - gains[:, :-1], 1.0 - gains[:, -1:]], dim=1)  # (B, L, H, W)
-        spectrum = torch.fft.rfft(work, dim=-1, norm="ortho")[..., : max(n_cols)]
-        spectrum = torch.fft.fft(spectrum, dim=-2, norm="ortho")
-        out = gains[:, :1] * work
-        for idx, k in enumerate(self.k_list):
-            rows = self._kept_rows(height, k, x.device, work.dtype)
-            low = torch.fft.ifft(spectrum[..., : n_cols[idx]] * rows[:, None], dim=-2, norm="ortho")
-            low = torch.fft.irfft(low, n=width, dim=-1, norm="ortho")
-            out = out + coef[:, idx : idx + 1] * low
-        return out
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gains = 2.0 * torch.sigmoid(self.gain_conv(x))  # (B, L, H, W)
-        if torch.jit.is_scripting():  # TorchScript needs a constant autocast device
-            out = self._modulate(x, gains)
-        else:
-            with torch.autocast(device_type=x.device.type, enabled=False):
-                out = self._modulate(x, gains)
-        return out.to(x.dtype)
 
 
 class FDConv2d(nn.Conv2d):
@@ -306,12 +89,18 @@ class FDConv2d(nn.Conv2d):
       constant 1e-6 and, because its check tests a bound method, leaves ``filter_fc`` with Kaiming initialisation.
     - The global trunk uses LayerNorm over the pooled vector instead of BatchNorm2d on a 1x1 map (which fails for
       batch size 1 in training); trunk and heads are ``nn.Linear`` (equal to 1x1 convolutions on the pooled map).
-    - ``irfft2`` gets the spatial size explicitly, so ``Cin*k`` may be odd; the band sort is stable (deterministic
-      ties); the kernel mixing is a per-bin gather ``a[band(f)] * W~`` instead of a scatter into a zero map.
-    - FBM masks are computed exactly on each input's rfft grid (the official code nearest-resizes 64x64 masks) with a
-      strict edge ``|f| < 0.5 / k`` (the official ``+ 1e-8`` is lost in float32, so edge bins are dropped there too);
-      the per-band gain convolutions are merged into one ``Conv2d(Cin, len(fbm_k_list), 3)``; FBM uses separable
-      partial FFTs and an equivalent form that is exactly the identity at initialisation.
+    - ``irfft2`` gets the spatial size explicitly, so ``Cin*k`` may be odd; the kernel mixing is a per-bin gather
+      ``a[band(f)] * W~`` instead of a scatter into a zero map (the same bands, hence the same kernel).
+    - The per-band FBM gain convolutions are merged into one ``Conv2d(Cin, len(fbm_k_list), 3)``; FBM transforms only
+      the kept rfft columns along the height and uses an equivalent form that is exactly the identity at
+      initialisation.
+
+    Rules kept as in the official code: the bands of the Fourier disjoint weight are the rfft bins ordered by float32
+    radius with PyTorch's default (not stable) CPU ``torch.sort``, ties included
+    (:func:`~spectraflow_monai.networks.blocks.frequency.rfft2_frequency_order`); the FBM masks are the float32 boxes
+    ``max(|f_h|, |f_w|) < 0.5 / k + 1e-8`` on the 64x64 rfft grid, nearest-resized to the input's rfft grid, which
+    keeps the edge bins ``|f| = 0.5 / k`` for ``k = 4, 8`` and drops them for ``k = 2``
+    (:func:`~spectraflow_monai.networks.blocks.frequency.fbm_lowpass_masks`).
     - Only the sigmoid activations, ``param_ratio=1`` and ``param_reduction=1`` are implemented (the leading
       ``param_ratio`` axis of ``dft_weight`` is dropped); small-channel layers keep the FDW parametrisation.
     - ``padding=None`` (default) means ``dilation * (k // 2)``, i.e. "same" output size at stride 1.
@@ -459,14 +248,8 @@ class FDConv2d(nn.Conv2d):
     # ----------------------------------------------------------------------------------------- FDW parametrisation
     @staticmethod
     def _band_index(n_rows: int, n_cols: int, kernel_num: int, device: torch.device | str | None) -> torch.Tensor:
-        """Band id ``(n_rows, n_cols // 2 + 1)`` of every rfft2 bin: bins sorted by radius, split into equal bands."""
-        freq_h = torch.fft.fftfreq(n_rows, dtype=torch.float64)
-        freq_w = torch.fft.rfftfreq(n_cols, dtype=torch.float64)
-        radius = torch.sqrt(freq_h[:, None] ** 2 + freq_w[None, :] ** 2).flatten()
-        order = torch.sort(radius, stable=True).indices
-        band = torch.empty_like(order)
-        band[order] = torch.arange(order.numel()) // (order.numel() // kernel_num)
-        return band.reshape(n_rows, n_cols // 2 + 1).to(device=device)
+        """Band id ``(n_rows, n_cols // 2 + 1)`` of every rfft2 bin (official order, see :func:`rfft2_band_index`)."""
+        return rfft2_band_index(n_rows, n_cols, kernel_num).to(device=device)
 
     def _weight_to_dft(self, weight: torch.Tensor) -> torch.Tensor:
         """FDW transform of a ``(Cout, Cin, k, k)`` kernel to ``dft_weight`` layout ``(Cout*k, Cin*k//2+1, 2)``."""

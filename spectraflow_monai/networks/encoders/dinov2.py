@@ -16,6 +16,7 @@ Stage-2 fine-tunes "only the last encoder block (keeping earlier blocks frozen)"
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -24,9 +25,10 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint
 
-__all__ = ["EncoderFeatures", "DINOv2Encoder"]
+__all__ = ["EncoderFeatures", "DINOv2Encoder", "interpolate_official_pos_embed"]
 
 # keys under which training scripts commonly nest the state dict of a network
 _WRAPPER_KEYS = ("state_dict", "model", "encoder", "teacher", "network")
@@ -59,6 +61,49 @@ def _format_keys(keys: list[str]) -> str:
 
 def _is_state_dict(obj: Any) -> bool:
     return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def interpolate_official_pos_embed(
+    pos_embed: torch.Tensor, grid: tuple[int, int], interpolate_offset: float = 0.1, antialias: bool = False
+) -> torch.Tensor:
+    """Resize an official DINOv2 position embedding ``(1, 1 + M*M, D)`` to ``grid`` as the official code does.
+
+    facebookresearch/dinov2 ``DinoVisionTransformer.interpolate_pos_encoding``: the class position is kept; the
+    ``M x M`` patch grid, as ``(1, D, M, M)`` in float32, goes through ``F.interpolate(mode="bicubic",
+    antialias=antialias)`` with ``scale_factor = ((rows + offset) / M, (cols + offset) / M)`` when
+    ``interpolate_offset`` is non-zero and ``size = grid`` otherwise, and must come out with the size ``grid``. The
+    hub models without registers use ``interpolate_offset=0.1, antialias=False``; those with registers
+    ``interpolate_offset=0.0, antialias=True`` (``dinov2/hub/backbones.py``).
+
+    Args:
+        pos_embed: ``(1, 1 + M*M, D)`` class position followed by the patch grid.
+        grid: target ``(rows, cols)`` of patches.
+        interpolate_offset: the official offset. Defaults to 0.1.
+        antialias: the official ``interpolate_antialias``. Defaults to False.
+
+    Returns:
+        ``(1, 1 + rows*cols, D)`` in the dtype of ``pos_embed``.
+
+    Raises:
+        ValueError: the patch positions do not form a square grid, or the interpolation misses ``grid``.
+    """
+    num_patches, dim = pos_embed.shape[1] - 1, pos_embed.shape[-1]
+    side = math.isqrt(max(num_patches, 0))
+    if pos_embed.ndim != 3 or pos_embed.shape[0] != 1 or side * side != num_patches or side == 0:
+        raise ValueError(f"pos_embed must be (1, 1 + M*M, D), got {tuple(pos_embed.shape)}.")
+    rows, cols = int(grid[0]), int(grid[1])
+    if (rows, cols) == (side, side):
+        return pos_embed
+    patch = pos_embed[:, 1:].float().reshape(1, side, side, dim).permute(0, 3, 1, 2)
+    if interpolate_offset:
+        scale = (float(rows + interpolate_offset) / side, float(cols + interpolate_offset) / side)
+        patch = F.interpolate(patch, mode="bicubic", antialias=antialias, scale_factor=scale)
+    else:
+        patch = F.interpolate(patch, mode="bicubic", antialias=antialias, size=(rows, cols))
+    if tuple(patch.shape[-2:]) != (rows, cols):
+        raise ValueError(f"position grid interpolated to {tuple(patch.shape[-2:])}, expected {(rows, cols)}.")
+    patch = patch.permute(0, 2, 3, 1).reshape(1, rows * cols, dim)
+    return torch.cat([pos_embed[:, :1].float(), patch], dim=1).to(pos_embed.dtype)
 
 
 class DINOv2Encoder(nn.Module):
@@ -228,8 +273,11 @@ class DINOv2Encoder(nn.Module):
         ``VisionTransformer`` layout (e.g. written by SpectraFlow's Stage-1 pretrainer). The state dict may be nested
         under ``"model"``, ``"state_dict"``, ``"encoder"``, ``"teacher"`` or ``"network"`` and its keys prefixed by
         ``"module."``, ``"_orig_mod."``, ``"encoder."``, ``"vit."`` or ``"backbone."``. The mapping (official keys,
-        registers, position-embedding resampling to this model's grid) is timm's ``checkpoint_filter_fn``.
-        Classifier-head keys (``head.*``) are ignored: the encoder has no head.
+        registers) is timm's ``checkpoint_filter_fn``. The official 37x37 position grid is resized to this model's
+        grid the way the official DINOv2 code interpolates (:func:`interpolate_official_pos_embed`: bicubic,
+        ``scale_factor=(g + 0.1) / 37``, no antialiasing; registers checkpoints: bicubic to the size, antialiased);
+        timm-layout grids of another size are resampled by timm (bicubic, antialiased). Classifier-head keys
+        (``head.*``) are ignored: the encoder has no head.
 
         Args:
             path: the weight file, read with ``torch.load(..., weights_only=True)``.
@@ -267,6 +315,14 @@ class DINOv2Encoder(nn.Module):
                     state = {k[len(prefix) :]: v for k, v in state.items()}
                     stripped = True
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        if "mask_token" in state and isinstance(state.get("pos_embed"), torch.Tensor):
+            registers = "register_tokens" in state  # official hub settings: (offset, antialias)
+            offset, antialias = (0.0, True) if registers else (0.1, False)
+            grid = tuple(int(g) for g in self.vit.patch_embed.grid_size)
+            try:
+                state["pos_embed"] = interpolate_official_pos_embed(state["pos_embed"], grid, offset, antialias)
+            except ValueError as exc:
+                raise ValueError(f"encoder weight file '{file}': {exc}") from exc
 
         try:
             state = checkpoint_filter_fn(state, self.vit)

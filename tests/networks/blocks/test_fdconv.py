@@ -14,6 +14,7 @@ from parameterized import parameterized
 from spectraflow_monai.networks import FDConv2d as FDConv2dFromNetworks
 from spectraflow_monai.networks.blocks import FDConv2d
 from spectraflow_monai.networks.blocks.fdconv import FrequencyBandModulation
+from spectraflow_monai.networks.blocks.frequency import rfft2_frequency_order
 
 
 def _perturb(module: nn.Module, std: float = 0.3, seed: int = 0) -> None:
@@ -25,13 +26,24 @@ def _perturb(module: nn.Module, std: float = 0.3, seed: int = 0) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * std)
 
 
+def _official_sorted_coords(n_rows: int, n_cols: int) -> torch.Tensor:
+    """Reference of the official ``get_fft2freq(n_rows, n_cols, use_rfft=True)``: float32 grid, L2 radius over the
+    stacked (f_h, f_w) dimension, ``torch.sort`` with its default (not stable) order, flat index -> (row, column)."""
+    freq_h, freq_w = torch.fft.fftfreq(n_rows), torch.fft.rfftfreq(n_cols)
+    freq_hw = torch.stack(torch.meshgrid(freq_h, freq_w, indexing="ij"), dim=-1)
+    dist = torch.norm(freq_hw, dim=-1)
+    _, indices = torch.sort(dist.view(-1))
+    width = n_cols // 2 + 1
+    return torch.stack([indices // width, indices % width], dim=-1).permute(1, 0)
+
+
 def _np_band_ids(n_rows: int, n_cols: int, kernel_num: int) -> np.ndarray:
-    """Band of every rfft2 bin of an n_rows x n_cols matrix: bins sorted by radius, cut into equal bands."""
-    radius = np.sqrt(np.fft.fftfreq(n_rows)[:, None] ** 2 + np.fft.rfftfreq(n_cols)[None, :] ** 2).ravel()
-    order = np.argsort(radius, kind="stable")
-    bands = np.empty(order.size, dtype=np.int64)
-    bands[order] = np.arange(order.size) // (order.size // kernel_num)
-    return bands.reshape(n_rows, n_cols // 2 + 1)
+    """Band of every rfft2 bin: the official sorted coordinates reshaped to (2, kernel_num, N / kernel_num)."""
+    coords = _official_sorted_coords(n_rows, n_cols).reshape(2, kernel_num, -1).numpy()
+    bands = np.empty((n_rows, n_cols // 2 + 1), dtype=np.int64)
+    for band in range(kernel_num):
+        bands[coords[0, band], coords[1, band]] = band
+    return bands
 
 
 def _np_kernel_to_matrix(weight: np.ndarray) -> np.ndarray:
@@ -52,10 +64,14 @@ def _np_matrix_to_kernel(matrix: np.ndarray, cout: int, cin: int, k: int) -> np.
     return weight
 
 
-def _np_box_masks(height: int, width: int, k_list) -> list[np.ndarray]:
-    """Full-grid L-infinity low-pass masks max(|f_h|, |f_w|) < 0.5 / k."""
-    radius = np.maximum(np.abs(np.fft.fftfreq(height))[:, None], np.abs(np.fft.fftfreq(width))[None, :])
-    return [radius < 0.5 / k for k in k_list]
+def _official_fbm_masks(height: int, width: int, k_list) -> np.ndarray:
+    """Reference of the official FBM masks on the rfft grid (len(k_list), height, width // 2 + 1): float32 L-infinity
+    box max(|f_h|, |f_w|) < 0.5 / k + 1e-8 on the rfft grid of 64x64, nearest-interpolated to (height, width//2+1)."""
+    freq_hw = torch.stack(torch.meshgrid(torch.fft.fftfreq(64), torch.fft.rfftfreq(64), indexing="ij"), dim=-1)
+    linf = freq_hw.abs().max(dim=-1)[0]
+    masks = torch.stack([linf < 0.5 / k + 1e-8 for k in k_list], dim=0).unsqueeze(1)
+    resized = F.interpolate(masks.float(), size=(height, width // 2 + 1), mode="nearest")
+    return resized[:, 0].double().numpy()
 
 
 EQUIVALENCE_CASES = [
@@ -157,6 +173,14 @@ class TestFourierDisjointWeight(unittest.TestCase):
         radius = np.sqrt(np.fft.fftfreq(cout * k)[:, None] ** 2 + np.fft.rfftfreq(cin * k)[None, :] ** 2)
         for band in range(kernel_num - 1):
             self.assertLessEqual(radius[bands == band].max(), radius[bands == band + 1].min())
+
+    @parameterized.expand([(24, 24, 3, 4), (32, 32, 3, 8), (36, 17, 1, 4), (32, 24, 3, 4)])
+    def test_band_order_matches_official_sort(self, cout, cin, k, kernel_num):
+        """Bands = official float32 radii sorted by torch.sort's default (not stable) order, ties included."""
+        module = FDConv2d(cin, cout, k, kernel_num=kernel_num)
+        reference = _official_sorted_coords(cout * k, cin * k)
+        self.assertTrue(torch.equal(rfft2_frequency_order(cout * k, cin * k), reference))
+        self.assertTrue(torch.equal(module.band_index, torch.from_numpy(_np_band_ids(cout * k, cin * k, kernel_num))))
 
     def test_kernel_attention_selects_frequency_band(self):
         """W_eff = F^-1(a(f) * W~): with a = (2, 0, 0, 0) the kernel is twice the lowest-band part of the weight."""
@@ -288,14 +312,15 @@ class TestFrequencyBandModulation(unittest.TestCase):
         with torch.no_grad():
             fbm.gain_conv.bias.copy_(bias)
         gains = (2 * torch.sigmoid(bias)).double().numpy()
-        masks = _np_box_masks(*size, k_list)
-        response = masks[-1].astype(np.float64)
-        outer = np.ones(size, dtype=bool)
+        masks = _official_fbm_masks(*size, k_list)
+        response = masks[-1].copy()
+        outer = np.ones_like(masks[0])
         for gain, mask in zip(gains, masks):
-            response += gain * (outer & ~mask)
+            response += gain * (outer - mask)
             outer = mask
         x = torch.randn(2, 3, *size)
-        expected = np.fft.ifft2(np.fft.fft2(x.double().numpy()) * response).real
+        spectrum = torch.fft.rfft2(x.double(), norm="ortho") * torch.from_numpy(response)
+        expected = torch.fft.irfft2(spectrum, s=size, norm="ortho").numpy()
         with torch.no_grad():
             np.testing.assert_allclose(fbm(x), expected, atol=1e-5)
 
@@ -307,16 +332,31 @@ class TestFrequencyBandModulation(unittest.TestCase):
         with torch.no_grad():
             gains = (2 * torch.sigmoid(fbm.gain_conv(x))).double().numpy()
             out = fbm(x)
-        spectrum = np.fft.fft2(x.double().numpy())
+        spectrum = torch.fft.rfft2(x.double(), norm="ortho")
         previous, expected = x.double().numpy(), 0.0
-        for idx, mask in enumerate(_np_box_masks(12, 10, (2, 4, 8))):
-            low = np.fft.ifft2(spectrum * mask).real
+        for idx, mask in enumerate(_official_fbm_masks(12, 10, (2, 4, 8))):
+            low = torch.fft.irfft2(spectrum * torch.from_numpy(mask), s=(12, 10), norm="ortho").numpy()
             expected = expected + gains[:, idx : idx + 1] * (previous - low)
             previous = low
         np.testing.assert_allclose(out, expected + previous, atol=1e-5)
         masks = fbm.masks(12, 10).numpy()
         self.assertEqual(masks.shape, (3, 12, 6))
-        np.testing.assert_array_equal(masks[0], _np_box_masks(12, 10, (2,))[0][:, :6])
+        np.testing.assert_array_equal(masks, _official_fbm_masks(12, 10, (2, 4, 8)))
+
+    @parameterized.expand([((64, 64),), ((32, 32),)])
+    def test_kept_bins_match_official_rule(self, size):
+        """Official float32 edge rule: |f| = 0.5 / k bins are kept for k = 4, 8 (0.5 / k + 1e-8 rounds above the
+        edge) and dropped for k = 2 (0.25 + 1e-8 rounds to 0.25); masks nearest-resized from the 64x64 grid."""
+        self.assertFalse(bool(torch.tensor(0.25) < 0.5 / 2 + 1e-8))
+        self.assertTrue(bool(torch.tensor(0.125) < 0.5 / 4 + 1e-8))
+        self.assertTrue(bool(torch.tensor(0.0625) < 0.5 / 8 + 1e-8))
+        fbm = FrequencyBandModulation(3, (2, 4, 8))
+        masks = fbm.masks(*size).numpy()
+        reference = _official_fbm_masks(*size, (2, 4, 8))
+        self.assertEqual(masks.sum(axis=(1, 2)).tolist(), reference.sum(axis=(1, 2)).tolist())
+        np.testing.assert_array_equal(masks, reference)
+        if size == (64, 64):  # rows |f_h| <= 1/8 (17) x columns <= 1/8 (9); rows < 1/4 (31) x columns < 1/4 (16)
+            self.assertEqual(masks.sum(axis=(1, 2)).tolist(), [31 * 16, 17 * 9, 9 * 5])
 
 
 class TestFDConv2dExecution(unittest.TestCase):

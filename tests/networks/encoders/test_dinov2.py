@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
 from spectraflow_monai.networks import DINOv2Encoder, EncoderFeatures
@@ -44,6 +46,24 @@ def _official_layout(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     sd["pos_embed"] = torch.cat([pos_cls, pos_patch], dim=1)
     sd["mask_token"] = torch.zeros(1, dim)
     return sd
+
+
+def _dinov2_pos_encoding(pos_embed: torch.Tensor, grid: tuple[int, int], offset: float, antialias: bool):
+    """Reference of facebookresearch/dinov2 ``interpolate_pos_encoding``: class position kept, the M x M patch grid
+    as (1, D, M, M) bicubic-interpolated with scale_factor (g + offset) / M (offset != 0) or to the size (offset 0)."""
+    cls_pos, patch_pos = pos_embed[:, :1], pos_embed[:, 1:].float()
+    m, dim = int(math.sqrt(patch_pos.shape[1])), patch_pos.shape[-1]
+    kwargs = {"scale_factor": ((grid[0] + offset) / m, (grid[1] + offset) / m)} if offset else {"size": grid}
+    patch_pos = F.interpolate(
+        patch_pos.reshape(1, m, m, dim).permute(0, 3, 1, 2), mode="bicubic", antialias=antialias, **kwargs
+    )
+    assert tuple(patch_pos.shape[-2:]) == grid
+    return torch.cat([cls_pos, patch_pos.permute(0, 2, 3, 1).reshape(1, -1, dim)], dim=1)
+
+
+def _official_settings(name: str) -> tuple[float, bool]:
+    """(interpolate_offset, interpolate_antialias) of the official hub models (dinov2/hub/backbones.py)."""
+    return (0.0, True) if "reg4" in name else (0.1, False)
 
 
 def _timm_features(model: torch.nn.Module, x: torch.Tensor, skip_index: int) -> EncoderFeatures:
@@ -266,9 +286,13 @@ def test_official_checkpoint_matches_timm_loading(tmp_path, name):
     torch.save(official, path)
 
     enc = DINOv2Encoder(name, pretrained=path, model_kwargs=SMALL).eval()
+    # reference: timm's loading of the same file with the grid already resized by the official DINOv2 rule
+    resized = dict(official, pos_embed=_dinov2_pos_encoding(official["pos_embed"], (16, 16), *_official_settings(name)))
+    ref_path = tmp_path / "dinov2_official_16x16.pth"
+    torch.save(resized, ref_path)
     ref = timm.create_model(
         name, pretrained=True, img_size=224, dynamic_img_size=True, num_classes=0, depth=3,
-        pretrained_cfg_overlay=dict(file=str(path)),
+        pretrained_cfg_overlay=dict(file=str(ref_path)),
     ).eval()
     x = torch.randn(2, 3, 56, 42)
     with torch.no_grad():
@@ -278,6 +302,27 @@ def test_official_checkpoint_matches_timm_loading(tmp_path, name):
     torch.testing.assert_close(loaded["blocks.1.attn.qkv.weight"], src.state_dict()["blocks.1.attn.qkv.weight"])
     torch.testing.assert_close(loaded["cls_token"], src.state_dict()["cls_token"])
     assert loaded["pos_embed"].shape == src.state_dict()["pos_embed"].shape
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
+@pytest.mark.parametrize("img_size", [224, 98])
+def test_official_position_grid_resized_as_dinov2(tmp_path, name, img_size):
+    """The 37x37 grid is resized as the official interpolate_pos_encoding (not timm's antialiased resample)."""
+    official = _official_layout(_timm_model(name, depth=2, seed=3))
+    path = tmp_path / "official.pth"
+    torch.save(official, path)
+    enc = DINOv2Encoder(name, pretrained=path, img_size=img_size, model_kwargs={"depth": 2})
+    grid = (img_size // 14, img_size // 14)
+    expected = _dinov2_pos_encoding(official["pos_embed"], grid, *_official_settings(name))
+    timm_rule = resample_abs_pos_embed(official["pos_embed"], new_size=grid, num_prefix_tokens=1)
+    # without registers the official rule (offset 0.1, no antialiasing) differs from timm's antialiased resample;
+    # with registers it is the same computation (antialiased bicubic to the size)
+    assert torch.allclose(expected, timm_rule, atol=1e-4) == ("reg4" in name)
+    if "reg4" in name:  # timm's no_embed_class layout: the class position moves into cls_token
+        torch.testing.assert_close(enc.vit.pos_embed, expected[:, 1:], rtol=0, atol=0)
+        torch.testing.assert_close(enc.vit.cls_token, official["cls_token"] + expected[:, :1], rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(enc.vit.pos_embed, expected, rtol=0, atol=0)
 
 
 def _wrapped(sd, how):
