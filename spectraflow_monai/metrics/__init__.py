@@ -40,3 +40,17 @@ __all__ += [
 
 __all__ += ["ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "VOLUME_METRIC_KEYS", "VolumeMetricTable", "organ_metrics"]
 __all__ += ["VolumeMetricsHandler", "spacing_from_affine"]
+
+from .frequency import (
+    DEFAULT_BAND_EDGES,
+    FREQUENCY_BAND_MODES,
+    FrequencyBandError,
+    FrequencyBandErrorHandler,
+    check_band_edges,
+    compute_frequency_band_error,
+    frequency_band_masks,
+    radial_frequency,
+)
+
+__all__ += ["DEFAULT_BAND_EDGES", "FREQUENCY_BAND_MODES", "FrequencyBandError", "FrequencyBandErrorHandler"]
+__all__ += ["check_band_edges", "compute_frequency_band_error", "frequency_band_masks", "radial_frequency"]
