@@ -19,3 +19,7 @@ __all__: list[str] = [
     "normalize_latent",
     "save_encoder_export",
 ]
+
+from .mae import MAEPretrainer, encode_visible, random_masking  # noqa: E402
+
+__all__ += ["MAEPretrainer", "encode_visible", "random_masking"]

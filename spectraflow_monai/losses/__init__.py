@@ -9,3 +9,7 @@ __all__: list[str] = [
     "math_sdpa",
     "meanflow_target",
 ]
+
+from .mae import MAELoss, patchify, unpatchify  # noqa: E402
+
+__all__ += ["MAELoss", "patchify", "unpatchify"]
