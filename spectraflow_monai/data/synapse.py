@@ -42,7 +42,9 @@ import numpy as np
 import torch
 
 from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.utils.errors import DataError, SettingError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
+from spectraflow_monai.utils.settings import check_image_size
 
 __all__ = [
     "SYNAPSE_TRAIN_CASES",
@@ -59,6 +61,7 @@ __all__ = [
     "extract_slices",
     "SYNAPSE_BUNDLE_DATASETS",
     "build_synapse_datalist",
+    "check_synapse_settings",
 ]
 
 logger = logging.getLogger(__name__)
@@ -462,16 +465,53 @@ def _file_signature(path: str | os.PathLike | None) -> dict[str, Any] | None:
     return {"path": p, "mtime_ns": st.st_mtime_ns, "size": st.st_size}
 
 
+def _confined(folder: Path, rel: Any, index_path: Path, entry: str) -> str:
+    """Return ``rel`` when it names a file inside ``folder``: a relative path without ``..`` whose real path (links
+    resolved) lies inside the real path of ``folder``; else raise :class:`DatasetError` naming the index file and
+    the entry. Every path read from the slice cache index goes through here before it is read or removed."""
+    problem = None
+    if not isinstance(rel, str) or not rel.strip():
+        problem = "not a relative file path"
+    elif os.path.isabs(rel) or rel.startswith(("/", "\\")):
+        problem = "an absolute path"
+    elif ".." in re.split(r"[\\/]", rel):
+        problem = "a path with '..'"
+    else:
+        base = os.path.realpath(folder)
+        full = os.path.realpath(os.path.join(base, rel))
+        if full == base or os.path.commonpath([base, full]) != base:
+            problem = "a path outside the cache folder"
+    if problem is not None:
+        raise DatasetError(
+            f"slice cache index {os.fspath(index_path)!r}: entry {entry} = {rel!r} is {problem} (the index may only "
+            f"list files inside {os.fspath(folder)!r}); refusing to use it. Delete that index.json (or the whole "
+            "cache folder) to rebuild the cache."
+        )
+    return rel
+
+
 def _read_index(path: Path) -> dict[str, Any]:
+    """Read the slice cache index; an unreadable or unknown index is rebuilt, one listing a file outside the cache
+    folder (an absolute path, ``..``, a link leading out) is refused with a :class:`DatasetError`."""
     if not path.is_file():
         return {"version": _INDEX_VERSION, "volumes": {}}
     try:
         with open(path) as f:
             index = json.load(f)
-        if index.get("version") == _INDEX_VERSION and isinstance(index.get("volumes"), dict):
+        known = isinstance(index, dict) and index.get("version") == _INDEX_VERSION
+        if known and isinstance(index.get("volumes"), dict):
+            for case, rec in index["volumes"].items():
+                files = rec.get("files") if isinstance(rec, dict) else None
+                if not isinstance(files, list):
+                    raise DatasetError(
+                        f"slice cache index {os.fspath(path)!r}: entry volumes[{case!r}] has no list of files "
+                        f"({rec!r}); delete that index.json (or the whole cache folder) to rebuild the cache."
+                    )
+                for i, rel in enumerate(files):
+                    _confined(path.parent, rel, path, f"volumes[{case!r}].files[{i}]")
             return index
         logger.warning("slice cache index %s has an unknown format; rebuilding the cache.", path)
-    except (OSError, ValueError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         logger.warning("slice cache index %s is unreadable (%s); rebuilding the cache.", path, e)
     return {"version": _INDEX_VERSION, "volumes": {}}
 
@@ -502,7 +542,23 @@ def _is_h5(path: str | os.PathLike) -> bool:
     return os.fspath(path).lower().endswith(".h5")
 
 
-def _read_h5_volume(image_path: str, label_path: str | None, case: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _finite_image(image: np.ndarray, path: str, case: str, params: Mapping[str, Any], default: float) -> np.ndarray:
+    """Apply the ``nonfinite`` setting of ``params`` to a volume just read (before the HU window hides ``inf``)."""
+    from spectraflow_monai.transforms.finite import check_finite  # lazy: transforms imports this module
+
+    mode, value = "error", default
+    if params.get("nonfinite") is not None:
+        mode = params["nonfinite"]["mode"]
+        value = default if params["nonfinite"]["value"] is None else params["nonfinite"]["value"]
+    try:
+        return check_finite(image, path, mode=mode, value=value)
+    except DataError as e:
+        raise DatasetError(f"case {case}: {e}") from e
+
+
+def _read_h5_volume(
+    image_path: str, label_path: str | None, case: str, params: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Read a TransUNet ``test_vol_h5`` volume (already windowed to [0, 1] and mapped to the Synapse classes)."""
     if label_path is not None and os.path.abspath(label_path) != os.path.abspath(image_path):
         raise ValueError(
@@ -510,7 +566,7 @@ def _read_h5_volume(image_path: str, label_path: str | None, case: str) -> tuple
             f"({image_path!r}), got {label_path!r}."
         )
     data = load_synapse_h5(image_path)
-    image = data["image"].astype(np.float32, copy=False)
+    image = _finite_image(data["image"].astype(np.float32, copy=False), image_path, case, params, 0.0)
     label = None
     if label_path is not None:
         label = check_synapse_labels(data["label"], where=f"case {case} ({image_path})").astype(np.uint8)
@@ -533,7 +589,7 @@ def _read_nifti_volume(
         image = np.asarray(img.get_fdata(dtype=np.float32))
     except Exception as e:  # truncated / corrupt data: zlib, EOF, OS errors
         raise DatasetError(f"case {case}: cannot read the image data of {image_path!r}: {e}") from e
-    image = image.reshape(image.shape[:3])
+    image = _finite_image(image.reshape(image.shape[:3]), image_path, case, params, params["window"][0])
     image = np.asarray(CTWindow(*params["window"], dtype=np.float32)(image))
     label = None
     if lbl is not None:
@@ -556,7 +612,7 @@ def _extract_volume(entry: Mapping[str, Any], case: str, cache: Path, params: Ma
     image_path = os.fspath(entry["image"])
     label_path = os.fspath(entry["label"]) if entry.get("label") is not None else None
     if _is_h5(image_path):
-        image, label = _read_h5_volume(image_path, label_path, case)
+        image, label = _read_h5_volume(image_path, label_path, case, params)
     else:
         image, label = _read_nifti_volume(image_path, label_path, case, params)
     if params["spatial_size"] is not None:
@@ -586,6 +642,8 @@ def extract_slices(
     map_labels: bool = True,
     canonical: bool = True,
     progress: bool = True,
+    nonfinite: str = "error",
+    nonfinite_value: float | None = None,
 ) -> list[dict[str, Any]]:
     """Cache the axial slices of CT volumes as TransUNet-like ``.npz`` files and return a slice datalist.
 
@@ -604,6 +662,11 @@ def extract_slices(
     the same file or absent) are cached the same way, except that they are already windowed and mapped: the
     window, ``map_labels`` and ``canonical`` do not apply to them and their labels must be Synapse classes 0..8.
 
+    Every image volume is checked for NaN and infinite voxels as it is read (``nonfinite``). The index lists only
+    files inside ``cache_dir``: an index naming an absolute path, a path with ``..`` or a link leading out of the
+    folder is refused (a :class:`DatasetError` naming the index and the entry), so that no file outside the cache
+    is ever read or removed.
+
     Args:
         datalist: entries ``{"image": nifti, "label": nifti (optional), "case": id (optional)}``, e.g. from
             :func:`synapse_datalist` with the raw layout, or TransUNet ``.h5`` volumes. Without ``"case"``, the id
@@ -616,6 +679,13 @@ def extract_slices(
         map_labels: map BTCV ids to Synapse classes; False stores the label ids as they are. Defaults to True.
         canonical: reorient each volume to the closest RAS+ orientation before slicing. Defaults to True.
         progress: show a progress bar (tqdm) while extracting. Defaults to True.
+        nonfinite: what to do with NaN / infinite image voxels: ``"error"`` stops with a :class:`DatasetError`
+            naming the case, the file and the count; ``"replace"`` replaces them by ``nonfinite_value`` before the
+            window and logs the file and the count (see :mod:`spectraflow_monai.transforms.finite`). Defaults to
+            ``"error"``.
+        nonfinite_value: the replacement for ``"replace"``, in the units of the file; None: the window's lower
+            bound ``a_min`` for NIfTI volumes (HU) and 0 for TransUNet's windowed ``.h5`` volumes, i.e. black after
+            windowing. Defaults to None.
 
     Returns:
         the slice datalist ``[{"image": npz, "label": npz, "case": "0005", "slice": k}, ...]`` (``"label"`` only
@@ -623,10 +693,13 @@ def extract_slices(
         :class:`spectraflow_monai.transforms.LoadSynapseSliced`.
 
     Raises:
-        ValueError: bad arguments, entries without ``"image"``, two entries with the same case id, label values
-            outside the expected set (the message names the case).
-        DatasetError: a volume is missing, unreadable, 2D, or mismatched with its label.
+        ValueError: bad arguments, entries without ``"image"``, a case id that is not a plain file name part, two
+            entries with the same case id, label values outside the expected set (the message names the case).
+        DatasetError: a volume is missing, unreadable, 2D, mismatched with its label, or holds non-finite voxels
+            (``nonfinite="error"``); the cache index lists a path outside ``cache_dir``.
     """
+    from spectraflow_monai.transforms.finite import check_nonfinite_args  # lazy: transforms imports this module
+
     if len(window) != 2:
         raise ValueError(f"window must be (a_min, a_max), got {window!r}.")
     a_min, a_max = float(window[0]), float(window[1])
@@ -638,11 +711,20 @@ def extract_slices(
         spatial_size = [int(s) for s in spatial_size]
     if image_dtype not in ("float32", "float16"):
         raise ValueError(f"image_dtype must be 'float32' or 'float16', got {image_dtype!r}.")
+    if nonfinite_value is not None:
+        nonfinite_value = check_nonfinite_args(nonfinite, nonfinite_value, "nonfinite", "nonfinite_value")
+    else:
+        check_nonfinite_args(nonfinite, 0.0, "nonfinite", "nonfinite_value")
     cases: dict[str, str] = {}
     for i, entry in enumerate(datalist):
         if not isinstance(entry, Mapping) or "image" not in entry:
             raise ValueError(f"datalist[{i}] must be a mapping with an 'image' path, got {entry!r}.")
         case = _case_of(entry)
+        if not case or case in (".", "..") or "/" in case or "\\" in case:
+            raise ValueError(
+                f"datalist[{i}] has the case id {case!r}: case ids name the cache files (case<id>/...) and must not "
+                "hold '/', '\\' or be '.' / '..'."
+            )
         src = os.path.abspath(os.fspath(entry["image"]))
         if cases.setdefault(case, src) != src:
             raise ValueError(f"datalist has two volumes with case id {case!r}: {cases[case]!r} and {src!r}.")
@@ -653,6 +735,8 @@ def extract_slices(
         "map_labels": bool(map_labels),
         "canonical": bool(canonical),
     }
+    if nonfinite == "replace":  # recorded only then, so that caches built before the option existed stay valid
+        params["nonfinite"] = {"mode": "replace", "value": nonfinite_value}
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     index_path = cache / _INDEX_NAME
@@ -668,7 +752,8 @@ def extract_slices(
             rec is not None
             and rec.get("source") == source
             and rec.get("params") == params
-            and all((cache / f).is_file() for f in rec.get("files", []))
+            and "has_label" in rec
+            and all((cache / f).is_file() for f in rec["files"])
         ):
             continue
         todo.append((entry, case, source))
@@ -716,6 +801,65 @@ SYNAPSE_BUNDLE_DATASETS: tuple[str, ...] = ("synthetic", "btcv", "transunet")
 _RAW_IMAGE_NAME = re.compile(r"^img(\d+)\.nii(\.gz)?$")
 
 
+def check_synapse_settings(
+    image_size: Any,
+    dataset: Any = None,
+    num_classes: Any = None,
+    hu_window: Any = None,
+    nonfinite: Any = None,
+    nonfinite_value: Any = None,
+) -> dict[str, Any]:
+    """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
+
+    The bundle's configs call it first in their ``initialize`` list, so that a wrong value stops the run before the
+    phantom, the slice cache or the network is built. Settings left at None are not checked.
+
+    Args:
+        image_size: the network's input side: a positive int multiple of 14 (the DINOv2 patch size), e.g. 224.
+        dataset: one of :data:`SYNAPSE_BUNDLE_DATASETS`. Defaults to None.
+        num_classes: number of classes including background, an int >= 2 (9 for Synapse). Defaults to None.
+        hu_window: the HU window ``[a_min, a_max]``, two finite numbers with ``a_min < a_max``. Defaults to None.
+        nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to None.
+        nonfinite_value: the replacement value of ``nonfinite: replace``, a finite number. Defaults to None.
+
+    Returns:
+        the checked settings, normalised (``image_size`` as an ``int``, ``hu_window`` as two floats, ...).
+
+    Raises:
+        SettingError: (a ``ValueError``) naming the setting and its value.
+    """
+    from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args  # lazy: no import circle
+
+    out: dict[str, Any] = {"image_size": check_image_size(image_size, "image_size")}
+    if dataset is not None:
+        if not isinstance(dataset, str) or dataset.lower() not in SYNAPSE_BUNDLE_DATASETS:
+            raise SettingError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
+        out["dataset"] = dataset.lower()
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+            raise SettingError(f"num_classes must be an int >= 2 (9 for Synapse), got {num_classes!r}.")
+        out["num_classes"] = int(num_classes)
+    if hu_window is not None:
+        ok = isinstance(hu_window, Sequence) and not isinstance(hu_window, str) and len(hu_window) == 2
+        ok = ok and all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in hu_window)
+        if not ok or not all(np.isfinite(float(v)) for v in hu_window) or not hu_window[0] < hu_window[1]:
+            raise SettingError(
+                f"hu_window must be [a_min, a_max], finite numbers with a_min < a_max, got {hu_window!r}."
+            )
+        out["hu_window"] = [float(hu_window[0]), float(hu_window[1])]
+    if nonfinite is not None or nonfinite_value is not None:
+        mode = "error" if nonfinite is None else nonfinite
+        if not isinstance(mode, str) or mode not in NONFINITE_MODES:
+            raise SettingError(f"nonfinite must be one of {list(NONFINITE_MODES)}, got {nonfinite!r}.")
+        out["nonfinite"] = mode
+        if nonfinite_value is not None:
+            try:
+                out["nonfinite_value"] = check_nonfinite_args(mode, nonfinite_value, "nonfinite", "nonfinite_value")
+            except ValueError as e:
+                raise SettingError(str(e)) from e
+    return out
+
+
 def _cases_on_disk(root: Path, split: str) -> list[str]:
     """The raw-layout case ids found under ``root`` that belong to TransUNet's ``split`` list."""
     folder = root / os.path.dirname(_RAW_IMAGE)
@@ -742,7 +886,12 @@ def _generate_or_check_phantom(root: Path, generate: Mapping[str, Any]) -> None:
         raise ValueError(f"generate holds an argument generate_synthetic_ct does not take: {exc}") from exc
     manifest = root / PHANTOM_MANIFEST
     if manifest.is_file():
-        recorded = json.loads(manifest.read_text())
+        try:
+            recorded = json.loads(manifest.read_text())
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"phantom manifest {str(manifest)!r} is unreadable: {e}") from e
+        if not isinstance(recorded, dict):
+            raise DatasetError(f"phantom manifest {str(manifest)!r} must hold a JSON object, got {recorded!r:.80}.")
         differs = {k: recorded.get(k) for k in wanted if recorded.get(k) != wanted[k]}
     else:  # written before the manifest existed: only the case ids can be compared
         differs = {"cases": on_disk} if set(wanted["cases"]) - set(on_disk) else {}
@@ -766,6 +915,8 @@ def build_synapse_datalist(
     generate: Mapping[str, Any] | None = None,
     progress: bool = True,
     exclude_cases: Sequence[int | str] | None = None,
+    nonfinite: str = "error",
+    nonfinite_value: float | None = None,
 ) -> list[dict[str, Any]]:
     """One entry point for the ``spectraflow_synapse_segmentation`` bundle (SpectraFlow's Synapse experiment).
 
@@ -800,6 +951,10 @@ def build_synapse_datalist(
         progress: show a progress bar while slices are extracted. Defaults to True.
         exclude_cases: case ids left out of the split (after ``cases`` or the split's default cases are chosen),
             e.g. the training cases held out for validation. Defaults to None.
+        nonfinite: ``"error"`` or ``"replace"``: NaN / infinite voxels of the volumes sliced into the cache (see
+            :func:`extract_slices`). Defaults to ``"error"``.
+        nonfinite_value: the replacement for ``nonfinite="replace"``; None: black after windowing (see
+            :func:`extract_slices`). Defaults to None.
 
     In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
     slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
@@ -811,17 +966,18 @@ def build_synapse_datalist(
         DatasetError: a missing root or case (the message names the case and the expected path), a 2D file where a
             volume is expected, or a label volume whose shape or affine differs from its image.
     """
-    args = (dataset, root, split, cases, exclude_cases, slices, cache_dir, spatial_size, window, generate, progress)
+    args = (dataset, root, split, cases, exclude_cases, slices, cache_dir, spatial_size, window, generate)
+    kwargs = {"nonfinite": nonfinite, "nonfinite_value": nonfinite_value}
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return _build_synapse_datalist(*args)
+        return _build_synapse_datalist(*args, progress=progress, **kwargs)
     if torch.distributed.get_rank() == 0:
         try:
-            out = _build_synapse_datalist(*args)
+            out = _build_synapse_datalist(*args, progress=progress, **kwargs)
         finally:  # the other ranks must not wait for a rank that failed; they fail on their own build
             torch.distributed.barrier()
         return out
     torch.distributed.barrier()
-    return _build_synapse_datalist(*args[:-1], False)
+    return _build_synapse_datalist(*args, progress=False, **kwargs)
 
 
 def _build_synapse_datalist(
@@ -836,6 +992,8 @@ def _build_synapse_datalist(
     window: Sequence[float],
     generate: Mapping[str, Any] | None,
     progress: bool,
+    nonfinite: str,
+    nonfinite_value: float | None,
 ) -> list[dict[str, Any]]:
     key = str(dataset).lower()
     if key not in SYNAPSE_BUNDLE_DATASETS:
@@ -881,4 +1039,12 @@ def _build_synapse_datalist(
         return entries
     if cache_dir is None:
         raise ValueError(f"cache_dir is required to slice the {split} volumes of {dataset!r} (slices=True).")
-    return extract_slices(entries, cache_dir, window=window, spatial_size=spatial_size, progress=progress)
+    return extract_slices(
+        entries,
+        cache_dir,
+        window=window,
+        spatial_size=spatial_size,
+        progress=progress,
+        nonfinite=nonfinite,
+        nonfinite_value=nonfinite_value,
+    )

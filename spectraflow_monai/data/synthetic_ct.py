@@ -77,8 +77,8 @@ _AIR, _FAT, _SOFT = -1000.0, -100.0, 40.0
 def _check_shape_spacing(shape: Sequence[int], spacing: Sequence[float]) -> tuple[tuple[int, ...], tuple[float, ...]]:
     if len(shape) != 3 or any(int(s) != s or s < 8 for s in shape[:2]) or int(shape[2]) != shape[2] or shape[2] < 2:
         raise ValueError(f"shape must be (H, W, D) with H, W >= 8 and D >= 2 ints, got {shape!r}.")
-    if len(spacing) != 3 or any(not (float(s) > 0) for s in spacing):
-        raise ValueError(f"spacing must be three positive numbers (mm), got {spacing!r}.")
+    if len(spacing) != 3 or any(not (0 < float(s) < float("inf")) for s in spacing):
+        raise ValueError(f"spacing must be three positive finite numbers (mm), got {spacing!r}.")
     return tuple(int(s) for s in shape), tuple(float(s) for s in spacing)
 
 
@@ -97,8 +97,8 @@ def synthetic_ct_volume(
         ``(image, label)``: HU values as ``int16`` and BTCV label ids (0..13) as ``uint8``, both ``(H, W, D)``.
     """
     shape, _ = _check_shape_spacing(shape, (1.0, 1.0, 1.0))
-    if not noise_std >= 0:
-        raise ValueError(f"noise_std must be >= 0, got {noise_std!r}.")
+    if not 0 <= noise_std < float("inf"):  # NaN or inf noise would write a phantom of garbage voxels
+        raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}.")
     cid = int(format_case_id(case))
     rng = np.random.default_rng([int(seed), cid])
     u = (np.arange(shape[0]) + 0.5)[:, None, None] / shape[0]

@@ -8,34 +8,45 @@ Checks and their cost:
 
 - folder layout (a missing folder or split file names the expected path and the preset's layout) and image/mask
   pairing (an image without a mask or a mask without an image names the files): directory listings only;
-- ``check_images=True``: every image and mask is opened with PIL and ``verify()``-ed (headers; PNG chunk CRCs; a
-  JPEG must end with its end-of-image marker, which catches truncated downloads), and image and mask sizes must
-  match; no pixel decoding;
-- ``check_masks=True``: every mask is fully decoded once (about 6 s for the 1000 Kvasir-SEG masks on one core) and
-  must be a binary mask:
+- ``check_images=True``: every image and mask is ``verify()``-ed with PIL (headers; PNG chunk CRCs; a JPEG must end
+  with its end-of-image marker) and then fully decoded, so a truncated file of any format (JPEG, PNG, BMP, TIFF)
+  is caught here and not in a data-loader worker; floating-point images (32-bit TIFF) must hold finite values
+  only (NaN or infinite pixels stop the run naming the file); image and mask sizes must match. Decoding costs about
+  as long as one epoch of data loading (see the bundle README for the Kvasir-SEG timing);
+- ``check_masks=True``: every mask must be a binary mask (:func:`binary_mask_threshold`):
 
   * a colour image is rejected: more than ``max_grey_fraction`` of its pixels have RGB channels differing by more
     than 32 grey levels;
-  * for masks binarised at a grey level (``label_threshold > 1``, e.g. Kvasir-SEG's JPEG masks at 128), more than
-    ``max_grey_fraction`` (default 1 %) of the pixels lying strictly between 32 and 224 means "not a binary mask"
-    (JPEG noise at the boundary stays far below this);
-  * instance label maps (``label_threshold == 1``, GlaS: foreground = label > 0) are not grey-checked.
+  * for masks binarised at a grey level (``label_threshold > 1``): a mask whose values are all 0 or 1 is a 0/1
+    mask (its entry gets ``label_threshold`` 1); otherwise the values must lie near 0 and near 255 (JPEG noise
+    included: Kvasir-SEG's masks hold 0..8 and 246..255) with at most ``max_grey_fraction`` (default 1 %) of the
+    pixels strictly between 32 and 224, and some value >= 224. Any other set of values (``{0, 1, 2}``,
+    ``{0, 128, 255}``, a grey-level picture) stops the run naming the file and the values found;
+  * instance label maps (``label_threshold == 1``, GlaS: foreground = label > 0) get the colour check only.
 
-  Decoding every mask costs a few seconds per thousand masks; pass ``check_masks=False`` for very large sets.
+  Pass ``check_images=False`` / ``check_masks=False`` to skip the checks for very large sets.
+
+:class:`InputCheck` does the image checks for inference inputs, keeping the readable files and listing the others.
+All errors are :class:`DatasetError`, a :class:`spectraflow_monai.utils.errors.DataError`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from spectraflow_monai.utils.errors import DataError
+
 __all__ = [
     "DatasetError",
     "IMAGE_EXTENSIONS",
+    "InputCheck",
+    "binary_mask_threshold",
     "check_binary_mask",
+    "check_finite",
     "check_folder",
     "check_image_readable",
     "check_pairs",
@@ -47,8 +58,11 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 _MAX_LISTED = 10
 
 
-class DatasetError(ValueError):
-    """A dataset on disk is missing, incomplete or corrupt; the message names the file(s) and the problem."""
+class DatasetError(DataError):
+    """A dataset on disk is missing, incomplete or corrupt; the message names the file(s) and the problem.
+
+    A :class:`spectraflow_monai.utils.errors.DataError` (so a ``ValueError``): bundle runs end with a one-line
+    ``error: ...`` report of it."""
 
 
 def _listing(paths: Sequence[str], total: int | None = None) -> str:
@@ -109,18 +123,16 @@ def check_pairs(images: Mapping[str, str], masks: Mapping[str, str], preset: str
         raise DatasetError(f"{preset}: " + "; ".join(problems) + ".")
 
 
-def check_image_readable(path: str | os.PathLike) -> tuple[int, int]:
-    """Cheaply verify that ``path`` is a readable image (PIL header + ``verify()``); return its (width, height).
+def _decode(path: str) -> Any:
+    """Open ``path`` with PIL, ``verify()`` it (headers, PNG chunk CRCs), then fully decode it; return the image.
 
     Raises:
-        DatasetError: naming the file when it is missing, unreadable, or a truncated JPEG.
+        DatasetError: naming the file when it is missing, unreadable or truncated, or holds NaN / infinite pixels.
     """
     from PIL import Image
 
-    path = os.fspath(path)
     try:
         with Image.open(path) as im:
-            size = im.size
             fmt = im.format
             im.verify()
         if fmt == "JPEG":
@@ -128,77 +140,161 @@ def check_image_readable(path: str | os.PathLike) -> tuple[int, int]:
                 f.seek(max(os.path.getsize(path) - 64, 0))
                 if b"\xff\xd9" not in f.read():
                     raise DatasetError(f"unreadable image {path!r}: truncated JPEG (no end-of-image marker).")
+        im = Image.open(path)
+        try:
+            im.load()  # decodes every pixel: a truncated BMP/TIFF/JPEG passes verify() but fails here
+        except Exception:
+            im.close()
+            raise
     except DatasetError:
         raise
     except Exception as e:  # PIL raises many types (UnidentifiedImageError, SyntaxError, OSError, ...)
         raise DatasetError(f"unreadable image {path!r}: {type(e).__name__}: {e}") from e
+    if im.mode == "F":  # floating-point pixels (e.g. 32-bit TIFF)
+        try:
+            check_finite(np.asarray(im), path)
+        except DatasetError:
+            im.close()
+            raise
+    return im
+
+
+def check_finite(array: Any, path: str | os.PathLike) -> None:
+    """Raise :class:`DatasetError` naming ``path`` when ``array`` holds NaN or infinite values."""
+    arr = np.asarray(array)
+    if not np.issubdtype(arr.dtype, np.floating) or bool(np.isfinite(arr).all()):
+        return
+    n_nan, n_inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+    raise DatasetError(
+        f"non-finite pixels in {os.fspath(path)!r}: {n_nan} NaN and {n_inf} infinite value(s) out of {arr.size}; "
+        "replace them (e.g. with 0) before using the file."
+    )
+
+
+def check_image_readable(path: str | os.PathLike) -> tuple[int, int]:
+    """Verify that ``path`` is a readable image and return its (width, height).
+
+    The file is ``verify()``-ed (headers, PNG chunk CRCs, the JPEG end-of-image marker) and then fully decoded, so
+    truncated files of every format are caught; floating-point images (e.g. 32-bit TIFF) must hold only finite
+    values.
+
+    Raises:
+        DatasetError: naming the file when it is missing, unreadable, truncated, or holds NaN / infinite pixels.
+    """
+    path = os.fspath(path)
+    im = _decode(path)
+    size = im.size
+    im.close()
     return size
 
 
-def check_binary_mask(path: str | os.PathLike, label_threshold: float = 128, max_grey_fraction: float = 0.01) -> None:
-    """Decode the mask at ``path`` and raise :class:`DatasetError` when it is not a binary mask.
+def _values_text(arr: np.ndarray, limit: int = 12) -> str:
+    values = np.unique(arr)
+    shown = ", ".join(f"{v:g}" if isinstance(v, (float, np.floating)) else str(v) for v in values[:limit].tolist())
+    more = f", ... ({len(values)} distinct values)" if len(values) > limit else ""
+    return "{" + shown + more + "}"
+
+
+def binary_mask_threshold(mask: Any, path: str | os.PathLike = "mask", max_grey_fraction: float = 0.01) -> int:
+    """Classify a single-channel mask as a 0/1 or a 0/255 mask and return its threshold (1 or 128).
+
+    Rules (values above 255, e.g. 16-bit masks, are first rescaled to 0..255 by the maximum):
+
+    - every value is 0 or 1: a 0/1 mask, foreground = 1 (threshold 1);
+    - values near 0 and near 255 (JPEG compression noise included, e.g. Kvasir-SEG's masks hold 0..8 and
+      246..255), at most ``max_grey_fraction`` of the pixels in the mid-grey range (32, 224), and at least one value
+      >= 224: a 0/255 mask, foreground = value >= 128 (threshold 128);
+    - anything else (e.g. ``{0, 1, 2}``, ``{0, 128, 255}``, a grey-level image, negative or non-finite values)
+      raises :class:`DatasetError` naming ``path`` and the values found.
 
     Args:
-        path: mask file.
-        label_threshold: the grey level the mask is binarised at (foreground = value >= threshold). With a threshold
-            above 1 the mid-grey check applies; with 1 (instance label maps) only the colour check does.
-            Defaults to 128.
-        max_grey_fraction: largest tolerated fraction of mid-grey (32 < v < 224) or colour pixels. Defaults to 0.01.
+        mask: the mask values (numpy array or torch tensor, any shape).
+        path: file name for the messages. Defaults to ``"mask"``.
+        max_grey_fraction: largest tolerated fraction of mid-grey pixels in a 0/255 mask. Defaults to 0.01.
     """
-    from PIL import Image, ImageChops
-
+    if hasattr(mask, "detach"):
+        mask = mask.detach().cpu().numpy()
+    arr = np.asarray(mask)
     path = os.fspath(path)
-    grey_hist: list[int] | None = None  # 256-bin histogram of the grey levels, when 8-bit
-    arr: np.ndarray | None = None
-    try:
-        with Image.open(path) as im:
-            im.load()
-            if im.mode == "P":  # palette: grey palettes are read as grey levels, others as label indices
-                palette = np.asarray(im.getpalette() or [], dtype=np.int16).reshape(-1, 3)
-                grey_palette = bool(np.all(palette.max(axis=1) == palette.min(axis=1)))
-                grey_hist = im.convert("L").histogram() if grey_palette else None
-            elif im.mode in ("RGB", "RGBA", "LA", "CMYK", "YCbCr"):
-                rgb = im.convert("RGB")
-                r, g, b = rgb.split()
-                spread = ImageChops.lighter(
-                    ImageChops.lighter(ImageChops.difference(r, g), ImageChops.difference(g, b)),
-                    ImageChops.difference(r, b),
-                )
-                colour = sum(spread.histogram()[33:]) / float(rgb.width * rgb.height)
-                if colour > max_grey_fraction:
-                    raise DatasetError(
-                        f"not a binary mask: {path!r} is a colour image ({100 * colour:.1f}% of pixels coloured)."
-                    )
-                grey_hist = rgb.convert("L").histogram()
-            elif im.mode == "L":
-                grey_hist = im.histogram()
-            elif label_threshold > 1:
-                arr = np.asarray(im)
-    except DatasetError:
-        raise
-    except Exception as e:
-        raise DatasetError(f"unreadable mask {path!r}: {type(e).__name__}: {e}") from e
-    if label_threshold <= 1:
-        return
-    if grey_hist is not None:
-        total = float(sum(grey_hist))
-        grey = sum(grey_hist[33:224]) / total if total else 0.0
-    elif arr is not None and arr.size:  # 16/32-bit or bilevel masks: compare on a 0..255 scale
-        arr = np.asarray(arr, dtype=np.float64)
-        if float(arr.max()) > 255:
-            arr = arr * (255.0 / float(arr.max()))
-        grey = float(np.mean((arr > 32) & (arr < 224)))
-    else:
-        return
+    if arr.dtype == bool or arr.size == 0:
+        return 1
+    check_finite(arr, path)
+    lo, hi = arr.min(), arr.max()
+    if lo >= 0 and hi <= 1 and bool(np.all((arr == 0) | (arr == 1))):
+        return 1
+    if lo < 0:
+        raise DatasetError(f"not a binary mask: {path!r} has negative values; values found: {_values_text(arr)}.")
+    scaled = arr.astype(np.float64) * (255.0 / float(hi)) if hi > 255 else arr
+    grey = float(np.mean((scaled > 32) & (scaled < 224)))
     if grey > max_grey_fraction:
         raise DatasetError(
             f"not a binary mask: {path!r} has {100 * grey:.1f}% mid-grey pixels (values in (32, 224)); "
-            f"at most {100 * max_grey_fraction:.1f}% are tolerated."
+            f"at most {100 * max_grey_fraction:.1f}% are tolerated; values found: {_values_text(arr)}. "
+            "Expected a 0/1 or a 0/255 mask."
         )
+    if float(scaled.max()) < 224:
+        raise DatasetError(
+            f"not a binary mask: {path!r} has values {_values_text(arr)}: neither a 0/1 mask nor a 0/255 mask "
+            "(a label map? its foreground would be read as background)."
+        )
+    return 128
+
+
+def _mask_info(path: str, label_threshold: float, max_grey_fraction: float) -> tuple[float, tuple[int, int]]:
+    """(threshold, (width, height)) of the mask at ``path``, decoded once; see :func:`check_binary_mask`."""
+    from PIL import ImageChops
+
+    try:
+        im = _decode(path)
+    except DatasetError as e:
+        raise DatasetError(str(e).replace("unreadable image", "unreadable mask", 1)) from e
+    with im:
+        size = im.size
+        if im.mode == "P":  # palette: grey palettes are read as grey levels, others as label indices
+            palette = np.asarray(im.getpalette() or [], dtype=np.int16).reshape(-1, 3)
+            grey_palette = bool(np.all(palette.max(axis=1) == palette.min(axis=1)))
+            arr = np.asarray(im.convert("L") if grey_palette else im)
+        elif im.mode in ("RGB", "RGBA", "LA", "CMYK", "YCbCr"):
+            rgb = im.convert("RGB")
+            r, g, b = rgb.split()
+            spread = ImageChops.lighter(
+                ImageChops.lighter(ImageChops.difference(r, g), ImageChops.difference(g, b)),
+                ImageChops.difference(r, b),
+            )
+            colour = sum(spread.histogram()[33:]) / float(rgb.width * rgb.height)
+            if colour > max_grey_fraction:
+                raise DatasetError(
+                    f"not a binary mask: {path!r} is a colour image ({100 * colour:.1f}% of pixels coloured)."
+                )
+            arr = np.asarray(rgb.convert("L"))
+        else:
+            arr = np.asarray(im)
+    if label_threshold <= 1:
+        return label_threshold, size
+    return binary_mask_threshold(arr, path, max_grey_fraction), size
+
+
+def check_binary_mask(
+    path: str | os.PathLike, label_threshold: float = 128, max_grey_fraction: float = 0.01
+) -> float:
+    """Decode the mask at ``path``, raise :class:`DatasetError` when it is not a binary mask, return its threshold.
+
+    Args:
+        path: mask file.
+        label_threshold: the grey level the mask is binarised at (foreground = value >= threshold). Above 1 the
+            mask must be a 0/1 or a 0/255 mask (:func:`binary_mask_threshold`); with 1 (instance label maps) only
+            the colour check applies. Defaults to 128.
+        max_grey_fraction: largest tolerated fraction of mid-grey (32 < v < 224) or colour pixels. Defaults to 0.01.
+
+    Returns:
+        The threshold to binarise this mask at: 1 for a 0/1 mask, 128 for a 0/255 mask, ``label_threshold`` for a
+        label map.
+    """
+    return _mask_info(os.fspath(path), label_threshold, max_grey_fraction)[0]
 
 
 def validate_datalist(
-    datalist: Sequence[Mapping[str, Any]],
+    datalist: Sequence[MutableMapping[str, Any]],
     what: str,
     check_images: bool = True,
     check_masks: bool = True,
@@ -206,14 +302,18 @@ def validate_datalist(
 ) -> None:
     """Run the per-file checks on a datalist (entries with ``image``, ``label`` and ``label_threshold``).
 
-    All files are checked and the problems are reported together (the first few named).
+    All files are checked and the problems are reported together (the first few named). With ``check_masks``, an
+    entry whose mask turns out to be a 0/1 mask (``label_threshold`` above 1 but every value 0 or 1) gets
+    ``label_threshold`` 1, so that its foreground is not read as background.
 
     Args:
-        datalist: entries as produced by the builders of :mod:`spectraflow_monai.data.datasets2d`.
+        datalist: entries as produced by the builders of :mod:`spectraflow_monai.data.datasets2d` (updated in place).
         what: description of the split for messages (e.g. the split file).
-        check_images: verify images and masks (headers) and their sizes. Defaults to ``True``.
-        check_masks: decode masks and check they are binary. Defaults to ``True``.
-        max_grey_fraction: see :func:`check_binary_mask`. Defaults to 0.01.
+        check_images: fully decode images and masks (truncated files, NaN / infinite pixels) and compare their
+            sizes. Defaults to ``True``.
+        check_masks: check that masks are 0/1 or 0/255 masks (:func:`binary_mask_threshold`; label maps: colour
+            check only). Defaults to ``True``.
+        max_grey_fraction: see :func:`binary_mask_threshold`. Defaults to 0.01.
 
     Raises:
         DatasetError: when the datalist is empty or any file fails a check.
@@ -223,18 +323,62 @@ def validate_datalist(
     problems: list[str] = []
     for entry in datalist:
         try:
-            if check_images:
-                size_i = check_image_readable(entry["image"])
-                size_m = check_image_readable(entry["label"])
-                if size_i != size_m:
-                    raise DatasetError(
-                        f"image {entry['image']!r} is {size_i[0]}x{size_i[1]} but its mask {entry['label']!r} "
-                        f"is {size_m[0]}x{size_m[1]}."
-                    )
+            size_i = check_image_readable(entry["image"]) if check_images else None
             if check_masks:
-                check_binary_mask(entry["label"], entry.get("label_threshold", 128), max_grey_fraction)
+                threshold, size_m = _mask_info(
+                    os.fspath(entry["label"]), entry.get("label_threshold", 128), max_grey_fraction
+                )
+                if threshold != entry.get("label_threshold", 128):
+                    entry["label_threshold"] = threshold
+            elif check_images:
+                size_m = check_image_readable(entry["label"])
+            if check_images and size_i != size_m:
+                raise DatasetError(
+                    f"image {entry['image']!r} is {size_i[0]}x{size_i[1]} but its mask {entry['label']!r} "
+                    f"is {size_m[0]}x{size_m[1]}."
+                )
         except DatasetError as e:
             problems.append(str(e))
     if problems:
         more = f" (and {len(problems) - _MAX_LISTED} more problems)" if len(problems) > _MAX_LISTED else ""
         raise DatasetError(f"{what}: {len(problems)} bad file(s){more}:\n  " + "\n  ".join(problems[:_MAX_LISTED]))
+
+
+class InputCheck:
+    """Check every inference input up front (fully decoded, finite pixels); keep the readable ones.
+
+    A folder of inputs with one bad file must not stop the others: the bundle's ``inference.yaml`` runs on
+    :attr:`datalist` (the readable files) and calls :meth:`raise_failures` at the end, which raises a
+    :class:`DatasetError` listing the failed files, so the run exits non-zero after writing every other output.
+    Each failure is also logged as a warning when found.
+
+    Args:
+        paths: the input image files.
+        key: the datalist key of the image. Defaults to ``"image"``.
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike], key: str = "image") -> None:
+        import logging
+
+        logger = logging.getLogger(__name__)
+        self.paths = [os.fspath(p) for p in paths]
+        self.good: list[str] = []
+        self.failures: list[str] = []
+        for path in self.paths:
+            try:
+                check_image_readable(path)
+                self.good.append(path)
+            except DatasetError as e:
+                logger.warning("skipping %s", e)
+                self.failures.append(str(e))
+        self.datalist = [{key: p} for p in self.good]
+
+    def raise_failures(self) -> None:
+        """Raise :class:`DatasetError` listing the files that failed the check (nothing when all passed)."""
+        if self.failures:
+            n = len(self.failures)
+            more = f" (and {n - _MAX_LISTED} more)" if n > _MAX_LISTED else ""
+            raise DatasetError(
+                f"{n} of {len(self.paths)} input image(s) could not be read{more}; the outputs of the other "
+                f"{len(self.good)} were written:\n  " + "\n  ".join(self.failures[:_MAX_LISTED])
+            )

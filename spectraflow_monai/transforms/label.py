@@ -5,6 +5,11 @@ are stored differently: Kvasir-SEG as RGB JPEGs with compression noise (foregrou
 ISIC-2016 as 0/255 PNGs, GlaS as instance label maps (foreground = label > 0, i.e. >= 1). The datalists of
 :mod:`spectraflow_monai.data.datasets2d` record the right threshold per entry (``label_threshold``), which
 :class:`BinarizeLabeld` reads, so one transform chain serves every preset.
+
+With ``check_values=True`` (as in the 2D bundle) a mask binarised at a grey level (threshold above 1) is checked
+first with :func:`spectraflow_monai.data.validation.binary_mask_threshold`: a 0/1 mask is binarised at 1 (instead of
+becoming all background), and any set of values other than 0/1 or 0/255 (JPEG noise tolerated), e.g. ``{0, 1, 2}``
+or ``{0, 128, 255}``, raises a :class:`~spectraflow_monai.utils.errors.DataError` naming the file and the values.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from monai.config import KeysCollection
 from monai.config.type_definitions import NdarrayOrTensor
 from monai.transforms import MapTransform, Transform
 from monai.utils import TransformBackends, convert_to_dst_type
+
+from spectraflow_monai.data.validation import binary_mask_threshold
 
 __all__ = [
     "BinarizeLabel",
@@ -52,18 +59,35 @@ class BinarizeLabel(Transform):
         channel_reduction: ``"mean"``, ``"max"``, ``"first"`` (channel 0) or ``None`` (threshold every channel,
             keeping the channel count). Defaults to ``"mean"``.
         dtype: output dtype. Defaults to ``torch.float32``.
+        check_values: when the threshold is above 1, check the (channel-reduced) values first: a 0/1 mask is
+            binarised at 1, anything but a 0/1 or 0/255 mask (JPEG noise tolerated) raises
+            :class:`~spectraflow_monai.utils.errors.DataError` naming the file (``meta["filename_or_obj"]`` of a
+            MetaTensor) and the values found. Defaults to ``False``.
+        max_grey_fraction: tolerated fraction of mid-grey pixels for ``check_values``. Defaults to 0.01.
     """
 
     backend = [TransformBackends.TORCH, TransformBackends.NUMPY]
 
     def __init__(
-        self, threshold: float = 128, channel_reduction: str | None = "mean", dtype: Any = torch.float32
+        self,
+        threshold: float = 128,
+        channel_reduction: str | None = "mean",
+        dtype: Any = torch.float32,
+        check_values: bool = False,
+        max_grey_fraction: float = 0.01,
     ) -> None:
         self.threshold = _check_threshold(threshold)
         if channel_reduction not in _REDUCTIONS:
             raise ValueError(f"channel_reduction must be one of {_REDUCTIONS}, got {channel_reduction!r}.")
+        if not isinstance(check_values, bool):
+            raise ValueError(f"check_values must be a bool, got {check_values!r}.")
+        max_grey_fraction = _check_threshold(max_grey_fraction, "max_grey_fraction")
+        if not 0.0 <= max_grey_fraction < 1.0:
+            raise ValueError(f"max_grey_fraction must be in [0, 1), got {max_grey_fraction!r}.")
         self.channel_reduction = channel_reduction
         self.dtype = dtype
+        self.check_values = check_values
+        self.max_grey_fraction = max_grey_fraction
 
     def __call__(self, img: NdarrayOrTensor, threshold: float | None = None) -> NdarrayOrTensor:
         """
@@ -82,6 +106,9 @@ class BinarizeLabel(Transform):
                 x = x.amax(dim=0, keepdim=True)
             else:
                 x = x[:1]
+        if self.check_values and thr > 1:
+            meta = getattr(img, "meta", None) or {}
+            thr = binary_mask_threshold(x, str(meta.get("filename_or_obj", "label")), self.max_grey_fraction)
         out, *_ = convert_to_dst_type(x >= thr, img, dtype=self.dtype)
         return out
 
@@ -96,6 +123,9 @@ class BinarizeLabeld(MapTransform):
         threshold_key: key of the per-sample threshold. Defaults to ``"label_threshold"``.
         channel_reduction: see :class:`BinarizeLabel`. Defaults to ``"mean"``.
         dtype: output dtype. Defaults to ``torch.float32``.
+        check_values: see :class:`BinarizeLabel`; applies to samples whose threshold is above 1. Defaults to
+            ``False``.
+        max_grey_fraction: see :class:`BinarizeLabel`. Defaults to 0.01.
         allow_missing_keys: don't raise when a key is missing. Defaults to ``False``.
     """
 
@@ -108,11 +138,17 @@ class BinarizeLabeld(MapTransform):
         threshold_key: str = "label_threshold",
         channel_reduction: str | None = "mean",
         dtype: Any = torch.float32,
+        check_values: bool = False,
+        max_grey_fraction: float = 0.01,
         allow_missing_keys: bool = False,
     ) -> None:
         super().__init__(keys, allow_missing_keys)
         self.binarizer = BinarizeLabel(
-            threshold=128 if threshold is None else threshold, channel_reduction=channel_reduction, dtype=dtype
+            threshold=128 if threshold is None else threshold,
+            channel_reduction=channel_reduction,
+            dtype=dtype,
+            check_values=check_values,
+            max_grey_fraction=max_grey_fraction,
         )
         self.fixed = threshold is not None
         self.threshold_key = threshold_key

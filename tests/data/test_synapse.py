@@ -341,3 +341,166 @@ def test_extract_slices_truncated_volume(raw_root, tmp_path):
     truncated.write_bytes(data[: len(data) // 2])  # header intact, data cut
     with pytest.raises(DatasetError, match=r"case 0005: cannot read the image data of .*img0005\.nii\.gz"):
         extract_slices([{**d, "image": str(truncated)}], tmp_path / "cache", progress=False)
+
+
+# ------------------------------------------------------------------------------ slice cache index: paths confined
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "nested_dotdot", "symlink"])
+def test_crafted_index_cannot_remove_files_outside_the_cache(raw_root, tmp_path, kind):
+    datalist = synapse_datalist(raw_root, cases=[5])
+    cache = tmp_path / "cache"
+    extract_slices(datalist, cache, progress=False)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    entry = {
+        "dotdot": "../victim.txt",
+        "absolute": str(victim),
+        "nested_dotdot": "case0005/../../victim.txt",
+        "symlink": "case0005/link.txt",
+    }[kind]
+    if kind == "symlink":
+        os.symlink(victim, cache / "case0005" / "link.txt")
+    index_path = cache / "index.json"
+    index = json.loads(index_path.read_text())
+    index["volumes"]["0005"]["files"].append(entry)
+    index["volumes"]["0005"]["source"] = {}  # a changed source: the volume is re-extracted, stale files removed
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(DatasetError) as info:
+        extract_slices(datalist, cache, progress=False)
+    assert victim.read_text() == "keep me"
+    message = str(info.value)
+    assert str(index_path) in message and repr(entry) in message and "files[8]" in message, message
+
+
+def test_index_without_file_list_is_refused(raw_root, tmp_path):
+    datalist = synapse_datalist(raw_root, cases=[5])
+    cache = tmp_path / "cache"
+    extract_slices(datalist, cache, progress=False)
+    index = json.loads((cache / "index.json").read_text())
+    index["volumes"]["0005"]["files"] = "../victim.txt"
+    (cache / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DatasetError, match=r"index\.json.*volumes\['0005'\]"):
+        extract_slices(datalist, cache, progress=False)
+
+
+@pytest.mark.parametrize("case", ["../x", "a/b", "..", "a\\b"])
+def test_case_ids_must_be_plain_names(raw_root, tmp_path, case):
+    d = synapse_datalist(raw_root, cases=[5])[0]
+    with pytest.raises(ValueError, match=r"datalist\[0\] has the case id"):
+        extract_slices([{**d, "case": case}], tmp_path / "cache", progress=False)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "cache" / "case..").exists()
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "{not json"])
+def test_bad_phantom_manifest_is_named(tmp_path, content):
+    root = tmp_path / "phantom"
+    generate_synthetic_ct(root, cases=[5], shape=(16, 16, 4))
+    (root / "synthetic_ct.json").write_text(content)
+    with pytest.raises(DatasetError, match=r"phantom manifest .*synthetic_ct\.json"):
+        build_synapse_datalist("synthetic", root, "train", generate={"cases": [5], "shape": [16, 16, 4]})
+
+
+# ----------------------------------------------------------------------------------------- non-finite CT voxels
+def _nan_volume(raw_root, tmp_path, inf=False):
+    """Case 5 of the phantom with a 2x2x2 NaN patch (and, with ``inf``, one +inf and one -inf voxel)."""
+    d = synapse_datalist(raw_root, cases=[5])[0]
+    src = nib.load(d["image"])
+    data = src.get_fdata(dtype=np.float32)
+    data[4:6, 4:6, 2:4] = np.nan
+    if inf:
+        data[0, 0, 0], data[1, 0, 0] = np.inf, -np.inf
+    image = tmp_path / "img0005.nii.gz"
+    nib.save(nib.Nifti1Image(data, src.affine), str(image))
+    return {**d, "image": str(image)}
+
+
+@pytest.mark.parametrize("inf", [False, True])
+def test_extract_slices_names_a_volume_with_nan_voxels(raw_root, tmp_path, inf):
+    entry = _nan_volume(raw_root, tmp_path, inf)
+    count = 8 + 2 * inf
+    pattern = rf"case 0005: .*img0005\.nii\.gz.* {count} non-finite voxel\(s\) \(8 NaN, {2 * inf} infinite\)"
+    with pytest.raises(DatasetError, match=pattern):
+        extract_slices([entry], tmp_path / "cache", progress=False)
+    assert not list((tmp_path / "cache").glob("case0005/*.npz"))
+    # the bundle entry point too, on a raw BTCV layout
+    root = tmp_path / "btcv"
+    (root / "RawData/Training/img").mkdir(parents=True)
+    (root / "RawData/Training/label").mkdir(parents=True)
+    os.replace(entry["image"], root / "RawData/Training/img/img0005.nii.gz")
+    Path(root / "RawData/Training/label/label0005.nii.gz").write_bytes(Path(entry["label"]).read_bytes())
+    with pytest.raises(DatasetError, match=pattern):
+        build_synapse_datalist("btcv", root, "train", cases=[5], slices=True, cache_dir=tmp_path / "c2", progress=False)
+    assert not list((tmp_path / "c2").glob("case0005/*.npz"))
+
+
+def test_extract_slices_replaces_nan_voxels_when_asked(raw_root, tmp_path, caplog):
+    entry = _nan_volume(raw_root, tmp_path, inf=True)
+    with caplog.at_level("WARNING", logger="spectraflow_monai.transforms.finite"):
+        slices = extract_slices([entry], tmp_path / "cache", nonfinite="replace", progress=False)
+    assert any("img0005.nii.gz" in r.getMessage() and "replaced 10 non-finite voxel(s)" in r.getMessage()
+               for r in caplog.records), caplog.text  # fmt: skip
+    with np.load(slices[2]["image"]) as f:
+        img = f["image"]
+    assert np.isfinite(img).all()
+    np.testing.assert_array_equal(img[4:6, 4:6], 0.0)  # replaced by the window's lower bound: black
+    index = json.loads((tmp_path / "cache" / "index.json").read_text())
+    assert index["volumes"]["0005"]["params"]["nonfinite"] == {"mode": "replace", "value": None}
+    # an explicit value in HU (here the upper bound: white); a new value re-extracts the volume
+    slices = extract_slices([entry], tmp_path / "cache", nonfinite="replace", nonfinite_value=275, progress=False)
+    with np.load(slices[2]["image"]) as f:
+        np.testing.assert_array_equal(f["image"][4:6, 4:6], 1.0)
+    with pytest.raises(ValueError, match="nonfinite must be one of"):
+        extract_slices([entry], tmp_path / "cache", nonfinite="ignore", progress=False)
+    with pytest.raises(ValueError, match="nonfinite_value must be a finite number"):
+        extract_slices([entry], tmp_path / "cache", nonfinite="replace", nonfinite_value=float("nan"), progress=False)
+
+
+def test_extract_slices_names_a_transunet_volume_with_nan(tu_root, tmp_path):
+    import h5py
+
+    h5 = tmp_path / "case0001.npy.h5"
+    with h5py.File(tu_root / "test_vol_h5" / "case0001.npy.h5", "r") as f:
+        image, label = f["image"][()], f["label"][()]
+    image[1, 3:5, 3:5] = np.nan
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("image", data=image)
+        f.create_dataset("label", data=label)
+    entry = {"image": str(h5), "label": str(h5), "case": "0001"}
+    with pytest.raises(DatasetError, match=r"case 0001: .*case0001\.npy\.h5.* 4 non-finite voxel\(s\)"):
+        extract_slices([entry], tmp_path / "cache", progress=False)
+    slices = extract_slices([entry], tmp_path / "cache", nonfinite="replace", progress=False)
+    with np.load(slices[1]["image"]) as f:
+        np.testing.assert_array_equal(f["image"][3:5, 3:5], 0.0)
+
+
+# ------------------------------------------------------------------------------------------- bundle settings
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"image_size": "abc"}, r"image_size must be a positive int multiple of 14 .*got 'abc'"),
+        ({"image_size": 100}, r"image_size must be a positive int multiple of 14 .*got 100"),
+        ({"image_size": 224.0}, r"image_size .*got 224\.0"),
+        ({"dataset": "acdc"}, r"dataset must be one of .*got 'acdc'"),
+        ({"num_classes": 1}, r"num_classes must be an int >= 2 .*got 1"),
+        ({"hu_window": [275, -125]}, r"hu_window must be .*got \[275, -125\]"),
+        ({"hu_window": "wide"}, r"hu_window must be .*got 'wide'"),
+        ({"nonfinite": "ignore"}, r"nonfinite must be one of \['error', 'replace'\], got 'ignore'"),
+        ({"nonfinite": "replace", "nonfinite_value": "air"}, r"nonfinite_value must be a finite number, got 'air'"),
+    ],
+)
+def test_check_synapse_settings_names_the_setting(kwargs, match):
+    from spectraflow_monai.data import check_synapse_settings
+    from spectraflow_monai.utils.errors import SettingError
+
+    with pytest.raises(SettingError, match=match):
+        check_synapse_settings(**{"image_size": 224, **kwargs})
+
+
+def test_check_synapse_settings_normalises():
+    from spectraflow_monai.data import check_synapse_settings
+
+    out = check_synapse_settings(np.int64(56), "BTCV", 9, (-125, 275), "replace", -1000)
+    assert out == {
+        "image_size": 56, "dataset": "btcv", "num_classes": 9, "hu_window": [-125.0, 275.0],
+        "nonfinite": "replace", "nonfinite_value": -1000.0,
+    }  # fmt: skip
+    assert check_synapse_settings(224) == {"image_size": 224}

@@ -106,6 +106,9 @@ def test_transunet_layout_without_h5py_warns(tmp_path, monkeypatch):
         ({"spacing": (1.0, 0.0, 1.0)}, "spacing"),
         ({"cases": [5, "0005"]}, "cases"),
         ({"cases": ["abc"]}, "case id"),
+        ({"spacing": (1.0, float("inf"), 1.0)}, "spacing must be three positive finite numbers"),
+        ({"noise_std": float("nan")}, "noise_std must be a finite number >= 0, got nan"),
+        ({"noise_std": float("inf")}, "noise_std must be a finite number >= 0, got inf"),
     ],
 )
 def test_bad_arguments(tmp_path, kwargs, match):

@@ -1,4 +1,5 @@
 import os
+import re
 
 import numpy as np
 import pytest
@@ -6,11 +7,20 @@ from PIL import Image
 
 from spectraflow_monai.data.validation import (
     DatasetError,
+    InputCheck,
+    binary_mask_threshold,
     check_binary_mask,
     check_image_readable,
     check_pairs,
     list_images,
     validate_datalist,
+)
+from spectraflow_monai.utils.errors import DataError
+
+# the real Kvasir-SEG copy: $SPECTRAFLOW_KVASIR_DIR, else shared/data/kvasir-seg beside the repository
+KVASIR_REAL = os.environ.get(
+    "SPECTRAFLOW_KVASIR_DIR",
+    os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "kvasir-seg"),
 )
 
 
@@ -94,3 +104,93 @@ def test_list_images_and_pairs(tmp_path):
     with pytest.raises(DatasetError, match="and 3 more"):
         check_pairs({}, many, "p")
     assert os.path.isdir(tmp_path)
+
+
+# ------------------------------------------------------------------ mask values, full decoding, non-finite pixels
+def test_zero_one_mask_is_read_as_binary(tmp_path):
+    m = np.zeros((16, 16), dtype=np.uint8)
+    m[4:12, 4:12] = 1
+    mask = save(m, tmp_path / "m01.png")
+    assert check_binary_mask(mask) == 1
+    assert check_binary_mask(save(m * 255, tmp_path / "m255.png")) == 128
+    img = save(np.zeros((16, 16, 3), dtype=np.uint8), tmp_path / "img.png")
+    entries = [{"image": img, "label": mask, "name": "x", "label_threshold": 128}]
+    validate_datalist(entries, "split")
+    assert entries[0]["label_threshold"] == 1  # its foreground is 1, not >= 128
+
+
+def test_jpeg_noise_around_0_and_255_is_binary(tmp_path):
+    m = np.zeros((64, 64), dtype=np.uint8)
+    yy, xx = np.mgrid[:64, :64]
+    m[(yy - 30) ** 2 + (xx - 33) ** 2 < 300] = 255  # a round edge: JPEG ringing around it
+    path = save(np.stack([m] * 3, -1), tmp_path / "m.jpg", quality=90)
+    values = np.unique(np.asarray(Image.open(path).convert("L")))
+    assert len(values) > 2  # noisy
+    assert check_binary_mask(path) == 128
+    assert binary_mask_threshold(np.asarray(Image.open(path).convert("L")), path) == 128
+
+
+@pytest.mark.parametrize(
+    "values, shown",
+    [((0, 1, 2), "{0, 1, 2}"), ((0, 128, 255), "{0, 128, 255}"), ((0, 3, 7), "{0, 3, 7}"), ((0, 60, 90), "60")],
+)
+def test_other_value_sets_name_the_file_and_values(tmp_path, values, shown):
+    m = np.zeros((12, 12), dtype=np.uint8)
+    m[:4], m[4:8] = values[1], values[2]
+    path = save(m, tmp_path / "labels.png")
+    with pytest.raises(DataError, match="not a binary mask") as e:
+        check_binary_mask(path)
+    assert path in str(e.value) and shown in str(e.value)
+    assert isinstance(e.value, DatasetError)
+    img = save(np.zeros((12, 12, 3), dtype=np.uint8), tmp_path / "img.png")
+    with pytest.raises(DatasetError, match=re.escape(shown)):
+        validate_datalist([{"image": img, "label": path, "label_threshold": 128}], "split")
+    assert check_binary_mask(path, label_threshold=1) == 1  # a label map (GlaS) keeps its threshold
+
+
+@pytest.mark.parametrize("fmt", ["BMP", "TIFF", "JPEG", "PNG"])
+def test_truncated_file_of_any_format_is_named(tmp_path, fmt):
+    rng = np.random.default_rng(0)
+    path = tmp_path / f"cut.{fmt.lower()}"
+    Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(path, format=fmt)
+    path.write_bytes(path.read_bytes()[:-300])
+    with pytest.raises(DatasetError, match="unreadable image") as e:
+        check_image_readable(path)
+    assert str(path) in str(e.value)
+
+
+def test_float_tiff_with_nan_or_inf_is_named(tmp_path):
+    ok = tmp_path / "ok.tiff"
+    Image.fromarray(np.full((8, 8), 0.5, dtype=np.float32)).save(ok)
+    assert check_image_readable(ok) == (8, 8)
+    arr = np.full((8, 8), 0.5, dtype=np.float32)
+    arr[0, 0], arr[1, 1], arr[2, 2] = np.nan, np.nan, np.inf
+    bad = tmp_path / "bad.tiff"
+    Image.fromarray(arr).save(bad)
+    with pytest.raises(DatasetError, match="2 NaN and 1 infinite") as e:
+        check_image_readable(bad)
+    assert str(bad) in str(e.value)
+    mask = save(np.zeros((8, 8), dtype=np.uint8), tmp_path / "m.png")
+    with pytest.raises(DatasetError, match="bad.tiff.*NaN"):
+        validate_datalist([{"image": str(bad), "label": mask, "label_threshold": 128}], "split")
+
+
+def test_input_check_keeps_readable_files_and_lists_the_others(tmp_path):
+    rng = np.random.default_rng(0)
+    good = [save(rng.integers(0, 256, (10, 10, 3), dtype=np.uint8), tmp_path / f"{n}.png") for n in "ac"]
+    cut = tmp_path / "b.bmp"
+    Image.fromarray(rng.integers(0, 256, (30, 30, 3), dtype=np.uint8)).save(cut)
+    cut.write_bytes(cut.read_bytes()[:-100])
+    check = InputCheck([good[0], cut, good[1]])
+    assert check.good == good and check.datalist == [{"image": p} for p in good]
+    with pytest.raises(DataError, match=r"1 of 3 input image\(s\) could not be read") as e:
+        check.raise_failures()
+    assert str(cut) in str(e.value)
+    InputCheck(good).raise_failures()  # nothing to report
+
+
+@pytest.mark.skipif(not os.path.isdir(KVASIR_REAL), reason="real Kvasir-SEG not available")
+def test_real_kvasir_masks_are_0_255_masks():
+    masks = sorted(os.listdir(os.path.join(KVASIR_REAL, "Kvasir-SEG", "masks")))[::10]  # every 10th: 100 masks
+    for name in masks:
+        assert check_binary_mask(os.path.join(KVASIR_REAL, "Kvasir-SEG", "masks", name)) == 128, name

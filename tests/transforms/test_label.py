@@ -4,6 +4,7 @@ import torch
 from monai.data import MetaTensor
 
 from spectraflow_monai.transforms import BinarizeLabel, BinarizeLabeld
+from spectraflow_monai.utils.errors import DataError
 
 
 def test_rgb_jpeg_mask_reduced_and_thresholded():
@@ -49,3 +50,33 @@ def test_bad_arguments(kwargs, match):
         BinarizeLabel(**kwargs)
     with pytest.raises(ValueError, match="channel-first"):
         BinarizeLabel()(torch.ones(3))
+
+
+def _mask(values, name="m.png"):
+    return MetaTensor(torch.tensor([[values]], dtype=torch.float32), meta={"filename_or_obj": name})
+
+
+def test_check_values_reads_0_1_masks_and_tolerates_jpeg_noise():
+    t = BinarizeLabel(check_values=True)
+    assert t(_mask([0.0, 1.0, 1.0, 0.0])).tolist() == [[[0.0, 1.0, 1.0, 0.0]]]  # not all background
+    assert t(_mask([0.0, 3.0, 250.0, 255.0])).tolist() == [[[0.0, 0.0, 1.0, 1.0]]]  # JPEG noise near 0 and 255
+    rgb = MetaTensor(torch.tensor([[[0.0, 1.0, 1.0]]]).repeat(3, 1, 1), meta={"filename_or_obj": "rgb.png"})
+    assert t(rgb).tolist() == [[[0.0, 1.0, 1.0]]]
+    d = BinarizeLabeld("label", check_values=True)
+    assert d({"label": _mask([0.0, 1.0]), "label_threshold": 128})["label"].tolist() == [[[0.0, 1.0]]]
+    # label maps (threshold 1) are not value-checked
+    assert d({"label": _mask([0.0, 1.0, 2.0]), "label_threshold": 1})["label"].tolist() == [[[0.0, 1.0, 1.0]]]
+
+
+@pytest.mark.parametrize("values, shown", [([0.0, 1.0, 2.0, 2.0], "{0, 1, 2}"), ([0.0, 128.0, 128.0, 255.0], "128")])
+def test_check_values_rejects_other_value_sets_naming_the_file(values, shown):
+    with pytest.raises(DataError, match="not a binary mask") as e:
+        BinarizeLabel(check_values=True)(_mask(values, "/data/masks/case_7.png"))
+    assert "/data/masks/case_7.png" in str(e.value) and shown in str(e.value)
+    assert BinarizeLabel()(_mask(values)).shape == (1, 1, 4)  # unchecked by default
+
+
+@pytest.mark.parametrize("kwargs", [{"check_values": "yes"}, {"max_grey_fraction": 1.5}])
+def test_bad_check_arguments(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        BinarizeLabel(**kwargs)

@@ -1,0 +1,86 @@
+"""Errors about the user's inputs (data files, bundle settings) and a short report of them at the end of a run.
+
+MONAI's bundle runner wraps every exception raised inside a config expression
+(``RuntimeError("Failed to evaluate ...") from e``), so the message of a data check ends up dozens of lines above
+the end of the output. The checks of this package raise :class:`DataError` (a file is missing, unreadable, not a
+binary mask, holds NaN, ...) or :class:`SettingError` (a bundle setting is invalid); both are ``ValueError``
+subclasses. :func:`install_excepthook` replaces ``sys.excepthook`` by one that prints the usual traceback and then,
+when the exception or one of its causes is such an error, one last line::
+
+    error: <file>: <problem>
+
+The bundles install it by listing ``$import spectraflow_monai.utils.excepthook`` under ``imports``.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "DataError",
+    "SettingError",
+    "error_summary",
+    "find_input_error",
+    "install_excepthook",
+]
+
+
+class DataError(ValueError):
+    """A data file is missing, unreadable or unusable; the message names the file(s) and the problem."""
+
+
+class SettingError(ValueError):
+    """A setting (a bundle config value or an argument) is invalid; the message names the setting and the value."""
+
+
+_REPORTED = (DataError, SettingError)
+
+
+def find_input_error(exc: BaseException | None) -> BaseException | None:
+    """The first :class:`DataError` or :class:`SettingError` in the chain of ``exc`` (itself, then its causes and
+    contexts), or ``None``."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _REPORTED):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def error_summary(exc: BaseException | None) -> str | None:
+    """One line ``"error: <message>"`` for the :class:`DataError` / :class:`SettingError` in the chain of ``exc``
+    (line breaks of the message become ``"; "``), or ``None`` when the chain holds neither."""
+    found = find_input_error(exc)
+    if found is None:
+        return None
+    parts = [p.strip() for p in str(found).splitlines() if p.strip()]
+    text = "; ".join(parts) if parts else type(found).__name__
+    return f"error: {text.replace(':; ', ': ')}"
+
+
+def _hook(previous: Any) -> Any:
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        previous(exc_type, exc, tb)
+        try:
+            line = error_summary(exc)
+        except Exception:  # the report must never hide the original error
+            line = None
+        if line:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    excepthook._spectraflow_previous = previous  # type: ignore[attr-defined]
+    return excepthook
+
+
+def install_excepthook() -> None:
+    """Make uncaught exceptions end with the one-line report of :func:`error_summary` (idempotent).
+
+    The previous ``sys.excepthook`` still prints the traceback first.
+    """
+    if getattr(sys.excepthook, "_spectraflow_previous", None) is not None:
+        return
+    sys.excepthook = _hook(sys.excepthook)

@@ -1,0 +1,33 @@
+"""Checks of bundle settings, run in a bundle's ``initialize`` list so that a wrong value stops the run before any
+data is read or any network is built, with a message naming the setting and the value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spectraflow_monai.utils.errors import SettingError
+
+__all__ = ["PATCH_SIZE", "check_image_size"]
+
+#: patch size of the DINOv2 encoders: the image side must be a multiple of it
+PATCH_SIZE = 14
+
+
+def check_image_size(value: Any, name: str = "image_size", multiple: int = PATCH_SIZE) -> int:
+    """Return ``value`` as an ``int`` when it is a positive integer multiple of ``multiple``.
+
+    Args:
+        value: the setting's value (an int; numpy integers are accepted, booleans and strings are not).
+        name: the setting's name for the message. Defaults to ``"image_size"``.
+        multiple: the value must be a multiple of it (the ViT patch size). Defaults to 14.
+
+    Raises:
+        SettingError: (a ``ValueError``) naming the setting and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise SettingError(f"{name} must be a positive int multiple of {multiple} (e.g. 224), got {value!r}.")
+    if value <= 0 or value % multiple:
+        raise SettingError(f"{name} must be a positive int multiple of {multiple} (e.g. 224), got {value!r}.")
+    return int(value)

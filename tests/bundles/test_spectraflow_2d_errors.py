@@ -1,0 +1,90 @@
+"""Bad inputs to the ``spectraflow_2d_segmentation`` bundle: the run stops (or, for inference, skips the bad files)
+with a message naming the file or setting, and ``python -m monai.bundle run`` ends its output with one line
+``error: <file>: <problem>``. Tiny inputs, no training: every case fails in the checks before any work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from spectraflow_monai.utils.errors import DataError, SettingError, error_summary, find_input_error
+from tests.bundles.helpers import parse_config, run_bundle
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "bundles" / "spectraflow_2d_segmentation"
+CONFIGS = BUNDLE / "configs"
+TRAIN, EVALUATE, INFERENCE = (str(CONFIGS / f"{n}.yaml") for n in ("train", "evaluate", "inference"))
+META = str(CONFIGS / "metadata.json")
+NET = {"image_size": 56, "encoder_kwargs": {"depth": 2}}
+
+
+def _tiny_kvasir(root: Path) -> Path:
+    """A Kvasir-SEG layout with two images and one mask: ``b.jpg`` has no mask."""
+    base = root / "Kvasir-SEG"
+    (base / "images").mkdir(parents=True)
+    (base / "masks").mkdir()
+    (root / "splits").mkdir()
+    for name in ("a", "b"):
+        Image.fromarray(np.zeros((28, 28, 3), dtype=np.uint8)).save(base / "images" / f"{name}.jpg")
+    Image.fromarray(np.zeros((28, 28), dtype=np.uint8)).save(base / "masks" / "a.jpg")
+    (root / "splits" / "train.txt").write_text("a\nb\n")
+    (root / "splits" / "val.txt").write_text("a\n")
+    return base
+
+
+def test_last_output_line_names_the_file_and_the_problem(tmp_path):
+    base = _tiny_kvasir(tmp_path / "kvasir")
+    cmd = [
+        sys.executable, "-m", "monai.bundle", "run", "--config_file", "configs/train.yaml",
+        "--bundle_root", str(tmp_path / "b"), "--dataset", "kvasir", "--dataset_dir", str(tmp_path / "kvasir"),
+        "--image_size", "28", "--encoder_kwargs", "{'depth': 2}", "--num_workers", "0",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=BUNDLE, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" in proc.stderr  # the usual report is kept, the summary comes after it
+    last = lines[-1]
+    assert last.startswith("error: ") and str(base / "images" / "b.jpg") in last and "without a mask" in last, last
+    assert not (tmp_path / "b" / "models" / "model.pt").exists()
+
+
+@pytest.mark.parametrize("configs", [[TRAIN], [TRAIN, EVALUATE], [INFERENCE]])
+@pytest.mark.parametrize("value", ["abc", 100])
+def test_image_size_checked_before_any_work(tmp_path, configs, value):
+    with pytest.raises(Exception) as info:
+        run_bundle(configs, META, bundle_root=str(tmp_path), image_size=value, encoder_kwargs={"depth": 2})
+    error = find_input_error(info.value)
+    assert isinstance(error, SettingError) and isinstance(error, ValueError), info.value
+    assert "image_size" in str(error) and repr(value) in str(error) and "multiple of 14" in str(error)
+    assert list(tmp_path.iterdir()) == []  # no data generated, no folder made
+
+
+def test_inference_skips_unreadable_inputs_and_lists_them(tmp_path):
+    torch.manual_seed(0)
+    net = parse_config(INFERENCE, bundle_root=str(tmp_path), **NET).get_parsed_content("network_def")
+    (tmp_path / "models").mkdir()
+    torch.save(net.state_dict(), tmp_path / "models" / "model.pt")
+    in_dir, out_dir = tmp_path / "images", tmp_path / "predictions"
+    in_dir.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.bmp", "d.png"):
+        Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(in_dir / name)
+    truncated = in_dir / "b.bmp"
+    truncated.write_bytes(truncated.read_bytes()[:-200])  # header intact: only decoding notices
+    nan = np.full((30, 40), 100.0, dtype=np.float32)
+    nan[3, 4] = np.nan
+    Image.fromarray(nan).save(in_dir / "c.tiff")
+    with pytest.raises(Exception) as info:
+        run_bundle(INFERENCE, META, bundle_root=str(tmp_path), input_dir=str(in_dir), output_dir=str(out_dir), **NET)
+    error = find_input_error(info.value)
+    assert isinstance(error, DataError), info.value
+    line = error_summary(info.value)
+    assert "2 of 4 input image(s) could not be read" in line, line
+    assert str(truncated) in line and "truncated" in line and str(in_dir / "c.tiff") in line and "NaN" in line
+    assert sorted(p.name for p in out_dir.iterdir()) == ["a_seg.png", "d_seg.png"]  # the others were segmented

@@ -1,0 +1,53 @@
+import subprocess
+import sys
+
+import pytest
+
+from spectraflow_monai.utils.errors import DataError, SettingError, error_summary, find_input_error
+
+
+def _wrapped(inner: BaseException) -> RuntimeError:
+    """An error as MONAI's bundle runner leaves it: wrapped twice, the cause chained."""
+    try:
+        try:
+            raise inner
+        except Exception as e:
+            raise RuntimeError("Failed to evaluate ConfigExpression: '$build()'") from e
+    except RuntimeError as outer:
+        try:
+            raise RuntimeError("Failed to instantiate component") from outer
+        except RuntimeError as top:
+            return top
+
+
+def test_error_summary_is_one_line_naming_the_problem():
+    inner = DataError("split x: 2 bad file(s):\n  unreadable image '/d/a.bmp': truncated\n  '/d/b.png': NaN")
+    exc = _wrapped(inner)
+    assert find_input_error(exc) is inner
+    line = error_summary(exc)
+    assert line == "error: split x: 2 bad file(s): unreadable image '/d/a.bmp': truncated; '/d/b.png': NaN"
+    assert error_summary(_wrapped(SettingError("image_size must be ..., got 'abc'."))).endswith("got 'abc'.")
+    assert error_summary(_wrapped(KeyError("other"))) is None
+    assert issubclass(DataError, ValueError) and issubclass(SettingError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "raised, last",
+    [("DataError(\"'/d/m.png': not a binary mask\")", "error: '/d/m.png': not"), ("KeyError('k')", "RuntimeError")],
+)
+def test_excepthook_adds_the_last_line(raised, last):
+    code = (
+        "import spectraflow_monai.utils.excepthook\n"
+        "import spectraflow_monai.utils.excepthook\n"  # idempotent: one report line
+        "from spectraflow_monai.utils.errors import DataError\n"
+        "try:\n"
+        f"    raise {raised}\n"
+        "except Exception as e:\n"
+        "    raise RuntimeError('Failed to evaluate') from e\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "RuntimeError: Failed to evaluate" in proc.stderr  # the usual report
+    assert lines[-1].startswith(last), proc.stderr
+    assert sum(line.startswith("error:") for line in lines) == (1 if "DataError" in raised else 0)
