@@ -18,6 +18,8 @@ CASES = [
         ["--shape", "32", "32", "4", "--size", "28", "--rounds", "1", "--metric-runs", "1", "--threads", "1"],
         "ratio",
     ),
+    ("bench_precision.py", ["--tiny", "--threads", "1"], "bf16 / fp32 speed-up"),
+    ("bench_stage2_throughput.py", ["--tiny", "--threads", "1"], "SpectraFlow bf16 / fp32"),
 ]
 
 
@@ -32,3 +34,33 @@ def test_benchmark_script_runs(script, args, expect):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert expect in out, out[-4000:]
+    if script == "bench_precision.py":
+        assert "native bfloat16 flags:" in out and "(b) Agreement of a trained model: skipped" in out
+    if script == "bench_stage2_throughput.py":
+        assert "network output bfloat16" in out and "network output float32" in out
+
+
+def test_bench_precision_trained_model_agreement(tmp_path):
+    """Part (b) of bench_precision.py on a toy dataset and a toy 2D bundle model."""
+    import torch
+
+    from spectraflow_monai.data import generate_synthetic_dataset
+    from spectraflow_monai.networks import SpectraFlowNet
+
+    generate_synthetic_dataset(tmp_path / "data", num_train=2, num_val=2, size=28, seed=0)
+    net = SpectraFlowNet(out_channels=1, img_size=28, encoder_kwargs={"depth": 2})
+    torch.save({"model": net.state_dict()}, tmp_path / "model.pt")
+    args = ["--tiny", "--threads", "1", "--parts", "b", "--model", str(tmp_path / "model.pt"), "--data",
+            str(tmp_path / "data"), "--model-size", "28", "--override", "encoder_kwargs={depth: 2}"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_precision.py"), *args],
+        cwd=BENCH,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "thresholded predictions agree on" in out and "Dice moves by" in out, out[-4000:]

@@ -16,7 +16,14 @@ from torch.nn.modules.loss import _Loss
 from monai.losses import BoundaryLoss, DiceCELoss
 from monai.networks.utils import one_hot
 
+from spectraflow_monai.utils.precision import autocast_off
+
 __all__ = ["DiceBCEBoundaryLoss"]
+
+
+def _promote(x: torch.Tensor) -> torch.Tensor:
+    """float16 / bfloat16 tensors as float32; other dtypes unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 class DiceBCEBoundaryLoss(_Loss):
@@ -33,6 +40,9 @@ class DiceBCEBoundaryLoss(_Loss):
     (``mean(p * phi)`` with ``phi`` the signed distance map of the ground truth, in pixels; computed per (b, c)
     under ``no_grad``: cuCIM on CUDA tensors when installed, scipy otherwise). Because ``phi`` is measured in
     pixels, ``beta`` should be small (0.01 following Kervadec et al.). ``beta = 0`` skips the distance transforms.
+
+    Precision: the loss is computed in float32 whatever the precision of the run (float16 / bfloat16 logits are
+    promoted and autocast is off inside), so that mixed-precision training changes the network's arithmetic only.
 
     Ramping ``beta``: with ``beta_max`` and ``ramp_epochs`` set, ``set_epoch(e)`` (``e`` = 0-based epoch index)
     sets ``beta = beta_start + (beta_max - beta_start) * min(e, ramp_epochs) / ramp_epochs``, reaching ``beta_max``
@@ -185,6 +195,12 @@ class DiceBCEBoundaryLoss(_Loss):
                 f"to_onehot_y=True expects a class-index target with 1 channel, got target shape {tuple(target.shape)}"
                 f" for input shape {tuple(input.shape)} (set to_onehot_y=False for a one-hot target)."
             )
+        # float32 whatever the precision of the run: half-precision logits are promoted and autocast is off here
+        with autocast_off(input):
+            return self._forward_float32(_promote(input), _promote(target), n_in, n_t)
+
+    def _forward_float32(self, input: torch.Tensor, target: torch.Tensor, n_in: int, n_t: int) -> torch.Tensor:
+        """The loss of checked, float32 (or float64) ``input`` / ``target`` with ``n_in`` / ``n_t`` channels."""
         if self.sigmoid and n_in > 1:
             # multi-label: BCE on every channel (DiceCELoss itself switches to softmax CE whenever N > 1)
             bce_target = one_hot(target, num_classes=n_in) if self.to_onehot_y and n_t == 1 else target

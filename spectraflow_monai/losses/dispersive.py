@@ -16,6 +16,8 @@ from torch.nn.modules.loss import _Loss
 
 from monai.utils import LossReduction
 
+from spectraflow_monai.utils.precision import autocast_off
+
 __all__ = ["DispersiveLoss"]
 
 _VARIANTS = ("infonce_l2", "infonce_cosine", "hinge", "covariance")
@@ -133,7 +135,8 @@ class DispersiveLoss(_Loss):
             h: features of shape (B, D), or (B, ...) which is flattened to (B, prod(...)). B must be >= 2.
 
         Returns:
-            a scalar tensor (float32 for half-precision inputs).
+            a scalar tensor, computed in float32 for half-precision inputs and under autocast (autocast is off
+            inside, so the matrix products are not run in float16 / bfloat16).
 
         Raises:
             ValueError: when ``h`` has fewer than 2 dimensions, is not floating point, or ``B < 2``.
@@ -150,7 +153,12 @@ class DispersiveLoss(_Loss):
         h = h.reshape(batch, -1)
         if h.dtype in (torch.float16, torch.bfloat16):
             h = h.float()
-        dim = h.shape[1]
+        with autocast_off(h):  # the matrix products stay in float32 under autocast too
+            return self._loss(h)
+
+    def _loss(self, h: torch.Tensor) -> torch.Tensor:
+        """The loss of ``(B, D)`` features ``h`` in float32 (or float64), autocast off."""
+        batch, dim = h.shape
 
         if self.normalize == "dim":
             h = h / math.sqrt(dim)

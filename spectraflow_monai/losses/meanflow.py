@@ -206,6 +206,8 @@ class MeanFlowLoss(_Loss):
                 shape ``(B,)`` (e.g. :class:`spectraflow_monai.networks.nets.MeanFlowHead`).
             z0: clean latents ``(B, ...)`` with at least 2 dims (``(B, C, h, w)`` for the MeanFlow head); may carry
                 gradient to the encoder.
+                float16 / bfloat16 latents (an encoder under autocast) are promoted to float32: the noise, the flow
+                path ``z_t``, the JVP target and the loss are float32; the head runs under the caller's autocast.
             noise: optional ``ε`` shaped like ``z0``; standard normal when None.
             t: optional end times ``(B,)``; sampled with :meth:`sample_times` (together with ``s``) when None.
             s: optional start times ``(B,)`` with ``s <= t``; must be given together with ``t``.
@@ -220,10 +222,16 @@ class MeanFlowLoss(_Loss):
         if not z0.is_floating_point():
             raise ValueError(f"z0 must be a floating tensor, got dtype {z0.dtype}.")
         b = z0.shape[0]
+        # the flow path, the target and the loss in at least float32 (a bfloat16 / float16 latent from an autocast
+        # encoder is promoted; the gradient still flows back through the cast), the head itself under the caller's
+        # autocast
+        work_dtype = torch.promote_types(z0.dtype, torch.float32)
+        z0 = z0.to(work_dtype)
         if noise is None:
             noise = torch.randn_like(z0)
         elif noise.shape != z0.shape:
             raise ValueError(f"noise must have the shape of z0 {tuple(z0.shape)}, got {tuple(noise.shape)}.")
+        noise = noise.to(work_dtype)
         if (t is None) != (s is None):
             raise ValueError("t and s must be given together (or both left None to sample them).")
         if t is None or s is None:
@@ -235,8 +243,7 @@ class MeanFlowLoss(_Loss):
                 raise ValueError(f"t and s must have shape ({b},), got t {tuple(t.shape)} and s {tuple(s.shape)}.")
             if bool((t < s).any()):
                 raise ValueError("t must be >= s in every row.")
-        time_dtype = torch.promote_types(z0.dtype, torch.float32)
-        t, s = t.to(time_dtype), s.to(time_dtype)
+        t, s = t.to(work_dtype), s.to(work_dtype)
 
         tb = _batch_view(t, z0.ndim)
         z_t = (1 - tb) * z0 + tb * noise

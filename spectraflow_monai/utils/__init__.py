@@ -1,13 +1,43 @@
 """Utilities: atomic checkpoint writing and input checks used by the bundles."""
 
 from .checkpoint import atomic_torch_save, cpu_state_dict
+from .errors import DataError, SettingError, install_excepthook
 from .files import atomic_path, require_file, require_items, write_text_atomic
+from .settings import check_image_size
 
 __all__: list[str] = [
     "atomic_path",
     "atomic_torch_save",
+    "check_image_size",
     "cpu_state_dict",
+    "DataError",
+    "install_excepthook",
     "require_file",
     "require_items",
+    "SettingError",
     "write_text_atomic",
+]
+
+from .precision import (  # noqa: E402
+    AutocastInferer,
+    Precision,
+    amp_kwargs,
+    autocast_kwargs,
+    autocast_off,
+    cpu_bf16_flags,
+    cpu_supports_bf16,
+    cuda_supports_bf16,
+    resolve_precision,
+)
+
+__all__ += [
+    "AutocastInferer",
+    "Precision",
+    "amp_kwargs",
+    "autocast_kwargs",
+    "autocast_off",
+    "cpu_bf16_flags",
+    "cpu_supports_bf16",
+    "cuda_supports_bf16",
+    "resolve_precision",
 ]

@@ -153,3 +153,23 @@ def test_bad_shapes():
         DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True)(
             torch.randn(2, 3, 8, 8), torch.zeros(2, 3, 8, 8)
         )
+
+
+@pytest.mark.parametrize("multiclass", [False, True])
+def test_half_precision_logits_computed_in_float32(multiclass):
+    """bfloat16 logits (a network under autocast) give the float32 loss of the same values, also under autocast."""
+    if multiclass:
+        loss = DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True, beta=0.5)
+        logits, target = _multiclass_case(size=24)
+    else:
+        loss = DiceBCEBoundaryLoss(beta=0.5)
+        logits, target = _binary_case(size=24)
+    logits = (logits * 3).bfloat16()
+    reference = loss(logits.float(), target)
+    out = loss(logits, target)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_ac = loss(logits, target)
+    assert out_ac.dtype == torch.float32
+    torch.testing.assert_close(out_ac, reference, rtol=1e-6, atol=1e-6)

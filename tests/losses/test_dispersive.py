@@ -197,3 +197,19 @@ def test_bad_inputs():
         loss(torch.randn(8))
     with pytest.raises(ValueError, match="floating point"):
         loss(torch.ones(4, 8, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("variant", ["infonce_l2", "infonce_cosine", "hinge", "covariance"])
+@pytest.mark.parametrize("dim", [16, 3000])  # 3000: the Gram-matrix path of the covariance variant
+def test_float32_under_cpu_bf16_autocast(variant, dim):
+    """Autocast is off inside: the matrix products run in float32, not bfloat16, within an autocast region."""
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(6, dim, generator=g) + 2.0
+    loss = DispersiveLoss(variant=variant, tau=0.5, margin=4.0)
+    reference = loss(h)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = loss(h)
+        out_bf = loss(h.bfloat16())
+    assert out.dtype == torch.float32 and out_bf.dtype == torch.float32
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_bf, loss(h.bfloat16().float()), rtol=1e-5, atol=1e-6)

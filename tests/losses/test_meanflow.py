@@ -160,6 +160,33 @@ class TestMeanFlowLoss(unittest.TestCase):
         (grad_manual,) = torch.autograd.grad(manual, z0b)
         torch.testing.assert_close(z0.grad, grad_manual)
 
+    def test_half_precision_latent_path_in_float32(self):
+        """A bfloat16 latent (an encoder under autocast) gives the float32 noise, path, target and loss of the same
+        values; under CPU bfloat16 autocast only the head's own arithmetic changes."""
+        head = _perturbed_head()
+        g = torch.Generator().manual_seed(6)
+        z0 = torch.randn(4, 8, 4, 4, generator=g).bfloat16()
+        t, s = torch.tensor([0.9, 0.6, 0.3, 0.5]), torch.tensor([0.1, 0.6, 0.2, 0.0])
+        dom = torch.tensor([0, 1, 0, 1])
+        loss_fn = MeanFlowLoss(reduction="none")
+        torch.manual_seed(7)
+        reference = loss_fn.compute(head, z0.float(), t=t, s=s, domain=dom)
+        torch.manual_seed(7)  # the same noise draw
+        out = loss_fn.compute(head, z0, t=t, s=s, domain=dom)
+        self.assertEqual(out["loss"].dtype, torch.float32)
+        torch.testing.assert_close(out["loss"], reference["loss"], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(out["mse"], reference["mse"], rtol=1e-6, atol=1e-6)
+        z_grad = z0.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.manual_seed(7)
+            out_ac = loss_fn.compute(head, z_grad, t=t, s=s, domain=dom)
+        self.assertEqual(out_ac["loss"].dtype, torch.float32)
+        self.assertTrue(torch.isfinite(out_ac["loss"]).all())
+        torch.testing.assert_close(out_ac["loss"], reference["loss"], rtol=0.1, atol=0.1)
+        out_ac["loss"].sum().backward()
+        self.assertEqual(z_grad.grad.dtype, torch.bfloat16)
+        self.assertGreater(float(z_grad.grad.abs().sum()), 0.0)
+
     @parameterized.expand([[1.0, 1e-2], [0.5, 1e-3], [0.0, 1e-2], [0.75, 1.0]])
     def test_adaptive_weight(self, p, c):
         head = _perturbed_head()

@@ -373,6 +373,42 @@ class TestFDConv2dExecution(unittest.TestCase):
         self.assertTrue(torch.isfinite(out).all())
         self.assertLess(((out.float() - reference).abs().max() / reference.abs().max()).item(), 3e-2)
 
+    @parameterized.expand(
+        [["dynamic", 20, torch.float32], ["dynamic_bf16_input", 20, torch.bfloat16], ["static", 8, torch.float32]]
+    )
+    def test_fft_path_float32_under_cpu_bf16_autocast(self, _, channels, in_dtype):
+        """The kernel synthesis (irfft2) and the FBM (rfft / ifft) run with autocast off and in float32 inside a
+        bfloat16 autocast region; the output matches the float32 layer within bfloat16 tolerance."""
+        torch.manual_seed(13)
+        module = FDConv2d(channels, 24)
+        _perturb(module, std=0.2)
+        seen: list[tuple[str, bool, torch.dtype]] = []
+
+        def spy(name, fn):
+            def wrapper(*args, **kwargs):
+                out = fn(*args, **kwargs)
+                seen.append((name, torch.is_autocast_enabled("cpu"), out.dtype))
+                return out
+
+            return wrapper
+
+        module._mixed_kernels = spy("kernels", module._mixed_kernels)
+        if module.fbm is not None:
+            module.fbm._modulate = spy("fbm", module.fbm._modulate)
+        x = torch.randn(2, channels, 8, 8)
+        with torch.no_grad():
+            reference = module(x)
+            seen.clear()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = module(x.to(in_dtype))
+        names = {name for name, _, _ in seen}
+        self.assertEqual(names, {"kernels", "fbm"} if module.dynamic else {"kernels"})
+        for name, autocast_on, dtype in seen:
+            self.assertFalse(autocast_on, f"{name} ran with autocast on")
+            self.assertEqual(dtype, torch.float32, name)
+        self.assertTrue(torch.isfinite(out).all())
+        self.assertLess(((out.float() - reference).abs().max() / reference.abs().max()).item(), 3e-2)
+
     def test_trace_and_script(self):
         torch.manual_seed(12)
         module = FDConv2d(20, 24).eval()

@@ -1,0 +1,191 @@
+"""Stage-2 training throughput of the 2D bundle's trainer: SpectraFlow against MONAI's 2D UNet, per precision.
+
+Usage::
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_stage2_throughput.py --dataset kvasir \\
+        --dataset-dir ../shared/data/kvasir-seg --threads 2 --iters 30 --precision fp32 bf16
+
+Both trainers are the ``train#trainer`` of ``bundles/spectraflow_2d_segmentation/configs/train.yaml`` (for the
+UNet merged with ``benchmarks/configs/unet_baseline.yaml``, as ``kvasir_protocol.sh`` trains it): the same
+``CacheDataset`` + ``DataLoader`` (augmentation, ``num_workers``), Dice + BCE + boundary loss, AdamW and the train
+metric; only the validation / logging handlers are left out. Each trainer runs ``--warmup`` + ``--iters`` real
+iterations per precision (one epoch of that length); the time from the end of the last warm-up iteration to the
+end of the last iteration, data loading included, gives images/s. Models and precisions alternate within a round,
+``--rounds`` rounds, medians reported.
+
+Precision: the network's forward runs under :class:`spectraflow_monai.utils.AutocastInferer` wrapped around the
+bundle's inferer, the trainer's ``amp`` is :attr:`Precision.use_grad_scaler` (float16 on CUDA only) and its
+``amp_kwargs`` :func:`spectraflow_monai.utils.amp_kwargs` -- what the bundle's ``precision`` setting does. Until the
+bundle has that setting, the script sets these three attributes of the parsed trainer itself.
+
+The issue's targets (Kvasir-SEG copy, 2 CPU threads): SpectraFlow >= 1.0x the UNet, and SpectraFlow at bf16 >= 1.4x
+its own float32. ``--tiny`` runs on a generated toy set (a smoke test, no meaningful figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUNDLE = os.path.join(HERE, "..", "bundles", "spectraflow_2d_segmentation")
+UNET_CONFIG = os.path.join(HERE, "configs", "unet_baseline.yaml")
+MODELS = {"spectraflow": "SpectraFlow-S (bundle)", "unet": "MONAI UNet 2D (unet_baseline.yaml)"}
+
+
+def build_trainer(model: str, args, root: str, shared_dataset=None):
+    """The bundle's Stage-2 trainer of ``model``, for ``--warmup + --iters`` iterations per run."""
+    from monai.bundle import ConfigParser
+
+    files = [os.path.join(BUNDLE, "configs", "train.yaml")] + ([UNET_CONFIG] if model == "unet" else [])
+    parser = ConfigParser()
+    parser.read_config(files)
+    overrides = {
+        "bundle_root": os.path.join(root, model),
+        "dataset": args.dataset,
+        "dataset_dir": os.path.abspath(args.dataset_dir),
+        "device": f"$torch.device('{args.device}')",
+        "max_epochs": 1,
+        "progress_bar": False,
+        "train#handlers": ["@train#loss"],  # the boundary-weight ramp; no validation, no logging
+        "train#trainer#epoch_length": args.warmup + args.iters,
+    }
+    if "encoder_init" in parser:  # the encoder weights do not change the throughput: no file or download needed
+        overrides.update({"encoder_init": "random", "pretrained_weights": None})
+    if model == "unet" and "encoder_initialization" in parser:  # the UNet has no DINOv2 encoder to initialise
+        overrides["encoder_initialization"] = None
+    for name in ("batch_size", "num_workers", "cache_rate", "image_size"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    for item in args.override:
+        key, _, value = item.partition("=")
+        overrides[key] = yaml.safe_load(value)
+    parser.update(overrides)
+    if shared_dataset is not None:  # one cache of the training images for both models
+        parser["train#dataloader#dataset"] = shared_dataset
+    parser.get_parsed_content("initialize")
+    trainer = parser.get_parsed_content("train#trainer")
+    return trainer, parser.get_parsed_content("train#dataloader").dataset
+
+
+def set_precision(trainer, precision) -> None:
+    """What the bundle's ``precision`` setting configures: autocast inferer, ``amp`` and ``amp_kwargs``."""
+    from spectraflow_monai.utils import AutocastInferer
+
+    base = trainer.inferer.inferer if isinstance(trainer.inferer, AutocastInferer) else trainer.inferer
+    trainer.inferer = AutocastInferer(base, precision)
+    trainer.amp = precision.use_grad_scaler
+    trainer.amp_kwargs = precision.amp_kwargs
+    trainer.scaler = torch.amp.GradScaler("cuda") if trainer.amp else None
+
+
+def timed_run(trainer, warmup: int, batch_size: int) -> tuple[float, float, list[str]]:
+    """Run one epoch; images/s after the warm-up iterations, the last loss and the dtypes the network computed in."""
+    from ignite.engine import Events
+
+    stamps: list[float] = []
+    dtypes: set[torch.dtype] = set()
+    handle = trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: stamps.append(time.perf_counter()))
+    hook = trainer.network.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+    try:
+        trainer.run()
+    finally:
+        handle.remove()
+        hook.remove()
+    if len(stamps) <= warmup:
+        raise RuntimeError(f"only {len(stamps)} iterations ran; the training set is smaller than --warmup + --iters")
+    timed = len(stamps) - warmup
+    start = stamps[warmup - 1] if warmup > 0 else stamps[0]
+    n = timed if warmup > 0 else timed - 1
+    output = trainer.state.output
+    loss = float(output[0]["loss"] if isinstance(output, list) else output["loss"])
+    return batch_size * n / (stamps[-1] - start), loss, sorted(str(d).replace("torch.", "") for d in dtypes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="kvasir", help="2D bundle dataset preset (default kvasir)")
+    parser.add_argument("--dataset-dir", help="the dataset folder (e.g. ../shared/data/kvasir-seg)")
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], help="settings (default fp32 bf16)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--iters", type=int, default=30, help="timed iterations per run (default 30)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed first iterations per run (default 3)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of runs (default 1)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op CPU threads (default 2)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--batch-size", dest="batch_size", type=int, help="bundle batch_size (default: the bundle's)")
+    parser.add_argument("--num-workers", dest="num_workers", type=int, help="bundle num_workers (default: bundle's)")
+    parser.add_argument("--cache-rate", dest="cache_rate", type=float, help="bundle cache_rate (default: bundle's)")
+    parser.add_argument("--image-size", dest="image_size", type=int, help="bundle image_size (default: bundle's)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra bundle setting of both models (repeatable), e.g. pretrained_weights=/w.pth")
+    parser.add_argument("--tiny", action="store_true", help="generated toy set, tiny sizes (smoke test)")
+    args = parser.parse_args()
+    if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("--iters and --rounds must be >= 1 and --warmup >= 0")
+
+    from spectraflow_monai.utils import resolve_precision
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="stage2_throughput_") as root:
+        if args.tiny:
+            from spectraflow_monai.data import generate_synthetic_dataset
+
+            args.dataset, args.dataset_dir = "synthetic", os.path.join(root, "data")
+            generate_synthetic_dataset(args.dataset_dir, num_train=4, num_val=2, size=112, seed=0)
+            args.batch_size, args.num_workers, args.image_size = 2, 0, 112
+            args.iters, args.warmup = 1, 1
+            args.override = [*args.override, "encoder_kwargs={depth: 2}", "datalist_kwargs={}"]
+        elif not args.dataset_dir:
+            parser.error("--dataset-dir is needed (or --tiny)")
+        precisions = {p: resolve_precision(p, args.device) for p in args.precision}
+        trainers, dataset = {}, None
+        for model in args.models:
+            start = time.perf_counter()
+            trainers[model], dataset = build_trainer(model, args, root, dataset)
+            print(f"{MODELS[model]}: trainer built in {time.perf_counter() - start:.1f} s", flush=True)
+        batch = trainers[args.models[0]].data_loader.batch_size
+        results: dict[tuple[str, str], list[float]] = {}
+        for r in range(args.rounds):
+            for name, precision in precisions.items():
+                for model, trainer in trainers.items():
+                    set_precision(trainer, precision)
+                    ips, loss, dtypes = timed_run(trainer, args.warmup, batch)
+                    if not torch.isfinite(torch.tensor(loss)):
+                        raise RuntimeError(f"{model} at {name}: the loss is not finite ({loss})")
+                    results.setdefault((model, name), []).append(ips)
+                    print(f"round {r + 1}: {model} {precision}: {ips:.2f} images/s (loss {loss:.3f}, network output "
+                          f"{'/'.join(dtypes)})", flush=True)  # fmt: skip
+
+    med = {key: statistics.median(v) for key, v in results.items()}
+    dev = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else f"CPU, {args.threads} threads"
+    print(f"\nStage-2 training throughput, {args.dataset} ({args.dataset_dir}), batch {batch}, {dev}, torch "
+          f"{torch.__version__}; {args.iters} timed iterations after {args.warmup} per run, data loading included, "
+          f"median of {args.rounds} round(s)\n")  # fmt: skip
+    print("| model | precision | images/s | ratio to UNet (same precision) | ratio to own first precision |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    first = args.precision[0]
+    for model in args.models:
+        for name in args.precision:
+            unet = med.get(("unet", name))
+            to_unet = f"{med[(model, name)] / unet:.3f}" if unet else "-"
+            print(f"| {MODELS[model]} | {name} | {med[(model, name)]:.2f} | {to_unet} | "
+                  f"{med[(model, name)] / med[(model, first)]:.3f} |")  # fmt: skip
+    if "spectraflow" in args.models and "unet" in args.models:
+        for name in args.precision:
+            ratio = med[("spectraflow", name)] / med[("unet", name)]
+            verdict = "met" if ratio >= 1.0 else "MISSED"
+            print(f"SpectraFlow / UNet at {name} = {ratio:.3f}x (target >= 1.0x: {verdict})")
+    if "spectraflow" in args.models and {"fp32", "bf16"} <= set(args.precision):
+        ratio = med[("spectraflow", "bf16")] / med[("spectraflow", "fp32")]
+        print(f"SpectraFlow bf16 / fp32 = {ratio:.3f}x (target >= 1.4x: {'met' if ratio >= 1.4 else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    main()
