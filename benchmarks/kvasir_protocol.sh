@@ -5,8 +5,9 @@
 #
 #   bash benchmarks/kvasir_protocol.sh <kvasir-seg dir> <output dir> [stage1 epochs=300] [stage2 epochs=100] [extra overrides...]
 #
-# <kvasir-seg dir> holds Kvasir-SEG/images, Kvasir-SEG/masks and splits/{train,val}.txt. Without DINOv2 weights the
-# encoder starts from random init; pass e.g. --pretrained_weights /path/dinov2_vits14_pretrain.pth as an extra override.
+# <kvasir-seg dir> holds Kvasir-SEG/images, Kvasir-SEG/masks and splits/{train,val}.txt. Stage-1 starts from the
+# DINOv2 weights of timm's hub (pretrained_weights: timm, needs internet); without internet pass e.g.
+# --pretrained_weights /path/dinov2_vits14_pretrain.pth as an extra override (README "Encoder weights").
 set -euo pipefail
 DATA=$(realpath "$1"); OUT=$(realpath -m "$2"); E1=${3:-300}; E2=${4:-100}; shift $(( $# < 4 ? $# : 4 ))
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -74,7 +74,7 @@ def run_demo(
     stage2_epochs: int = 20,
     batch_size: int = 8,
     encoder: str = "vit_small_patch14_dinov2",
-    pretrained: str | None = None,
+    pretrained_weights: str | None = "none",
     threads: int | None = None,
     seed: int = 0,
     encoder_kwargs: dict | None = None,
@@ -90,7 +90,10 @@ def run_demo(
         stage2_epochs: Stage-2 epochs (early stopping may end it sooner). Defaults to 20.
         batch_size: batch size of both stages. Defaults to 8.
         encoder: timm DINOv2 model name. Defaults to ``"vit_small_patch14_dinov2"``.
-        pretrained: DINOv2 weights for Stage-1 (a local file, ``"timm"``, or ``None`` for random init).
+        pretrained_weights: where Stage-1 starts (the bundle setting ``pretrained_weights``): ``"none"`` (random
+            initialisation, the demo's default: the synthetic lesions need no download), ``"timm"`` (the paper's
+            DINOv2 weights through timm's hub) or a local DINOv2 checkpoint file. Stage-2 starts from this run's
+            Stage-1 export (``encoder_init: stage1``). Defaults to ``"none"``.
         threads: torch CPU threads (``None`` keeps torch's default).
         seed: seed of data generation and training. Defaults to 0.
         encoder_kwargs: extra ``timm.create_model`` arguments of the encoder (e.g. ``{"depth": 2}`` for a quick check).
@@ -104,6 +107,12 @@ def run_demo(
 
     if image_size % 14:
         raise ValueError(f"image_size must be a multiple of 14 (the DINOv2 patch size), got {image_size}.")
+    from spectraflow_monai.networks.utils import normalize_weights_source
+
+    weights = normalize_weights_source(pretrained_weights)
+    weights_text = "none (random initialisation)" if weights is None else weights
+    logger.info(f"demo: pretrained_weights={weights_text}; Stage-2 encoder_init=stage1 (this run's Stage-1 export)")
+    print(f"=== Encoder weights: Stage-1 starts from {weights_text}; Stage-2 from the Stage-1 export", flush=True)
     if threads:
         torch.set_num_threads(int(threads))
     root = Path(output).resolve()
@@ -126,6 +135,7 @@ def run_demo(
         "num_workers": 0,
         "data_seed": seed,
         "encoder_kwargs": encoder_kwargs,
+        "pretrained_weights": "none" if weights is None else weights,  # explicit, never the bundle's default
     }
     for stale in (root / "models" / "model.pt", root / "models" / "encoder_stage1.pt"):
         if stale.exists():
@@ -133,7 +143,7 @@ def run_demo(
     times["stage1"] = _run_configs(
         bundle,
         ["train.yaml", "train_stage1.yaml"],
-        {**common, "pretrained_weights": pretrained, "stage1_epochs": stage1_epochs, "stage1_batch_size": batch_size,
+        {**common, "stage1_epochs": stage1_epochs, "stage1_batch_size": batch_size,
          # the demo's short schedule uses a larger learning rate than the paper's 300-epoch 1e-5 -> 1e-6
          "stage1_start_lr": 1e-4, "stage1_end_lr": 1e-5},
         "Stage-1: Mixed-Domain MeanFlow + dispersive pretraining",
@@ -141,7 +151,8 @@ def run_demo(
     times["stage2"] = _run_configs(
         bundle,
         ["train.yaml"],
-        {**common, "max_epochs": stage2_epochs, "batch_size": batch_size, "learning_rate": 3e-4},
+        {**common, "encoder_init": "stage1", "max_epochs": stage2_epochs, "batch_size": batch_size,
+         "learning_rate": 3e-4},
         "Stage-2: segmentation fine-tuning (DAF + FDConv decoder, last encoder block)",
     )
     times["evaluate"] = _run_configs(bundle, ["train.yaml", "evaluate.yaml"], common, "Evaluation (paper protocol)")
@@ -158,7 +169,7 @@ def run_demo(
         log_dirs={"Stage-1": root / "logs" / "stage1", "Stage-2": root / "logs"},
         title="SpectraFlow demo on synthetic lesions",
         extra_lines=[
-            f"Input size {image_size}x{image_size}, encoder {encoder} ({'random init' if pretrained is None else pretrained}), "
+            f"Input size {image_size}x{image_size}, encoder {encoder} (Stage-1 from {weights_text}), "
             f"{num_train} training / {num_val} validation images, Stage-1 {stage1_epochs} epochs, "
             f"Stage-2 up to {stage2_epochs} epochs.",
             "Wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + f" (total {total:.0f} s).",
@@ -187,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage2-epochs", type=int, default=20, help="Stage-2 epochs (default 20)")
     parser.add_argument("--batch-size", type=int, default=8, help="batch size (default 8)")
     parser.add_argument("--encoder", default="vit_small_patch14_dinov2", help="timm DINOv2 model name")
-    parser.add_argument("--pretrained", default=None, help="DINOv2 weights: a local file or 'timm' (default: none)")
+    parser.add_argument(
+        "--pretrained-weights",
+        "--pretrained",
+        dest="pretrained_weights",
+        default="none",
+        help="where Stage-1 starts: 'none' (random init, default), 'timm' (hub download) or a DINOv2 checkpoint file",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     args = parser.parse_args(argv)
@@ -200,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         stage2_epochs=args.stage2_epochs,
         batch_size=args.batch_size,
         encoder=args.encoder,
-        pretrained=args.pretrained,
+        pretrained_weights=args.pretrained_weights,
         threads=args.threads,
         seed=args.seed,
     )

@@ -20,6 +20,11 @@ Settings (``--conf KEY VALUE``):
   and training, in the same form as ``python -m monai.bundle run --<id> <value>``; use it to serve a model trained
   with non-default network settings, e.g. ``'{"encoder_name": "vit_base_patch14_dinov2"}'``.
 - ``overrides.<bundle name>``: the same for one bundle (applied after ``overrides``).
+- ``pretrained_weights``, ``encoder_init``: the encoder weights training starts from, passed to every bundle's
+  training as the bundle settings of the same name (README "Encoder weights"): ``pretrained_weights`` is ``timm``,
+  a DINOv2 checkpoint file on the server or ``none``; ``encoder_init`` is ``stage1`` (the bundle's
+  ``models/encoder_stage1.pt``), ``pretrained`` or ``random``. Left out: the bundle's values (``timm`` / ``stage1``).
+  A fine-tuning run that starts from ``models/model.pt`` loads it after this initialisation.
 - ``skip_trainers``: ``true`` to register no training task (training disabled: ``/train`` answers 404).
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 
@@ -79,7 +84,7 @@ _import_lib()
 
 from lib.checks import client_request, install_server_checks, resolve_image  # noqa: E402
 from lib.infers import DropSingletonChanneld, SpectraFlowInferTask, image_problem  # noqa: E402
-from lib.trainers import TRAIN_OPTIONS, SpectraFlowTrainTask, check_train_options  # noqa: E402
+from lib.trainers import TRAIN_OPTIONS, SpectraFlowTrainTask, check_train_options, weight_settings  # noqa: E402
 
 __all__ = [
     "DropSingletonChanneld",
@@ -211,6 +216,7 @@ class SpectraFlowApp(MONAILabelApp):
             raise ValueError(f"no bundle (configs/metadata.json + configs/inference.*) found in {self.bundles_dir}.")
         self.bundles = {m: available[m] for m in requested}
         self.overrides = {m: parse_overrides(conf, m) for m in self.bundles}
+        self.weight_settings = weight_settings(conf)
         self.untrained: dict[str, str] = {}
         super().__init__(
             app_dir=app_dir,
@@ -259,10 +265,11 @@ class SpectraFlowApp(MONAILabelApp):
         trainers: dict[str, TrainTask] = {}
         if strtobool(self.conf.get("skip_trainers", "false")):
             return trainers
+        weights = ", ".join(f"{k}={v}" for k, v in self.weight_settings.items()) or "the bundle's defaults"
         for name, path in self.bundles.items():
-            task = SpectraFlowTrainTask(path, self.conf, overrides=self.overrides[name])
+            task = SpectraFlowTrainTask(path, self.conf, overrides={**self.overrides[name], **self.weight_settings})
             if task.is_valid():
-                logger.info(f"+++ Adding Trainer:: {name} => {path}")
+                logger.info(f"+++ Adding Trainer:: {name} => {path} (encoder weights: {weights})")
                 trainers[name] = task
         return trainers
 

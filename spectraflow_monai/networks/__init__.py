@@ -1,16 +1,25 @@
-"""Networks of SpectraFlow: the DINOv2 encoder, the DAF/FDConv decoder blocks and the full segmentation network."""
+"""Networks of SpectraFlow: the DINOv2 encoder, the DAF/FDConv decoder blocks, the full segmentation network and
+the loading of encoder weights (``utils``)."""
 
 from .blocks import DirectAttentionalFusion, FDConv2d, RefinementBlock, SpectraFlowDecoder
 from .encoders import DINOv2Encoder, EncoderFeatures
 from .nets import MeanFlowHead, SpectraFlowNet
+from .utils import initialize_encoder, load_encoder_weights, resolve_encoder_init
 
 __all__: list[str] = [
     "DINOv2Encoder",
     "DirectAttentionalFusion",
     "EncoderFeatures",
     "FDConv2d",
+    "initialize_encoder",
+    "load_encoder_weights",
     "MeanFlowHead",
     "RefinementBlock",
+    "resolve_encoder_init",
     "SpectraFlowDecoder",
     "SpectraFlowNet",
 ]
+
+from .nets.mae_decoder import MAEDecoder, sincos_position_embedding_2d  # noqa: E402
+
+__all__ += ["MAEDecoder", "sincos_position_embedding_2d"]

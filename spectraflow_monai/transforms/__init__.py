@@ -8,6 +8,7 @@ from .ct import (
     MapBTCVLabelsd,
     load_slice_npz,
 )
+from .finite import NONFINITE_MODES, CheckFinite, CheckFinited, check_finite, count_nonfinite
 from .mixed_domain import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -33,4 +34,27 @@ __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelD
 
 __all__ += ["CTWindow", "CTWindowd", "LoadSynapseSliced", "MapBTCVLabels", "MapBTCVLabelsd", "load_slice_npz"]
 __all__ += ["LoadSynapseH5d"]
+__all__ += ["NONFINITE_MODES", "CheckFinite", "CheckFinited", "check_finite", "count_nonfinite"]
 __all__ += ["MixedDomainCollate", "num_masks"]
+
+from .corruptions import (
+    CORRUPTION_KINDS,
+    CORRUPTION_SEVERITIES,
+    MAX_SEVERITY,
+    BrightnessCorruption,
+    BrightnessCorruptiond,
+    ContrastCorruption,
+    ContrastCorruptiond,
+    Corruption,
+    Corruptiond,
+    GaussianBlurCorruption,
+    GaussianBlurCorruptiond,
+    GaussianNoiseCorruption,
+    GaussianNoiseCorruptiond,
+    corruption_parameter,
+)
+
+__all__ += ["CORRUPTION_KINDS", "CORRUPTION_SEVERITIES", "MAX_SEVERITY", "corruption_parameter"]
+__all__ += ["BrightnessCorruption", "BrightnessCorruptiond", "ContrastCorruption", "ContrastCorruptiond"]
+__all__ += ["GaussianBlurCorruption", "GaussianBlurCorruptiond", "GaussianNoiseCorruption", "GaussianNoiseCorruptiond"]
+__all__ += ["Corruption", "Corruptiond"]

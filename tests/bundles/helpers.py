@@ -29,15 +29,39 @@ def parse_config(config_file, **override) -> ConfigParser:
     return parser
 
 
+def _run_initialize(parser: ConfigParser) -> None:
+    """The bundle's ``initialize`` list, evaluated as ``monai.bundle run`` does before ``run``."""
+    for i in range(len(parser["initialize"])):
+        parser.get_parsed_content(f"initialize::{i}")
+
+
 def assert_evaluation_skips_encoder_weights(train_config: str, evaluate_config: str, root: Path) -> None:
     """``evaluate.yaml`` loads no encoder weights before ``model.pt`` (which holds every weight): neither the Stage-1
-    export that Stage-2 would load nor a DINOv2 file or hub download."""
-    export = root / "models" / "encoder_stage1.pt"
-    export.parent.mkdir(parents=True, exist_ok=True)
-    export.write_bytes(b"")
-    common = {"bundle_root": str(root), "pretrained_weights": "timm"}
-    assert parse_config(train_config, **common).get_parsed_content("encoder_weights") == str(export)
-    assert parse_config([train_config, evaluate_config], **common).get_parsed_content("encoder_weights") is None
+    export nor a DINOv2 file nor timm's hub, whatever ``pretrained_weights`` / ``encoder_init`` say, while training
+    with the same settings loads them in its ``initialize`` step."""
+    from unittest import mock
+
+    from spectraflow_monai.networks import utils
+
+    models = root / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    export, dinov2 = models / "encoder_stage1.pt", root / "dinov2_vits14_pretrain.pth"
+    for path in (export, dinov2, models / "model.pt"):
+        path.write_bytes(b"")  # present, but not readable as weights: reading one would fail
+    common = {"bundle_root": str(root), "image_size": 28, "encoder_kwargs": {"depth": 2}}
+    cases = [("stage1", "timm", str(export)), ("pretrained", "timm", "timm"), ("pretrained", str(dinov2), str(dinov2))]
+    for encoder_init, weights, expected in cases:
+        settings = {**common, "encoder_init": encoder_init, "pretrained_weights": weights}
+        loads: list = []
+        record = mock.Mock(side_effect=lambda net, source, **kw: loads.append(source))
+        with mock.patch.object(utils, "load_encoder_weights", record):
+            _run_initialize(parse_config(train_config, **settings))
+            assert loads == [expected], (settings, loads)  # training: once, from the chosen source
+            loads.clear()
+            parser = parse_config([train_config, evaluate_config], **settings)
+            _run_initialize(parser)
+            parser.get_parsed_content("network")
+            assert loads == [], (settings, loads)  # evaluation: nothing before model.pt
 
 
 def error_text(exc: BaseException) -> str:

@@ -106,6 +106,7 @@ def trained(tmp_path_factory):
         "synthetic_size": {"num_train": NUM_TRAIN, "num_val": NUM_VAL},
         "num_workers": 0,
         "progress_bar": False,
+        "pretrained_weights": "none",  # no hub on the test machines: Stage-1 starts from random weights, explicitly
         **NET,
     }
     _run([TRAIN, STAGE1_CONFIG], **common, **STAGE1_ARGS)
@@ -164,15 +165,18 @@ def test_stage1_resume_continues(trained, tmp_path):
 # ---------------------------------------------------------------- 2. Stage-2
 def test_stage2_starts_from_stage1_export(trained):
     export = trained["export"]
-    # the network that train.yaml builds (Stage-2 at its start) holds the exported encoder...
+    # the network of train.yaml after its `initialize` step (Stage-2 at its start; encoder_init: stage1, the
+    # default) holds the exported encoder...
     set_determinism(seed=0)
-    net = _parse(TRAIN, **trained["common"]).get_parsed_content("network_def")
-    start = net.encoder.vit.state_dict()
+    parser = _parse(TRAIN, **trained["common"])
+    assert parser["encoder_init"] == "stage1"
+    parser.get_parsed_content("encoder_initialization")
+    start = parser.get_parsed_content("network_def").encoder.vit.state_dict()
     for key, value in export.items():
         torch.testing.assert_close(start[key], value, rtol=0, atol=0, msg=key)
-    # ...which it would not without the export (same seed, no weights file)
+    # ...which the network definition alone does not (it builds the architecture only; same seed)
     set_determinism(seed=0)
-    net0 = _parse(TRAIN, **trained["common"], encoder_weights=None).get_parsed_content("network_def")
+    net0 = _parse(TRAIN, **trained["common"]).get_parsed_content("network_def")
     assert not torch.equal(net0.encoder.vit.blocks[0].attn.qkv.weight, export["blocks.0.attn.qkv.weight"])
 
     # the trained model: frozen encoder parts unchanged from the export, the last block fine-tuned
@@ -302,6 +306,7 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
         "--synthetic_size", f"{{'num_train':{NUM_TRAIN},'num_val':{NUM_VAL}}}",
         "--image_size", str(IMAGE_SIZE), "--encoder_kwargs", f"{{'depth':{DEPTH}}}", "--num_workers", "0",
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
+        "--pretrained_weights", "none",
     ]  # fmt: skip
     _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml", "configs/multi_gpu_train.yaml"],
@@ -330,7 +335,8 @@ def test_missing_dataset_folder_is_named(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(Exception) as info:
-        _run(TRAIN, bundle_root=str(tmp_path / "b"), dataset="kvasir", dataset_dir=str(empty), num_workers=0, **NET)
+        _run(TRAIN, bundle_root=str(tmp_path / "b"), dataset="kvasir", dataset_dir=str(empty), num_workers=0,
+             encoder_init="pretrained", pretrained_weights="none", **NET)  # fmt: skip
     text = _error_text(info.value)
     assert str(empty) in text and "not found" in text, text
     assert not (tmp_path / "b" / "models" / "model.pt").exists()
@@ -346,6 +352,29 @@ def test_evaluate_without_model_names_the_file(tmp_path):
 
 def test_evaluation_loads_no_encoder_weights_before_model_pt(tmp_path):
     assert_evaluation_skips_encoder_weights(TRAIN, EVALUATE, tmp_path)
+
+
+def test_unreachable_hub_stops_stage1_before_training(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"), raising=False)
+    with pytest.raises(Exception) as info:  # pretrained_weights: timm, the bundle's default
+        _run([TRAIN, STAGE1_CONFIG], bundle_root=str(tmp_path), num_workers=0, progress_bar=False, **NET)
+    text = _error_text(info.value)
+    assert "SettingError" in text and "--pretrained_weights /path/dinov2_vits14_pretrain.pth" in text, text
+    assert "--pretrained_weights none" in text, text
+    assert not list((tmp_path / "models").rglob("*.pt"))  # nothing trained, nothing exported
+
+
+def test_stage2_without_stage1_export_names_the_file_and_the_ways_forward(tmp_path):
+    with pytest.raises(Exception) as info:  # encoder_init: stage1, the bundle's default; no fallback
+        _run(TRAIN, bundle_root=str(tmp_path), num_workers=0, progress_bar=False, pretrained_weights="none", **NET)
+    text = _error_text(info.value)
+    assert os.path.join(str(tmp_path), "models", "encoder_stage1.pt") in text, text
+    assert "configs/train_stage1.yaml" in text and "--encoder_init pretrained" in text, text
+    assert not (tmp_path / "models" / "model.pt").exists()
 
 
 def test_inference_without_images_names_the_folder(trained, tmp_path):

@@ -99,6 +99,7 @@ def trained(tmp_path_factory):
         "val_cases": [int(c) for c in VAL_CASES],
         "num_workers": 0,
         "progress_bar": False,
+        "pretrained_weights": "none",  # no hub on the test machines: Stage-1 starts from random weights, explicitly
         **NET,
     }
     stage1 = {"stage1_epochs": 1, "stage1_batch_size": 6, "head_hidden_channels": 32, "head_num_blocks": 1}
@@ -209,7 +210,9 @@ def test_slices_are_extracted_once(trained, monkeypatch):
 def test_stage1_export_and_stage2_start_from_it(trained):
     export = trained["export"]
     set_determinism(seed=0)
-    net = _parse(TRAIN, **trained["common"]).get_parsed_content("network_def")
+    parser = _parse(TRAIN, **trained["common"])  # encoder_init: stage1 (the default), loaded by `initialize`
+    parser.get_parsed_content("encoder_initialization")
+    net = parser.get_parsed_content("network_def")
     start = net.encoder.vit.state_dict()
     for key, value in export.items():
         torch.testing.assert_close(start[key], value, rtol=0, atol=0, msg=key)
@@ -294,6 +297,7 @@ def test_transunet_layout_train_and_evaluate(trained, transunet_root, tmp_path):
         "train_cases": [int(c) for c in TRAIN_CASES + VAL_CASES], "val_cases": [int(c) for c in VAL_CASES],
         "test_cases": [int(c) for c in TEST_CASES],
         "num_workers": 0, "progress_bar": False, **NET,
+        "encoder_init": "pretrained", "pretrained_weights": "none",  # Stage-2 without Stage-1, random, explicitly
     }  # fmt: skip
     _run(TRAIN, **common, max_epochs=1, batch_size=6, val_batch_size=12)
     assert (tmp_path / "models" / "model.pt").is_file()
@@ -427,7 +431,8 @@ def test_bad_raw_input_is_named(tmp_path, problem, match):
     # and so does the bundle, before any training
     with pytest.raises(Exception) as info:
         _run(TRAIN, bundle_root=str(tmp_path / "b"), dataset="btcv", dataset_dir=str(data), train_cases=cases,
-             val_cases=[6], test_cases=[6], num_workers=0, progress_bar=False, **NET)  # fmt: skip
+             val_cases=[6], test_cases=[6], num_workers=0, progress_bar=False, encoder_init="pretrained",
+             pretrained_weights="none", **NET)  # fmt: skip
     text = _error_text(info.value)
     assert "case 0009" in text if problem == "missing" else "case 0005" in text, text
     assert not (tmp_path / "b" / "models" / "model.pt").exists()
@@ -466,6 +471,7 @@ def test_multi_gpu_override_two_processes(tmp_path):
         "--synthetic_size", "{'cases':[5,6,7,1,2],'shape':[64,64,12]}", "--val_cases", "[7]",
         "--image_size", str(IMAGE_SIZE), "--encoder_kwargs", f"{{'depth':{DEPTH}}}", "--num_workers", "0",
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
+        "--pretrained_weights", "none",
     ]  # fmt: skip
     _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml", "configs/multi_gpu_train.yaml"],

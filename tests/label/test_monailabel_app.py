@@ -227,6 +227,8 @@ def test_unknown_bundle_name_stops_the_app(served):
         ({"overrides": "{not json"}, "--conf overrides must be a JSON object"),
         ({"overrides": "[1, 2]"}, "--conf overrides must be a JSON object"),
         ({f"overrides.{NAME_2D}": '{"bundle_root": "/x"}'}, "must not set 'bundle_root'"),
+        ({"encoder_init": "stage2"}, r"--conf encoder_init must be one of \['stage1', 'pretrained', 'random'\]"),
+        ({"pretrained_weights": "$os.getcwd()"}, "--conf pretrained_weights must be a plain, non-empty string"),
     ],
 )
 def test_bad_overrides_are_named(served, conf, message):
@@ -234,6 +236,18 @@ def test_bad_overrides_are_named(served, conf, message):
         app_main.SpectraFlowApp(
             app_dir=str(served["bundles"] / "monailabel_app"), studies=str(served["studies"]), conf=conf
         )
+
+
+def test_encoder_weight_settings_reach_training_only(served):
+    app = _app(served["bundles"], served["studies"], pretrained_weights="/w/dinov2_vits14_pretrain.pth",
+               encoder_init="Pretrained")  # fmt: skip
+    for name in (NAME_2D, NAME_3D):
+        overrides = app._trainers[name].overrides
+        assert overrides["pretrained_weights"] == "/w/dinov2_vits14_pretrain.pth"
+        assert overrides["encoder_init"] == "pretrained"
+    # left out: the bundle's own settings (timm / stage1) stay
+    default = _app(served["bundles"], served["studies"])
+    assert not {"pretrained_weights", "encoder_init"} & set(default._trainers[NAME_2D].overrides)
 
 
 def test_weights_that_do_not_fit_stop_the_app(served):
@@ -354,7 +368,9 @@ def _fine_tune(tmp_path: Path, name: str, write_pairs) -> tuple:
     write_pairs(studies)
     model_pt = bundles / name / "models" / "model.pt"
     before = torch.load(model_pt, weights_only=True)
-    app = _app(bundles, studies, models=name, **{f"overrides.{name}": json.dumps({**SIZE[name], **TRAIN})})
+    # the app's encoder-weight settings (no hub here): random init, then models/model.pt is loaded over it
+    conf = {f"overrides.{name}": json.dumps({**SIZE[name], **TRAIN}), "pretrained_weights": "none"}
+    app = _app(bundles, studies, models=name, encoder_init="pretrained", **conf)
     app.train({"model": name, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
     after = torch.load(model_pt, weights_only=True)
     assert set(after) == set(before)

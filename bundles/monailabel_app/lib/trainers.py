@@ -21,7 +21,15 @@ from monailabel.utils.others.generic import device_map
 
 from .infers import has_volume_format
 
-__all__ = ["MAX_EPOCHS", "TRAIN_OPTIONS", "SpectraFlowTrainTask", "check_train_options", "config_syntax"]
+__all__ = [
+    "MAX_EPOCHS",
+    "TRAIN_OPTIONS",
+    "WEIGHT_SETTINGS",
+    "SpectraFlowTrainTask",
+    "check_train_options",
+    "config_syntax",
+    "weight_settings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +142,37 @@ TRAIN_OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
 }
 
 
+# app settings (--conf KEY VALUE) passed to every bundle's training as the bundle settings of the same name
+WEIGHT_SETTINGS = ("pretrained_weights", "encoder_init")
+
+
+def weight_settings(conf: dict[str, Any]) -> dict[str, str]:
+    """The encoder-weight settings of the app (``--conf pretrained_weights ...``, ``--conf encoder_init ...``) as
+    bundle config overrides for training; settings left out keep the bundle's values (``timm`` / ``stage1``).
+
+    Args:
+        conf: the app settings.
+
+    Raises:
+        ValueError: ``encoder_init`` is not ``stage1`` / ``pretrained`` / ``random``, or ``pretrained_weights`` is
+            not a plain string (``timm``, ``none`` or a file path on the server).
+    """
+    from spectraflow_monai.networks.utils import ENCODER_INIT_CHOICES
+
+    settings: dict[str, str] = {}
+    for key in WEIGHT_SETTINGS:
+        value = conf.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip() or len(value) > 4096 or config_syntax(value):
+            raise ValueError(f"--conf {key} must be a plain, non-empty string, got {_show(value)}.")
+        value = value.strip()
+        if key == "encoder_init" and value.lower() not in ENCODER_INIT_CHOICES:
+            raise ValueError(f"--conf encoder_init must be one of {list(ENCODER_INIT_CHOICES)}, got {_show(value)}.")
+        settings[key] = value.lower() if key == "encoder_init" or value.lower() in ("timm", "none") else value
+    return settings
+
+
 def check_train_options(request: dict[str, Any], bundle_path: str | None = None) -> dict[str, Any]:
     """The training request as ``BundleTrainTask`` may use it, or ValueError naming the first refused option.
 
@@ -216,6 +255,20 @@ class SpectraFlowTrainTask(BundleTrainTask):
         options["tracking"] = ["None"]  # MLflow is not part of this app
         options["run_id"] = "run"
         return options
+
+    def run_single_gpu(self, request: dict[str, Any], overrides: dict[str, Any]) -> None:
+        # MONAI Label runs a bundle without its `initialize` step (init_id=None); the SpectraFlow bundles load the
+        # encoder weights there (pretrained_weights / encoder_init), so it runs here as with `monai.bundle run`
+        import monai.bundle
+
+        monai.bundle.run(
+            run_id=request.get("run_id", "run"),
+            init_id="initialize",
+            final_id="finalize",
+            meta_file=self.bundle_metadata_path,
+            config_file=self.bundle_config_path,
+            **overrides,
+        )
 
     def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
         parser = super()._load_bundle_config(path, config)

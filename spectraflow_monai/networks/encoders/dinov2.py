@@ -127,10 +127,12 @@ class DINOv2Encoder(nn.Module):
 
     Args:
         model_name: timm model name, one of :attr:`SUPPORTED_MODELS`. Defaults to ``"vit_small_patch14_dinov2"``.
-        pretrained: ``None`` (or ``"none"`` / ``"null"``, as command lines pass it) for random initialisation;
-            ``"timm"`` to let timm download its DINOv2 weights (needs
-            network access); or a path to a local weight file (official facebookresearch DINOv2 layout or timm
-            layout, see :meth:`load_weights`). Defaults to ``None``.
+        pretrained: ``None`` (default) builds the architecture with timm's random initialisation and loads nothing.
+            Any other value is handed, after the encoder is built, to
+            :func:`spectraflow_monai.networks.utils.load_encoder_weights` (the one place where encoder weights are
+            loaded, the call the bundles make in their ``initialize`` step): ``"timm"`` (timm's hub copy of the
+            DINOv2 weights, needs network access), a path to a local weight file (official facebookresearch DINOv2
+            layout or timm layout, see :meth:`load_weights`), or ``"none"`` (random, logged).
         img_size: image size the position embedding is built for (a multiple of the patch size). Defaults to 224.
         skip_index: index of the block whose output is the mid-level skip feature, ``0 <= skip_index < depth - 1``.
             Defaults to ``depth // 2 - 1`` (block 5 of 12).
@@ -141,7 +143,8 @@ class DINOv2Encoder(nn.Module):
 
     Raises:
         ValueError: an unknown ``model_name`` or an invalid ``img_size``, ``skip_index`` or ``trainable_blocks``.
-        RuntimeError: ``pretrained="timm"`` and timm could not obtain the weights.
+        SettingError: ``pretrained="timm"`` and the weights could not be downloaded (the message says how to pass a
+            local file or opt into random initialisation).
     """
 
     SUPPORTED_MODELS: tuple[str, ...] = (
@@ -178,21 +181,8 @@ class DINOv2Encoder(nn.Module):
             if reserved in kwargs:
                 raise ValueError(f"model_kwargs must not contain {reserved!r}; use the encoder's arguments instead.")
 
-        if isinstance(pretrained, str) and pretrained.strip().lower() in ("", "none", "null"):
-            pretrained = None  # what a command line gives for "no weights" (e.g. --pretrained_weights null)
-        use_timm_weights = isinstance(pretrained, str) and pretrained == "timm"
-        try:
-            self.vit = timm.create_model(
-                model_name, pretrained=use_timm_weights, img_size=img_size, dynamic_img_size=True, **kwargs
-            )
-        except Exception as exc:
-            if use_timm_weights:
-                raise RuntimeError(
-                    f"could not obtain timm's pretrained weights for {model_name!r} ({type(exc).__name__}: {exc}). "
-                    "Without network access, download the DINOv2 weights elsewhere and pass the local file as "
-                    "pretrained=<path> (official facebookresearch or timm layout)."
-                ) from exc
-            raise
+        # the architecture only: weights are put in by spectraflow_monai.networks.utils.load_encoder_weights
+        self.vit = timm.create_model(model_name, pretrained=False, img_size=img_size, dynamic_img_size=True, **kwargs)
 
         patch = tuple(int(p) for p in self.vit.patch_embed.patch_size)
         if patch[0] != patch[1]:
@@ -215,13 +205,12 @@ class DINOv2Encoder(nn.Module):
             )
         self.skip_index: int = skip_index
 
-        if pretrained is not None and not use_timm_weights:
-            if not isinstance(pretrained, (str, os.PathLike)):
-                raise ValueError(f"pretrained must be None, 'timm' or a path, got {type(pretrained).__name__}.")
-            self.load_weights(pretrained)
-
         self.trainable_blocks: int | str = 1
         self.set_trainable_blocks(trainable_blocks)
+        if pretrained is not None:  # a convenience for Python users: the same call the bundles make in `initialize`
+            from spectraflow_monai.networks.utils import load_encoder_weights
+
+            load_encoder_weights(self, pretrained)
 
     # ------------------------------------------------------------------ freezing
     def set_trainable_blocks(self, trainable_blocks: int | str) -> None:

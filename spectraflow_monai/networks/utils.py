@@ -1,0 +1,269 @@
+"""Encoder weights: the one place where weights are put into a SpectraFlow encoder before training.
+
+The networks (:class:`~spectraflow_monai.networks.DINOv2Encoder`, :class:`~spectraflow_monai.networks.SpectraFlowNet`)
+build the architecture only. Which weights the encoder starts from is decided here, from two explicit settings that
+are logged (``encoder weights: <source> (<file>)``); whether some file happens to exist never decides it:
+
+- ``pretrained_weights``, where Stage-1 (and a Stage-2 run without Stage-1) starts: ``"timm"`` (the DINOv2 weights
+  of the paper, downloaded through timm's Hugging Face hub copy), a local DINOv2 checkpoint file (official
+  facebookresearch keys or timm keys), or ``"none"`` (random initialisation);
+- ``encoder_init``, where Stage-2 starts: ``"stage1"`` (this bundle's Stage-1 export; an error naming the file when
+  it is absent), ``"pretrained"`` (``pretrained_weights``: the paper's "no Stage-1" row) or ``"random"``.
+
+The bundles call :func:`initialize_encoder` in their ``initialize`` step, so a missing file or an unreachable hub
+stops a run before any training; evaluation and inference load ``models/model.pt`` only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from spectraflow_monai.utils.errors import SettingError
+
+__all__ = [
+    "ENCODER_INIT_CHOICES",
+    "initialize_encoder",
+    "load_encoder_weights",
+    "normalize_weights_source",
+    "resolve_encoder_init",
+]
+
+logger = logging.getLogger(__name__)
+
+#: values of the Stage-2 setting ``encoder_init``
+ENCODER_INIT_CHOICES = ("stage1", "pretrained", "random")
+# what a command line gives for "no weights" (``--pretrained_weights none`` / ``null``)
+_NO_WEIGHTS = ("", "none", "null")
+_MAX_LISTED_KEYS = 10
+
+
+def normalize_weights_source(source: Any, name: str = "pretrained_weights") -> str | None:
+    """``None`` for "no weights" (``None``, ``"none"``, ``"null"``, ``""``, any case), ``"timm"``, or a file path.
+
+    Args:
+        source: the setting's value.
+        name: the setting's name for the message. Defaults to ``"pretrained_weights"``.
+
+    Raises:
+        SettingError: ``source`` is neither ``None``, a string nor a path.
+    """
+    if source is None:
+        return None
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):
+        raise SettingError(
+            f"{name} must be 'timm', a DINOv2 checkpoint file or 'none', got {source!r} ({type(source).__name__})."
+        )
+    if source.strip().lower() in _NO_WEIGHTS:
+        return None
+    if source.strip().lower() == "timm":
+        return "timm"
+    return source
+
+
+def resolve_encoder_init(
+    encoder_init: str, stage1_export: str | os.PathLike | None, pretrained_weights: Any
+) -> str | None:
+    """The weights Stage-2 starts from: the Stage-1 export, ``pretrained_weights`` or ``None`` (random).
+
+    Args:
+        encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``.
+        stage1_export: the Stage-1 encoder export of the bundle (``models/encoder_stage1.pt``).
+        pretrained_weights: ``"timm"``, a DINOv2 checkpoint file or ``None`` / ``"none"``.
+
+    Returns:
+        ``"timm"``, a file path, or ``None`` for random initialisation.
+
+    Raises:
+        SettingError: an unknown ``encoder_init``, or ``"stage1"`` while the export does not exist (the message names
+            the file and the two ways forward).
+    """
+    choice = encoder_init.strip().lower() if isinstance(encoder_init, str) else encoder_init
+    if choice not in ENCODER_INIT_CHOICES:
+        raise SettingError(f"encoder_init must be one of {list(ENCODER_INIT_CHOICES)}, got {encoder_init!r}.")
+    if choice == "random":
+        return None
+    if choice == "pretrained":
+        return normalize_weights_source(pretrained_weights)
+    if stage1_export is None or not Path(os.fspath(stage1_export)).expanduser().is_file():
+        raise SettingError(
+            f"encoder_init='stage1': the Stage-1 encoder export {os.fspath(stage1_export or '<not set>')!r} does "
+            "not exist. Either run Stage-1 first (configs/train.yaml + configs/train_stage1.yaml, which writes it), "
+            "or start Stage-2 without Stage-1 from pretrained_weights with --encoder_init pretrained (the paper's "
+            "'no Stage-1' row)."
+        )
+    return os.fspath(stage1_export)
+
+
+def _find_encoder(module: nn.Module) -> nn.Module:
+    """The DINOv2 encoder inside ``module`` (itself, ``module.encoder``, through DDP/DataParallel wrappers)."""
+    from spectraflow_monai.networks.encoders.dinov2 import DINOv2Encoder
+
+    while isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        module = module.module
+    if isinstance(module, DINOv2Encoder):
+        return module
+    encoder = getattr(module, "encoder", None)
+    if isinstance(encoder, DINOv2Encoder):
+        return encoder
+    raise ValueError(f"expected a DINOv2Encoder or a network with one as .encoder, got {type(module).__name__}.")
+
+
+def _format_keys(keys: list[str]) -> str:
+    shown = ", ".join(repr(k) for k in keys[:_MAX_LISTED_KEYS])
+    if len(keys) > _MAX_LISTED_KEYS:
+        shown += f", ... ({len(keys) - _MAX_LISTED_KEYS} more)"
+    return shown
+
+
+def _offline_message(model_name: str, location: str, cfg: Mapping[str, Any], exc: BaseException) -> str:
+    official = os.path.basename(str(cfg.get("url") or "")) or "dinov2_vits14_pretrain.pth"
+    return (
+        f"pretrained_weights='timm': could not download the DINOv2 weights of {model_name!r} ({location}): "
+        f"{type(exc).__name__}: {exc}\n"
+        "Nothing was trained. Without access to the hub, either\n"
+        f"  - pass a local weight file: --pretrained_weights /path/{official} (the official facebookresearch "
+        f"checkpoint{', ' + str(cfg['url']) if cfg.get('url') else ''}, copied from a machine with internet) or a "
+        f"timm state dict of {model_name} (Python: pretrained='/path/file'); or\n"
+        "  - opt into random initialisation: --pretrained_weights none (not the paper's setting; with frozen "
+        "encoder blocks also pass --trainable_blocks all, see README 'Encoder weights').\n"
+        "Set HF_HUB_OFFLINE=1 to skip the network retries when a machine has no internet."
+    )
+
+
+def _download_timm_state_dict(vit: nn.Module, model_name: str) -> tuple[dict[str, torch.Tensor], str]:
+    """timm's pretrained DINOv2 weights of ``vit`` (Hugging Face hub, else the url of its pretrained config)."""
+    from timm.models import _hub
+
+    cfg = dict(getattr(vit, "pretrained_cfg", None) or {})
+    hub_id, url = cfg.get("hf_hub_id"), cfg.get("url")
+    location = f"hf-hub {hub_id}" if hub_id else f"url {url}"
+    if not hub_id and not url:
+        raise SettingError(f"pretrained_weights='timm': timm has no pretrained weights for {model_name!r}.")
+    try:  # every failure of the download itself (no network, offline mode, missing cache) gets the message below
+        if hub_id:
+            state = _hub.load_state_dict_from_hf(hub_id, weights_only=True)
+        else:
+            state = torch.hub.load_state_dict_from_url(url, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise SettingError(_offline_message(model_name, location, cfg, exc)) from exc
+    return dict(state), location
+
+
+def _load_timm_weights(encoder: nn.Module) -> tuple[str, int]:
+    """Download timm's weights for ``encoder`` and load them strictly (timm's ``checkpoint_filter_fn`` mapping)."""
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    vit = encoder.vit
+    state, location = _download_timm_state_dict(vit, encoder.model_name)
+    state = {k: v for k, v in checkpoint_filter_fn(state, vit).items() if not k.startswith("head.")}
+    expected = vit.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [k for k in state if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"timm's weights of {encoder.model_name} ({location}) do not match the encoder (depth {encoder.depth}, "
+            f"embed_dim {encoder.embed_dim}; check encoder_kwargs): {len(missing)} missing key(s) "
+            f"[{_format_keys(missing)}], {len(unexpected)} unexpected key(s) [{_format_keys(unexpected)}], "
+            f"{len(wrong)} shape mismatch(es) [{_format_keys(wrong)}]."
+        )
+    vit.load_state_dict(state, strict=True)
+    return location, len(state)
+
+
+def _has_frozen_parameters(encoder: nn.Module) -> bool:
+    return any(not p.requires_grad for p in encoder.parameters())
+
+
+def load_encoder_weights(encoder: nn.Module, source: Any, label: str | None = None) -> str | None:
+    """Put the weights named by ``source`` into ``encoder``; the one place where encoder weights are loaded.
+
+    Args:
+        encoder: a :class:`~spectraflow_monai.networks.DINOv2Encoder`, or a network holding one as ``.encoder``
+            (:class:`~spectraflow_monai.networks.SpectraFlowNet`, also inside DistributedDataParallel).
+        source: ``"timm"`` (timm's hub copy of the DINOv2 weights, mapped by timm's ``checkpoint_filter_fn``); a
+            local file, read with ``torch.load(..., weights_only=True)`` by
+            :meth:`~spectraflow_monai.networks.DINOv2Encoder.load_weights` (official facebookresearch DINOv2
+            checkpoint, timm state dict, or this package's Stage-1 export); or ``None`` / ``"none"`` for the random
+            initialisation the encoder was built with. When the weights are random and some encoder parameters are
+            frozen, a prominent warning says that those frozen blocks are random features.
+        label: the name logged for the source (e.g. ``"stage1"``). Defaults to ``source`` itself.
+
+    Returns:
+        the normalised source: ``"timm"``, the file path, or ``None``.
+
+    Raises:
+        SettingError: ``source`` is not a string/path, or ``"timm"`` and the download failed (the message says how to
+            pass a local file or opt into ``none``).
+        FileNotFoundError: the file does not exist.
+        ValueError: the file or the downloaded weights do not fit the encoder.
+    """
+    encoder = _find_encoder(encoder)
+    source = normalize_weights_source(source)
+    label = label or ("none" if source is None else source if source == "timm" else "file")
+    if source is None:
+        logger.info(f"encoder weights: {label} (random initialisation, {encoder.model_name})")
+        if _has_frozen_parameters(encoder):
+            bar = "!" * 100
+            logger.warning(
+                f"\n{bar}\n!! RANDOM ENCODER WEIGHTS WITH FROZEN BLOCKS (encoder weights: {label}, trainable_blocks="
+                f"{encoder.trainable_blocks!r}).\n!! The frozen blocks of {encoder.model_name} stay random features "
+                "for the whole run: results are not comparable with the paper.\n!! Pass DINOv2 weights "
+                "(--pretrained_weights timm or a local file) or train every block (--trainable_blocks all).\n"
+                f"{bar}"
+            )
+        return None
+    if source == "timm":
+        location, count = _load_timm_weights(encoder)
+        logger.info(f"encoder weights: {label} ({location}): {count} tensors loaded into {encoder.model_name}")
+        return source
+    file = Path(source).expanduser()
+    encoder.load_weights(file)
+    count = len(encoder.vit.state_dict())
+    logger.info(f"encoder weights: {label} ({file}): {count} tensors loaded into {encoder.model_name}")
+    return source
+
+
+def initialize_encoder(
+    network: nn.Module,
+    encoder_init: str = "pretrained",
+    pretrained_weights: Any = None,
+    stage1_export: str | os.PathLike | None = None,
+) -> str | None:
+    """The bundles' ``initialize`` step: resolve the settings and load the encoder weights of ``network``.
+
+    Stage-1 calls it with ``encoder_init="pretrained"`` (it starts from ``pretrained_weights``); Stage-2 with the
+    bundle's ``encoder_init`` (``"stage1"`` by default). Running it in ``initialize`` means that a missing Stage-1
+    export, a missing file or an unreachable hub stops the run before any training.
+
+    Args:
+        network: a :class:`~spectraflow_monai.networks.SpectraFlowNet` (possibly DDP-wrapped) or a
+            :class:`~spectraflow_monai.networks.DINOv2Encoder`.
+        encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``. Defaults to ``"pretrained"``.
+        pretrained_weights: ``"timm"``, a DINOv2 checkpoint file, or ``None`` / ``"none"``. Defaults to ``None``.
+        stage1_export: the Stage-1 encoder export (needed for ``encoder_init="stage1"``).
+
+    Returns:
+        the source loaded: ``"timm"``, a file path, or ``None`` (random initialisation).
+
+    Raises:
+        SettingError: see :func:`resolve_encoder_init` and :func:`load_encoder_weights`.
+    """
+    source = resolve_encoder_init(encoder_init, stage1_export, pretrained_weights)
+    choice = encoder_init.strip().lower()
+    if choice == "stage1":
+        label = "stage1"
+    elif choice == "random":
+        label = "random (encoder_init)"
+    else:
+        label = f"pretrained_weights={'none' if source is None else source if source == 'timm' else 'file'}"
+    return load_encoder_weights(network, source, label=label)
