@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_label_map
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import DataError, SettingError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
@@ -600,7 +601,13 @@ def _read_nifti_volume(
         except Exception as e:
             raise DatasetError(f"case {case}: cannot read the label data of {label_path!r}: {e}") from e
         label = label.reshape(label.shape[:3])
-        if params["map_labels"]:
+        if params.get("label_map") is not None:  # a label map of the user's data (recorded in the cache index)
+            where = f"of case {case} ({label_path})"
+            try:
+                label = apply_label_map(label, params["label_map"], params.get("unmapped", "error"), where=where)
+            except DataError as e:
+                raise DatasetError(str(e)) from e
+        elif params["map_labels"]:
             label = map_btcv_labels(label, case=f"{case} ({label_path})", dtype=np.uint8)
         else:  # stored as they are: integers that fit the uint8 cache
             label = check_synapse_labels(label, num_classes=256, where=f"case {case} ({label_path})").astype(np.uint8)
@@ -644,6 +651,8 @@ def extract_slices(
     progress: bool = True,
     nonfinite: str = "error",
     nonfinite_value: float | None = None,
+    label_map: Mapping[int, int] | None = None,
+    unmapped_labels: str = "error",
 ) -> list[dict[str, Any]]:
     """Cache the axial slices of CT volumes as TransUNet-like ``.npz`` files and return a slice datalist.
 
@@ -686,6 +695,13 @@ def extract_slices(
         nonfinite_value: the replacement for ``"replace"``, in the units of the file; None: the window's lower
             bound ``a_min`` for NIfTI volumes (HU) and 0 for TransUNet's windowed ``.h5`` volumes, i.e. black after
             windowing. Defaults to None.
+        label_map: ``{source label value: class}`` applied to NIfTI labels instead of the BTCV map (and instead
+            of ``map_labels``), e.g. for a Decathlon data set (:mod:`spectraflow_monai.data.label_map`); it is
+            recorded in the cache index, so a changed map re-extracts the volumes. Not applied to TransUNet's
+            ``.h5`` volumes. Defaults to None.
+        unmapped_labels: with ``label_map``: label values the map does not list stop with a :class:`DatasetError`
+            naming the case, the file and the values (``"error"``) or become background 0 (``"background"``).
+            Defaults to ``"error"``.
 
     Returns:
         the slice datalist ``[{"image": npz, "label": npz, "case": "0005", "slice": k}, ...]`` (``"label"`` only
@@ -715,6 +731,10 @@ def extract_slices(
         nonfinite_value = check_nonfinite_args(nonfinite, nonfinite_value, "nonfinite", "nonfinite_value")
     else:
         check_nonfinite_args(nonfinite, 0.0, "nonfinite", "nonfinite_value")
+    if unmapped_labels not in LABEL_MAP_UNMAPPED:
+        raise ValueError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {unmapped_labels!r}.")
+    if label_map is not None:
+        label_map = check_label_map(label_map, 256)
     cases: dict[str, str] = {}
     for i, entry in enumerate(datalist):
         if not isinstance(entry, Mapping) or "image" not in entry:
@@ -737,6 +757,9 @@ def extract_slices(
     }
     if nonfinite == "replace":  # recorded only then, so that caches built before the option existed stay valid
         params["nonfinite"] = {"mode": "replace", "value": nonfinite_value}
+    if label_map is not None:  # likewise: a changed map (or unmapped rule) re-extracts the volumes
+        params["label_map"] = [[k, v] for k, v in sorted(label_map.items())]
+        params["unmapped"] = unmapped_labels
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     index_path = cache / _INDEX_NAME
@@ -808,6 +831,7 @@ def check_synapse_settings(
     hu_window: Any = None,
     nonfinite: Any = None,
     nonfinite_value: Any = None,
+    **data_source: Any,
 ) -> dict[str, Any]:
     """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
 
@@ -821,6 +845,10 @@ def check_synapse_settings(
         hu_window: the HU window ``[a_min, a_max]``, two finite numbers with ``a_min < a_max``. Defaults to None.
         nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to None.
         nonfinite_value: the replacement value of ``nonfinite: replace``, a finite number. Defaults to None.
+        data_source: the own-data settings ``data_list_file_path``, ``dataset_dir``, ``label_map``,
+            ``class_names``, ``unmapped_labels``, ``val_fraction``, ``data_fraction``, checked by
+            :func:`spectraflow_monai.data.synapse_datalist.check_own_data_settings` (a JSON path that is no file, a
+            ``dataset_dir`` that is a file, a label map or class names that do not fit ``num_classes``, ...).
 
     Returns:
         the checked settings, normalised (``image_size`` as an ``int``, ``hu_window`` as two floats, ...).
@@ -857,6 +885,10 @@ def check_synapse_settings(
                 out["nonfinite_value"] = check_nonfinite_args(mode, nonfinite_value, "nonfinite", "nonfinite_value")
             except ValueError as e:
                 raise SettingError(str(e)) from e
+    if data_source:
+        from spectraflow_monai.data.synapse_datalist import check_own_data_settings  # lazy: it imports this module
+
+        out.update(check_own_data_settings(num_classes=num_classes, **data_source))
     return out
 
 
@@ -917,6 +949,13 @@ def build_synapse_datalist(
     exclude_cases: Sequence[int | str] | None = None,
     nonfinite: str = "error",
     nonfinite_value: float | None = None,
+    data_list_file_path: str | os.PathLike | None = None,
+    label_map: Mapping[int, int] | None = None,
+    num_classes: int | None = None,
+    unmapped_labels: str = "error",
+    val_fraction: float = 0.2,
+    fraction: float = 1.0,
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
     """One entry point for the ``spectraflow_synapse_segmentation`` bundle (SpectraFlow's Synapse experiment).
 
@@ -929,11 +968,19 @@ def build_synapse_datalist(
       ``root`` on first use when ``generate`` is a mapping (the arguments of
       :func:`~spectraflow_monai.data.synthetic_ct.generate_synthetic_ct`; ``layout`` is always ``"raw"``); without
       ``cases``, every case found on disk is used, split by TransUNet's lists.
+    - your own volumes: when ``data_list_file_path`` names a Decathlon-style datalist JSON, it is the source and
+      ``dataset`` is not used (logged): see :func:`spectraflow_monai.data.synapse_datalist.decathlon_synapse_datalist`
+      (``root`` is the base of its relative paths, ``label_map`` defaults to the identity over ``num_classes``).
+
+    Every source gives the same contract: volumes ``{"image", "label", "case"}`` or cached slices
+    ``{"image", "label", "case", "slice"}``.
 
     Args:
         dataset: ``"synthetic"``, ``"btcv"`` or ``"transunet"``.
-        root: the data set folder.
-        split: ``"train"`` or ``"test"``. Defaults to ``"train"``.
+        root: the data set folder (with ``data_list_file_path``: the base of the JSON's relative paths; None or
+            ``""``: the JSON's folder).
+        split: ``"train"``, ``"val"`` (presets: the training list, normally restricted to ``cases``, the held-out
+            validation cases) or ``"test"``. Defaults to ``"train"``.
         cases: case ids instead of the split's default ones. Defaults to None.
         slices: False: one entry per volume (``{"image", "label", "case"}``; raw NIfTI pairs are checked from their
             headers: 3D, same shape and affine); True: one entry per axial slice ``.npz``
@@ -955,6 +1002,20 @@ def build_synapse_datalist(
             :func:`extract_slices`). Defaults to ``"error"``.
         nonfinite_value: the replacement for ``nonfinite="replace"``; None: black after windowing (see
             :func:`extract_slices`). Defaults to None.
+        data_list_file_path: a Decathlon-style datalist JSON of NIfTI volumes; takes precedence over ``dataset``.
+            Defaults to None.
+        label_map: ``{source label value: class}`` for NIfTI labels; None: the BTCV -> 8 organ map for
+            ``btcv`` / ``synthetic``, the identity over ``num_classes`` for a datalist JSON. Not allowed with
+            ``transunet`` (its files are mapped already). Defaults to None.
+        num_classes: number of classes including background; needed with ``label_map`` or a datalist JSON.
+            Defaults to None (9).
+        unmapped_labels: label values ``label_map`` does not list: ``"error"`` or ``"background"``. Defaults to
+            ``"error"``.
+        val_fraction: datalist JSON without a ``validation`` list: the share of ``training`` held out for
+            validation (seeded with ``seed``). Defaults to 0.2.
+        fraction: ``"train"`` split only: the share of the training cases kept (seeded with ``seed``, nested:
+            low-data runs). Defaults to 1.0.
+        seed: seed of the validation hold-out and of ``fraction``. Defaults to 0.
 
     In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
     slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
@@ -967,7 +1028,17 @@ def build_synapse_datalist(
             volume is expected, or a label volume whose shape or affine differs from its image.
     """
     args = (dataset, root, split, cases, exclude_cases, slices, cache_dir, spatial_size, window, generate)
-    kwargs = {"nonfinite": nonfinite, "nonfinite_value": nonfinite_value}
+    kwargs = {
+        "nonfinite": nonfinite,
+        "nonfinite_value": nonfinite_value,
+        "data_list_file_path": data_list_file_path,
+        "label_map": label_map,
+        "num_classes": 9 if num_classes is None else num_classes,
+        "unmapped_labels": unmapped_labels,
+        "val_fraction": val_fraction,
+        "fraction": fraction,
+        "seed": seed,
+    }
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return _build_synapse_datalist(*args, progress=progress, **kwargs)
     if torch.distributed.get_rank() == 0:
@@ -994,12 +1065,36 @@ def _build_synapse_datalist(
     progress: bool,
     nonfinite: str,
     nonfinite_value: float | None,
+    data_list_file_path: str | os.PathLike | None,
+    label_map: Mapping[int, int] | None,
+    num_classes: int,
+    unmapped_labels: str,
+    val_fraction: float,
+    fraction: float,
+    seed: int,
 ) -> list[dict[str, Any]]:
+    from spectraflow_monai.data import synapse_datalist as own  # lazy: it imports this module
+
+    if data_list_file_path:
+        logger.info(
+            "data source: the datalist %s (paths relative to %s); the dataset setting %r is not used",
+            data_list_file_path, root or os.path.dirname(os.fspath(data_list_file_path)), dataset,
+        )  # fmt: skip
+        return own.decathlon_synapse_datalist(
+            data_list_file_path, root or None, split, cases, exclude_cases, slices, cache_dir, spatial_size, window,
+            progress, nonfinite, nonfinite_value, label_map, num_classes, unmapped_labels, val_fraction, fraction,
+            seed,
+        )  # fmt: skip
     key = str(dataset).lower()
     if key not in SYNAPSE_BUNDLE_DATASETS:
         raise ValueError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}.")
+    if label_map is not None and key == "transunet":
+        raise SettingError("label_map does not apply to dataset 'transunet' (its files hold the 9 classes already).")
+    mapping = own.resolve_label_map(label_map, None, num_classes)
+    train_fraction = fraction if split == "train" else 1.0
+    split = "train" if split == "val" else split  # the presets' validation cases are training cases
     if generate is not None and not isinstance(generate, Mapping):
         raise ValueError(f"generate must be None or a mapping of generate_synthetic_ct arguments, got {generate!r}.")
     root = Path(root)
@@ -1024,7 +1119,7 @@ def _build_synapse_datalist(
                 "(exclude_cases, e.g. the bundle's val_cases, takes every case of the split)."
             )
     layout = "transunet" if key == "transunet" else "raw"
-    entries = synapse_datalist(root, split=split, layout=layout, cases=cases)
+    entries = own.case_fraction(synapse_datalist(root, split=split, layout=layout, cases=cases), train_fraction, seed)
     if layout == "transunet" and split == "train":
         if not slices:
             raise ValueError(
@@ -1047,4 +1142,6 @@ def _build_synapse_datalist(
         progress=progress,
         nonfinite=nonfinite,
         nonfinite_value=nonfinite_value,
+        label_map=mapping,
+        unmapped_labels=unmapped_labels,
     )

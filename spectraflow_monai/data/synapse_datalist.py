@@ -1,0 +1,473 @@
+"""Your own 3D data for the Synapse bundle: a Decathlon-style datalist JSON of NIfTI volumes with any label map.
+
+SpectraFlow's 3D experiment (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for
+Medical Image Segmentation") trains a 2D network on axial CT slices and scores whole volumes (TransUNet protocol).
+The ``spectraflow_synapse_segmentation`` bundle reads the BTCV / TransUNet layouts as presets; this module lets it
+read any set of NIfTI volumes listed the way the Medical Segmentation Decathlon (and MONAI's
+:func:`monai.data.load_decathlon_datalist`, and the MONAI model zoo's ``--data_list_file_path``) lists them::
+
+    {"training":   [{"image": "imagesTr/ct_01.nii.gz", "label": "labelsTr/ct_01.nii.gz"}, ...],
+     "validation": [{"image": ..., "label": ...}, ...],        optional: else a seeded fraction of training
+     "test":       [{"image": ..., "label": ...}, ...]}        optional; entries may be bare image paths
+
+Relative paths are resolved against ``dataset_dir`` (default: the JSON's folder), as MONAI does. Case ids are the
+file names without ``.nii.gz`` / ``.nii``. :func:`decathlon_synapse_datalist` returns the same datalist contract as
+the presets of :func:`spectraflow_monai.data.build_synapse_datalist` (which calls it when ``data_list_file_path``
+is given): volumes ``{"image", "label", "case"}``, or cached axial slices ``{"image", "label", "case", "slice"}``.
+Splits: ``"train"`` (``training`` minus the validation hold-out), ``"val"`` (the ``validation`` list, else the
+hold-out: ``round(val_fraction * N)`` training volumes, at least 1, drawn with ``numpy.random.RandomState(seed)``
+from the case ids sorted by name) and ``"test"`` (the ``test`` list when every entry has a label, else the
+validation split; which one is logged).
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from spectraflow_monai.data.label_map import (
+    LABEL_MAP_UNMAPPED,
+    check_class_names,
+    check_label_map,
+    identity_label_map,
+)
+from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.utils.errors import SettingError
+
+__all__ = [
+    "DECATHLON_LISTS",
+    "nifti_case_id",
+    "read_decathlon_datalist",
+    "holdout_split",
+    "case_fraction",
+    "resolve_label_map",
+    "synapse_class_names",
+    "decathlon_synapse_datalist",
+    "synapse_inference_datalist",
+    "check_own_data_settings",
+]
+
+logger = logging.getLogger(__name__)
+
+#: the lists of a Decathlon datalist JSON read by :func:`read_decathlon_datalist`.
+DECATHLON_LISTS: tuple[str, ...] = ("training", "validation", "test")
+_NIFTI = re.compile(r"\.nii(\.gz)?$", re.IGNORECASE)
+
+
+def nifti_case_id(path: str | os.PathLike) -> str:
+    """The case id of a volume file: its name without ``.nii.gz`` / ``.nii`` (``/d/ct_01.nii.gz`` -> ``ct_01``)."""
+    name = os.path.basename(os.fspath(path))
+    stem = _NIFTI.sub("", name)
+    return stem if stem != name else os.path.splitext(name)[0]
+
+
+def _check_base(data_list_file_path: Any, dataset_dir: Any) -> tuple[Path, Path]:
+    if not isinstance(data_list_file_path, (str, os.PathLike)) or not os.fspath(data_list_file_path):
+        raise SettingError(
+            f"data_list_file_path must be the path of a datalist JSON file, got {data_list_file_path!r}."
+        )
+    path = Path(data_list_file_path)
+    if not path.exists():
+        raise DatasetError(f"datalist {str(path)!r} does not exist.")
+    if not path.is_file():
+        raise DatasetError(f"datalist {str(path)!r} is not a file (a folder?); give the path of the JSON file.")
+    if dataset_dir is None or (isinstance(dataset_dir, str) and not dataset_dir):
+        return path, path.parent
+    if not isinstance(dataset_dir, (str, os.PathLike)):
+        raise SettingError(f"dataset_dir must be a folder path or null, got {dataset_dir!r}.")
+    base = Path(dataset_dir)
+    if not base.exists():
+        raise DatasetError(f"dataset_dir {str(base)!r} (the base of the paths in {str(path)!r}) does not exist.")
+    if not base.is_dir():
+        raise DatasetError(
+            f"dataset_dir {str(base)!r} is a file, not a folder: it must be the folder the relative paths of "
+            f"{str(path)!r} start from."
+        )
+    return path, base
+
+
+def read_decathlon_datalist(
+    data_list_file_path: str | os.PathLike, dataset_dir: str | os.PathLike | None = None
+) -> dict[str, list[dict[str, Any]] | None]:
+    """Read and check a Decathlon-style datalist JSON of volumes.
+
+    Args:
+        data_list_file_path: the JSON file (``training`` / optional ``validation`` / optional ``test`` lists).
+        dataset_dir: the folder relative paths start from; None: the JSON's folder (as
+            :func:`monai.data.load_decathlon_datalist`). Defaults to None.
+
+    Returns:
+        ``{"training": [...], "validation": [...] or None, "test": [...] or None}``; entries
+        ``{"image": abs path, "label": abs path (test: when given), "case": id}`` plus any other keys of the JSON
+        entry (resolved as MONAI does).
+
+    Raises:
+        DatasetError: (a ``ValueError``) the JSON or ``dataset_dir`` is missing or not what it should be, the JSON
+            is unreadable, a list is missing (``training``), empty or malformed, an entry names a missing file, or
+            two volumes of ``training`` + ``validation`` (or of ``test``) have the same case id; the message names
+            the JSON, the list, the entry and the file.
+    """
+    from monai.data import load_decathlon_datalist
+
+    path, base = _check_base(data_list_file_path, dataset_dir)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DatasetError(f"datalist {str(path)!r} is not a readable JSON file: {e}") from e
+    if not isinstance(data, dict):
+        raise DatasetError(f"datalist {str(path)!r} must hold a JSON object with a 'training' list, got {data!r:.80}.")
+    if "training" not in data:
+        raise DatasetError(f"datalist {str(path)!r} has no 'training' list (keys: {sorted(data)}).")
+    out: dict[str, list[dict[str, Any]] | None] = {}
+    for key in DECATHLON_LISTS:
+        if key not in data:
+            out[key] = None
+            continue
+        items = data[key]
+        if not isinstance(items, list) or not items:
+            hint = " to hold out a fraction of training" if key == "validation" else ""
+            raise DatasetError(
+                f"datalist {str(path)!r}: the '{key}' list is empty or not a list ({items!r:.60}); an empty split "
+                f"cannot be used (remove the key{hint})."
+            )
+        for i, item in enumerate(items):
+            bare = key == "test" and isinstance(item, str)
+            if not bare and not (isinstance(item, dict) and isinstance(item.get("image"), str)):
+                raise DatasetError(
+                    f"datalist {str(path)!r}: {key}[{i}] must be an object with an 'image' path, got {item!r:.80}."
+                )
+            if key != "test" and not isinstance(item.get("label"), str):
+                raise DatasetError(f"datalist {str(path)!r}: {key}[{i}] has no 'label' path ({item!r:.80}).")
+        if key == "test" and len({isinstance(i, str) for i in items}) > 1:
+            raise DatasetError(
+                f"datalist {str(path)!r}: the 'test' list mixes bare image paths and objects; use one form."
+            )
+        entries = load_decathlon_datalist(path, is_segmentation=True, data_list_key=key, base_dir=base)
+        for i, entry in enumerate(entries):
+            for field in ("image", "label"):
+                if field in entry and not os.path.isfile(entry[field]):
+                    what = "does not exist" if not os.path.exists(entry[field]) else "is not a file"
+                    raise DatasetError(
+                        f"datalist {str(path)!r}: {key}[{i}] {field} {entry[field]!r} {what} (relative paths start "
+                        f"at dataset_dir {str(base)!r})."
+                    )
+            entry["image"] = os.path.abspath(entry["image"])
+            if "label" in entry:
+                entry["label"] = os.path.abspath(entry["label"])
+            entry["case"] = nifti_case_id(entry["image"])
+        out[key] = entries
+    _check_unique(path, (out["training"] or []) + (out["validation"] or []), "training + validation")
+    _check_unique(path, out["test"] or [], "test")
+    return out
+
+
+def _check_unique(path: Path, entries: list[dict[str, Any]], what: str) -> None:
+    from spectraflow_monai.data.synapse import format_case_id  # lazy: synapse imports this module lazily too
+
+    def norm(case: str) -> str:  # the slice cache names volumes by the normalised id ("img0005" -> "0005")
+        try:
+            return format_case_id(case)
+        except ValueError:
+            return case
+
+    seen: dict[str, list[str]] = {}
+    for e in entries:
+        seen.setdefault(norm(e["case"]), []).append(e["image"])
+    dup = {k: v for k, v in seen.items() if len(v) > 1}
+    if dup:
+        shown = "; ".join(f"{k}: {v}" for k, v in list(dup.items())[:5])
+        raise DatasetError(
+            f"datalist {str(path)!r}: case ids (file names without .nii.gz) must be unique in {what}; duplicated: "
+            f"{shown}. Rename the files."
+        )
+
+
+def holdout_split(
+    entries: Sequence[Mapping[str, Any]], fraction: float, seed: int = 0, key: str = "case"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split ``entries`` into (kept, held out): ``round(fraction * N)`` held out (at least 1, at most N - 1).
+
+    The one hold-out of every data source, :func:`spectraflow_monai.data.datalist.holdout`, keyed on the case id:
+    the entries are sorted by ``key`` and permuted with ``numpy.random.RandomState(seed)``, so the split depends on
+    the ids and the seed only, not on the list order; both parts keep the input order.
+
+    Raises:
+        SettingError: ``fraction`` is not in (0, 1).
+        DatasetError: fewer than 2 entries (nothing could be left for training).
+    """
+    from spectraflow_monai.data.datalist import holdout  # lazy: the 2D datalist module is not needed otherwise
+
+    return holdout(entries, fraction, seed, key=key)
+
+
+def case_fraction(
+    entries: Sequence[Mapping[str, Any]], fraction: float, seed: int = 0, what: str = "training"
+) -> list[dict[str, Any]]:
+    """Keep a seeded, nested fraction of the *cases* of ``entries`` (volumes, or the slices of whole cases).
+
+    Uses :func:`spectraflow_monai.data.low_data_subset` on the sorted case ids (``round(fraction * cases)``, at least
+    one; for one seed 10 % lies within 20 % within 50 %); logs the kept cases when ``fraction < 1``.
+    """
+    from spectraflow_monai.data.datasets2d import low_data_subset
+
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+        raise SettingError(f"data_fraction must be a number in (0, 1], got {fraction!r}.")
+    if fraction >= 1.0:
+        return [dict(e) for e in entries]
+    cases = sorted({str(e["case"]) for e in entries})
+    kept = {d["name"] for d in low_data_subset([{"name": c} for c in cases], fraction, seed)}
+    logger.info(
+        "data_fraction %s (seed %d): %d of %d %s case(s) kept: %s", fraction, seed, len(kept), len(cases), what,
+        sorted(kept),
+    )  # fmt: skip
+    return [dict(e) for e in entries if str(e["case"]) in kept]
+
+
+def resolve_label_map(label_map: Any, data_list_file_path: Any, num_classes: Any) -> dict[int, int] | None:
+    """The label map a run uses: ``label_map`` checked against ``num_classes``; when it is None, the identity over
+    ``0..num_classes-1`` for a Decathlon datalist and None (the BTCV -> 8 organ map of the presets) otherwise."""
+    if label_map is None:
+        return identity_label_map(num_classes) if data_list_file_path else None
+    return check_label_map(label_map, num_classes)
+
+
+def synapse_class_names(num_classes: int, data_list_file_path: Any = None) -> list[str]:
+    """Default ``class_names`` of the Synapse bundle: the 9 Synapse classes (background + 8 organs,
+    :data:`spectraflow_monai.data.SYNAPSE_ORGANS`) when ``num_classes`` is 9 and the data are not a datalist JSON,
+    else ``background, class_1, ..., class_<num_classes-1>``."""
+    from spectraflow_monai.data.synapse import SYNAPSE_ORGANS
+
+    if not data_list_file_path and num_classes == len(SYNAPSE_ORGANS):
+        return list(SYNAPSE_ORGANS)
+    return ["background", *(f"class_{i}" for i in range(1, int(num_classes)))]
+
+
+def _select(entries: list[dict[str, Any]], cases: Any, path: Path, what: str) -> list[dict[str, Any]]:
+    """The entries whose case id is in ``cases`` (ids as in the file names; ints match their digits)."""
+    from spectraflow_monai.data.synapse import format_case_id
+
+    def norm(c: Any) -> str:
+        try:
+            return format_case_id(c)
+        except ValueError:
+            return str(c)
+
+    wanted = [cases] if isinstance(cases, (str, int)) else list(cases)
+    by_id = {norm(e["case"]): e for e in entries}
+    unknown = [c for c in wanted if norm(c) not in by_id]
+    if unknown:
+        raise DatasetError(
+            f"datalist {str(path)!r}: case(s) {unknown} are not in its {what} list (case ids: {sorted(by_id)[:20]})."
+        )
+    keep = {norm(c) for c in wanted}
+    return [e for e in entries if norm(e["case"]) in keep]
+
+
+def _split(
+    lists: Mapping[str, Any],
+    split: str,
+    path: Path,
+    cases: Any,
+    exclude_cases: Any,
+    val_fraction: float,
+    seed: int,
+) -> list[dict[str, Any]]:
+    training = lists["training"]
+    if split == "test":
+        test = lists["test"]
+        if test is not None and all("label" in e for e in test):
+            entries = test
+            logger.info("evaluating on the 'test' list of %s (%d volume(s))", path, len(test))
+        else:
+            why = "has no 'test' list" if test is None else "has a 'test' list without labels"
+            logger.info("datalist %s %s: evaluating on the validation split instead", path, why)
+            entries = _split(lists, "val", path, None, None, val_fraction, seed)
+        return [dict(e) for e in (entries if cases is None else _select(entries, cases, path, "test"))]
+    if split == "val" and cases is not None:
+        return [dict(e) for e in _select(training, cases, path, "training")]
+    if exclude_cases:
+        held_ids = {e["case"] for e in _select(training, exclude_cases, path, "training")}
+        kept = [dict(e) for e in training if e["case"] not in held_ids]
+        held: list[dict[str, Any]] = []
+    elif lists["validation"] is not None:
+        kept, held = [dict(e) for e in training], [dict(e) for e in lists["validation"]]
+    else:
+        kept, held = holdout_split(training, val_fraction, seed)
+        if split == "val":
+            logger.info(
+                "datalist %s has no 'validation' list: %d of %d training volume(s) held out for validation "
+                "(val_fraction %s, seed %d): %s", path, len(held), len(training), val_fraction, seed,
+                [e["case"] for e in held],
+            )  # fmt: skip
+    if split == "val":
+        return held
+    if cases is not None:
+        kept = _select(kept, cases, path, "training (after the validation hold-out)")
+    if not kept:
+        raise DatasetError(f"datalist {str(path)!r}: no training volume is left after the validation hold-out.")
+    return kept
+
+
+def decathlon_synapse_datalist(
+    data_list_file_path: str | os.PathLike,
+    dataset_dir: str | os.PathLike | None = None,
+    split: str = "train",
+    cases: Sequence[int | str] | None = None,
+    exclude_cases: Sequence[int | str] | None = None,
+    slices: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    spatial_size: Sequence[int] | None = None,
+    window: Sequence[float] = (-125.0, 275.0),
+    progress: bool = True,
+    nonfinite: str = "error",
+    nonfinite_value: float | None = None,
+    label_map: Mapping[int, int] | None = None,
+    num_classes: int = 9,
+    unmapped_labels: str = "error",
+    val_fraction: float = 0.2,
+    fraction: float = 1.0,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """The datalist of one split of a Decathlon JSON of NIfTI volumes (the ``datalist`` source of the Synapse bundle).
+
+    Args:
+        data_list_file_path: the datalist JSON (see the module docstring).
+        dataset_dir: base of the JSON's relative paths; None: the JSON's folder. Defaults to None.
+        split: ``"train"``, ``"val"`` or ``"test"`` (see the module docstring). Defaults to ``"train"``.
+        cases: case ids (file names without ``.nii.gz``) to keep from the split. For ``"val"``: the training
+            volumes to validate on (held out of ``"train"`` by passing them as ``exclude_cases`` there), instead of
+            the ``validation`` list / the seeded hold-out. Defaults to None (all).
+        exclude_cases: training case ids held out of ``"train"`` (instead of the ``validation`` list / the seeded
+            hold-out). Defaults to None.
+        slices: True: one entry per cached axial slice (:func:`spectraflow_monai.data.extract_slices`, windowed,
+            labels mapped with ``label_map``, resized to ``spatial_size``); False: volumes, header-checked (3D, label
+            shape and affine equal to the image's). Defaults to False.
+        cache_dir: the slice cache folder (``slices=True``). Defaults to None.
+        spatial_size: ``(H, W)`` of the cached slices; None keeps the native size. Defaults to None.
+        window: intensity window mapped to [0, 1] (HU for CT). Defaults to ``(-125, 275)``.
+        progress: progress bar while slicing. Defaults to True.
+        nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to ``"error"``.
+        nonfinite_value: replacement of ``nonfinite="replace"``; None: ``window[0]``. Defaults to None.
+        label_map: ``{source label value: class}``; None: the identity over ``0..num_classes-1``. Defaults to None.
+        num_classes: number of classes including background. Defaults to 9.
+        unmapped_labels: label values outside ``label_map``: ``"error"`` (named with the file) or ``"background"``.
+            Defaults to ``"error"``.
+        val_fraction: share of ``training`` held out for validation when the JSON has no ``validation`` list.
+            Defaults to 0.2.
+        fraction: share of the training *cases* kept (``"train"`` only; seeded, nested). Defaults to 1.0.
+        seed: seed of the hold-out and of ``fraction``. Defaults to 0.
+
+    Raises:
+        SettingError: bad arguments (``split``, ``label_map``, ``val_fraction``, ...).
+        DatasetError: any problem of the JSON or its files (see :func:`read_decathlon_datalist`), an empty split, an
+            image / label shape or affine mismatch, a 2D or unreadable volume, non-finite voxels, label values the
+            map does not list (``slices=True``); the message names the file and the problem.
+    """
+    from spectraflow_monai.data.synapse import check_volume_pair, extract_slices  # lazy: synapse imports this lazily
+
+    if split not in ("train", "val", "test"):
+        raise SettingError(f"split must be 'train', 'val' or 'test', got {split!r}.")
+    if unmapped_labels not in LABEL_MAP_UNMAPPED:
+        raise SettingError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {unmapped_labels!r}.")
+    mapping = resolve_label_map(label_map, True, num_classes)
+    lists = read_decathlon_datalist(data_list_file_path, dataset_dir)
+    path = Path(data_list_file_path)
+    entries = _split(lists, split, path, cases, exclude_cases, val_fraction, seed)
+    if split == "train":
+        entries = case_fraction(entries, fraction, seed)
+    if not entries:
+        raise DatasetError(f"datalist {str(path)!r}: the {split} split is empty.")
+    for e in entries:  # headers of every volume before any file is written
+        check_volume_pair(e["image"], e.get("label"), case=e["case"])
+    if not slices:
+        return entries
+    if cache_dir is None:
+        raise SettingError(f"cache_dir is required to slice the {split} volumes of {str(path)!r} (slices=True).")
+    return extract_slices(
+        entries,
+        cache_dir,
+        window=window,
+        spatial_size=spatial_size,
+        progress=progress,
+        nonfinite=nonfinite,
+        nonfinite_value=nonfinite_value,
+        label_map=mapping,
+        unmapped_labels=unmapped_labels,
+    )
+
+
+def synapse_inference_datalist(
+    input_dir: str | os.PathLike | None,
+    input_pattern: str = "*.nii*",
+    data_list_file_path: str | os.PathLike | None = None,
+    dataset_dir: str | os.PathLike | None = None,
+) -> list[dict[str, Any]]:
+    """The volumes ``configs/inference.yaml`` segments: the ``test`` list of a datalist JSON (when
+    ``data_list_file_path`` is given; labels, if any, are not read), else the files of ``input_dir`` matching
+    ``input_pattern``, sorted. Returns ``[{"image": path}, ...]``.
+
+    Raises:
+        DatasetError: the JSON has no ``test`` list (or another problem, see :func:`read_decathlon_datalist`),
+            ``input_dir`` is not a folder, or nothing matches ``input_pattern``.
+    """
+    if data_list_file_path:
+        lists = read_decathlon_datalist(data_list_file_path, dataset_dir)
+        if lists["test"] is None:
+            raise DatasetError(
+                f"datalist {os.fspath(data_list_file_path)!r} has no 'test' list to segment; add one, or pass "
+                "--input_dir <folder of volumes> without data_list_file_path."
+            )
+        logger.info("inference on the 'test' list of %s (%d volume(s))", data_list_file_path, len(lists["test"]))
+        return [{"image": e["image"]} for e in lists["test"]]
+    if input_dir is None or not os.path.isdir(os.fspath(input_dir)):
+        raise DatasetError(f"input_dir {input_dir!r} is not a folder of volumes.")
+    files = sorted(_glob.glob(os.path.join(os.fspath(input_dir), input_pattern)))
+    if not files:
+        raise DatasetError(f"no image matches {input_pattern!r} in {os.fspath(input_dir)!r}.")
+    return [{"image": f} for f in files]
+
+
+def check_own_data_settings(
+    data_list_file_path: Any = None,
+    dataset_dir: Any = None,
+    label_map: Any = None,
+    num_classes: Any = None,
+    class_names: Any = None,
+    unmapped_labels: Any = None,
+    val_fraction: Any = None,
+    data_fraction: Any = None,
+) -> dict[str, Any]:
+    """Check the data-source settings of the Synapse bundle (called by
+    :func:`spectraflow_monai.data.check_synapse_settings`); settings left at None are not checked.
+
+    Raises:
+        SettingError / DatasetError: (``ValueError`` s) naming the setting (or the file) and the problem: a JSON
+            path that is no file, a ``dataset_dir`` that is a file, a label map with a class outside
+            ``num_classes``, class names of the wrong count, a fraction out of range.
+    """
+    out: dict[str, Any] = {}
+    if data_list_file_path:
+        _check_base(data_list_file_path, dataset_dir)
+        out["data_list_file_path"] = os.fspath(data_list_file_path)
+    n = 9 if num_classes is None else num_classes
+    if label_map is not None:
+        out["label_map"] = check_label_map(label_map, n)
+    if class_names is not None:
+        out["class_names"] = check_class_names(class_names, n)
+    if unmapped_labels is not None and unmapped_labels not in LABEL_MAP_UNMAPPED:
+        raise SettingError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {unmapped_labels!r}.")
+    if val_fraction is not None:
+        ok = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool) and 0 < val_fraction < 1
+        if not ok:
+            raise SettingError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}.")
+    if data_fraction is not None:
+        ok = isinstance(data_fraction, (int, float)) and not isinstance(data_fraction, bool)
+        if not ok or not 0 < data_fraction <= 1:
+            raise SettingError(f"data_fraction must be a number in (0, 1], got {data_fraction!r}.")
+    return out
