@@ -136,6 +136,7 @@ def run_demo(
         "data_seed": seed,
         "encoder_kwargs": encoder_kwargs,
         "pretrained_weights": "none" if weights is None else weights,  # explicit, never the bundle's default
+        "resume": False,  # a rerun starts over (the bundles keep earlier checkpoints aside as *.bak-<time>)
     }
     for stale in (root / "models" / "model.pt", root / "models" / "encoder_stage1.pt"):
         if stale.exists():

@@ -326,6 +326,7 @@ class MAEPretrainer(MeanFlowPretrainer):
             else:
                 loss_disp = loss_mae.new_zeros(())
             loss = loss_mae + engine.dispersive_weight * loss_disp
+        engine.state.output = {"loss": loss.detach()}  # what LOSS_COMPLETED handlers (StopOnNonFiniteLoss) read
         engine.fire_event(IterationEvents.LOSS_COMPLETED)
 
         scaled = loss / engine.accumulation_steps if engine.accumulation_steps > 1 else loss

@@ -40,7 +40,7 @@ from torch import nn
 from torch.optim.optimizer import Optimizer
 from torch.utils.data import DataLoader
 
-from spectraflow_monai.utils.checkpoint import atomic_torch_save, cpu_state_dict
+from spectraflow_monai.utils.checkpoint import atomic_torch_save, check_finite_state, cpu_state_dict
 
 if TYPE_CHECKING:
     from ignite.engine import Engine, EventEnum, Events
@@ -181,8 +181,13 @@ def save_encoder_export(encoder: nn.Module, path: str | os.PathLike) -> Path:
 
     The file is a plain state dict of tensors (loadable with ``torch.load(..., weights_only=True)``) that
     ``DINOv2Encoder(model_name=..., pretrained=path)`` and ``DINOv2Encoder.load_weights(path)`` accept.
+
+    Raises:
+        NonFiniteStateError: a weight holds NaN or inf; nothing is written (an earlier export is kept).
     """
-    return atomic_torch_save(encoder_export_state_dict(encoder), path)
+    state = encoder_export_state_dict(encoder)
+    check_finite_state(state, os.fspath(path))
+    return atomic_torch_save(state, path)
 
 
 def _is_rank_zero() -> bool:
@@ -752,6 +757,7 @@ class MeanFlowPretrainer(Trainer):
             else:
                 loss_disp = loss_mf.new_zeros(())
             loss = loss_mf.float() + engine.dispersive_weight * loss_disp
+        engine.state.output = {"loss": loss.detach()}  # what LOSS_COMPLETED handlers (StopOnNonFiniteLoss) read
         engine.fire_event(IterationEvents.LOSS_COMPLETED)
 
         scaled = loss / engine.accumulation_steps if engine.accumulation_steps > 1 else loss

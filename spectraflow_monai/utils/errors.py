@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "DataError",
     "SettingError",
+    "TrainingError",
     "error_summary",
     "find_input_error",
     "install_excepthook",
@@ -35,7 +36,11 @@ class SettingError(ValueError):
     """A setting (a bundle config value or an argument) is invalid; the message names the setting and the value."""
 
 
-_REPORTED = (DataError, SettingError)
+class TrainingError(RuntimeError):
+    """Training cannot go on safely (a non-finite loss, a non-finite state to be saved); the message says why."""
+
+
+_REPORTED = (DataError, SettingError, TrainingError)
 
 
 def find_input_error(exc: BaseException | None) -> BaseException | None:

@@ -94,3 +94,40 @@ def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> None
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{' '.join(cmd)}\nrc={proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
+
+
+def bundle_args(override: dict) -> list[str]:
+    """``--key value`` command-line arguments of ``monai.bundle run`` (non-strings as Python literals, read by fire)."""
+    args: list[str] = []
+    for key, value in override.items():
+        args += [f"--{key}", value if isinstance(value, str) else repr(value)]
+    return args
+
+
+def start_bundle(config_files: list[str], override: dict, cwd: Path, log: Path) -> subprocess.Popen:
+    """Start ``python -m monai.bundle run`` in a subprocess (CPU, one thread), its output going to ``log``."""
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", repr(config_files), *bundle_args(override)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_bundle_process(config_files: list[str], override: dict, cwd: Path, log: Path) -> tuple[int, str]:
+    """Run ``python -m monai.bundle run`` to its end in a subprocess; returns its exit status and output."""
+    proc = start_bundle(config_files, override, cwd, log)
+    rc = proc.wait(timeout=300)
+    return rc, log.read_text()
+
+
+def kill_when_file_appears(proc: subprocess.Popen, path: Path, timeout: float = 300.0) -> None:
+    """SIGKILL ``proc`` as soon as ``path`` exists (polled every millisecond); fails when ``proc`` ends first."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {path} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.001)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)

@@ -1,0 +1,165 @@
+"""Checkpoint handlers for resumable, safe training runs.
+
+- :class:`SafeCheckpointSaver`: MONAI's ``CheckpointSaver`` whose files are written atomically and never hold a
+  NaN/inf tensor, and whose best-metric bookkeeping (the score of ``model.pt``) can itself be checkpointed, so a
+  resumed run never replaces a better ``model.pt`` with a worse one;
+- :class:`ResumableEarlyStopHandler`: MONAI's ``EarlyStopHandler`` with ``state_dict`` / ``load_state_dict``
+  (patience counter and best score of ignite's ``EarlyStopping``);
+- :class:`GradScalerState`: the AMP grad scaler of a MONAI trainer (created when the run starts) as a
+  checkpointable object.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import ignite.distributed as idist
+from ignite.engine import Engine
+from ignite.handlers.checkpoint import BaseSaveHandler, Checkpoint
+from monai.handlers import CheckpointSaver, EarlyStopHandler
+
+from spectraflow_monai.utils.checkpoint import NonFiniteStateError, atomic_torch_save, check_finite_state
+
+__all__ = ["AtomicFiniteSaver", "GradScalerState", "ResumableEarlyStopHandler", "SafeCheckpointSaver"]
+
+
+class AtomicFiniteSaver(BaseSaveHandler):
+    """ignite save handler: finiteness check, atomic write (rank 0 only), removals deferred until a save succeeded.
+
+    ignite's ``Checkpoint`` removes the file it replaces before writing the new one; with a fixed file name
+    (``model.pt``) that would leave no file at all if the process died in between. Here removals wait for the next
+    successful save and are skipped for the file just written (``os.replace`` swaps it in one step).
+
+    Args:
+        dirname: folder of the files.
+        filename: fixed file name used for every save (``None``: the name ignite proposes).
+    """
+
+    def __init__(self, dirname: str | os.PathLike, filename: str | None = None) -> None:
+        self.dirname = os.fspath(dirname)
+        self.filename = filename
+        self._pending: list[str] = []
+
+    def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
+        name = self.filename or filename
+        path = os.path.join(self.dirname, name)
+        pending, self._pending = self._pending, []
+        check_finite_state(checkpoint, path)
+        if idist.get_rank() == 0:
+            atomic_torch_save(checkpoint, path)
+            for old in pending:
+                if old != name and os.path.isfile(os.path.join(self.dirname, old)):
+                    os.remove(os.path.join(self.dirname, old))
+
+    def remove(self, filename: str) -> None:
+        self._pending.append(self.filename or filename)
+
+
+class SafeCheckpointSaver(CheckpointSaver):
+    """MONAI ``CheckpointSaver`` (same arguments) with safe files and a checkpointable best score.
+
+    - files are written by :class:`AtomicFiniteSaver`: atomically, on rank 0, and never when a tensor holds NaN or
+      inf (:class:`~spectraflow_monai.utils.checkpoint.NonFiniteStateError` stops the run instead; when the run
+      is already failing, the final checkpoint is skipped with a log line and the original error is raised);
+    - ``state_dict()`` / ``load_state_dict()`` hold the key-metric bookkeeping (the best score and its file), so
+      listing this saver in a resumable checkpoint makes a resumed run compare against the best score of the run
+      it continues: ``model.pt`` is replaced only by a better model;
+    - at ``attach``, the epoch checkpoints already in ``save_dir`` (those of the run being resumed) are counted in
+      ``n_saved``, so that a resumed run keeps only the newest ``n_saved`` of them all.
+
+    Example (bundle config)::
+
+        model_saver: {_target_: spectraflow_monai.handlers.SafeCheckpointSaver, save_dir: '@ckpt_dir',
+                      save_dict: {model: '@network'}, save_key_metric: true, key_metric_filename: model.pt}
+    """
+
+    def __init__(self, save_dir: str, save_dict: dict, **kwargs: Any) -> None:
+        super().__init__(save_dir, save_dict, **kwargs)
+        fixed = {"_final_checkpoint": kwargs.get("final_filename"), "_key_metric_checkpoint": kwargs.get("key_metric_filename")}
+        for attr in ("_final_checkpoint", "_key_metric_checkpoint", "_interval_checkpoint"):
+            checkpoint = getattr(self, attr)
+            if checkpoint is not None:
+                checkpoint.save_handler = AtomicFiniteSaver(save_dir, fixed.get(attr))
+
+    def attach(self, engine: Engine) -> None:
+        super().attach(engine)
+        interval = self._interval_checkpoint
+        if interval is None or not self.epoch_level or interval._saved or not os.path.isdir(self.save_dir):
+            return
+        prefix = f"{interval.filename_prefix}_" if interval.filename_prefix else ""
+        pattern = re.compile(rf"^{re.escape(prefix)}checkpoint_epoch=(\d+)\.{re.escape(interval.ext)}$")
+        found = [(int(m.group(1)), name) for name in os.listdir(self.save_dir) if (m := pattern.match(name))]
+        interval._saved = [Checkpoint.Item(epoch, name) for epoch, name in sorted(found)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The key-metric bookkeeping (ignite ``Checkpoint.state_dict()``: saved scores and file names)."""
+        return {} if self._key_metric_checkpoint is None else self._key_metric_checkpoint.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the key-metric bookkeeping saved by :meth:`state_dict` (an empty dict is ignored)."""
+        if state_dict and self._key_metric_checkpoint is not None:
+            self._key_metric_checkpoint.load_state_dict(state_dict)
+            best = max((item[0] for item in self._key_metric_checkpoint._saved), default=None)
+            self.logger.warning(f"best-model saver resumed: the best score so far is {best}.")
+
+    def exception_raised(self, engine: Engine, e: Exception) -> None:
+        """Save the final checkpoint if it is finite (else log why not), then raise ``e``."""
+        try:
+            super().exception_raised(engine, e)
+        except NonFiniteStateError as refused:
+            self.logger.error(f"final checkpoint not saved: {refused}")
+            raise e from None
+
+
+class ResumableEarlyStopHandler(EarlyStopHandler):
+    """MONAI ``EarlyStopHandler`` (same arguments) whose state can be checkpointed.
+
+    ``state_dict`` returns ignite ``EarlyStopping``'s ``{"counter", "best_score"}``; a state loaded before
+    ``set_trainer`` is kept and applied when the ignite handler is created.
+    """
+
+    _pending: Mapping | None = None
+
+    def set_trainer(self, trainer: Engine) -> None:
+        super().set_trainer(trainer)
+        if self._pending is not None and self._handler is not None:
+            self._handler.load_state_dict(self._pending)
+            self._pending = None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._handler is not None:
+            return dict(self._handler.state_dict())
+        return dict(self._pending) if self._pending is not None else {}
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        if not state_dict:
+            return
+        if self._handler is not None:
+            self._handler.load_state_dict(state_dict)
+        else:
+            self._pending = dict(state_dict)
+
+
+class GradScalerState:
+    """``state_dict`` / ``load_state_dict`` of ``engine.scaler`` (MONAI trainers create it when ``run`` starts).
+
+    Empty when the engine has no scaler (no fp16 mixed precision), so a checkpoint can always list it.
+
+    Args:
+        engine: the trainer.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def state_dict(self) -> dict[str, Any]:
+        scaler = getattr(self.engine, "scaler", None)
+        return dict(scaler.state_dict()) if scaler is not None else {}
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        scaler = getattr(self.engine, "scaler", None)
+        if state_dict and scaler is not None:
+            scaler.load_state_dict(state_dict)
