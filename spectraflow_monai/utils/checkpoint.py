@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -144,8 +145,12 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return best
 
 
-def set_aside(path: str | os.PathLike, stamp: str | None = None) -> Path:
-    """Rename ``path`` (a file or folder) to ``<path>.bak-<timestamp>`` and log it as a warning; returns the new path."""
+def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = False) -> Path:
+    """Keep ``path`` (a file or folder) as ``<path>.bak-<timestamp>`` and log it as a warning; returns the new path.
+
+    With ``copy=False`` the path is renamed; with ``copy=True`` (files only) a copy is written atomically and the
+    original stays in place, so that a run may still read it (e.g. fine-tuning that starts from ``model.pt``).
+    """
     path = Path(os.fspath(path))
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
     target = path.with_name(f"{path.name}.bak-{stamp}")
@@ -153,8 +158,13 @@ def set_aside(path: str | os.PathLike, stamp: str | None = None) -> Path:
     while target.exists():
         target = path.with_name(f"{path.name}.bak-{stamp}-{n}")
         n += 1
-    os.replace(path, target)
-    logger.warning(f"starting over: kept the earlier '{path}' aside as '{target}'.")
+    if copy:
+        with atomic_path(target) as tmp:
+            shutil.copy2(path, tmp)
+        logger.warning(f"starting over: kept a copy of the earlier '{path}' as '{target}'; this run may replace it.")
+    else:
+        os.replace(path, target)
+        logger.warning(f"starting over: kept the earlier '{path}' aside as '{target}'.")
     return target
 
 
@@ -184,9 +194,10 @@ def resume_checkpoint(
     - else, with ``resume`` true, the newest checkpoint of ``checkpoint_dir`` (:func:`latest_checkpoint`) is
       returned: the run continues from it (model, optimizer, schedules, early stopping, best metric, epoch, RNG);
     - else (``resume`` false, or no checkpoint to continue from) the run starts over: the checkpoints of
-      ``checkpoint_dir`` and every existing file of ``protect`` (``models/model.pt``, the best model of an earlier
-      run) are renamed to ``<name>.bak-<timestamp>`` with a warning, so that the new run never replaces them
-      silently; ``None`` is returned.
+      ``checkpoint_dir`` are renamed to ``<name>.bak-<timestamp>`` and every existing file of ``protect``
+      (``models/model.pt``, the best model of an earlier run) is copied to ``<name>.bak-<timestamp>``, with a
+      warning, so that the new run never replaces them silently while a fine-tuning run can still read
+      ``model.pt``; ``None`` is returned.
 
     In a distributed run only rank 0 renames files; every rank returns the same answer.
 
@@ -216,7 +227,7 @@ def resume_checkpoint(
             set_aside(folder, stamp)
         for path in protect:
             if os.path.isfile(path):
-                set_aside(path, stamp)
+                set_aside(path, stamp, copy=True)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return None

@@ -56,8 +56,9 @@ def test_starting_over_keeps_earlier_results_aside(tmp_path, resume, caplog):
     model = _touch(tmp_path / "model.pt")
     with caplog.at_level("WARNING"):
         assert resume_checkpoint(tmp_path / "stage2", resume, protect=[model]) is None
-    assert not model.exists() and not (tmp_path / "stage2").exists()
-    kept = sorted(p.name.split(".bak-")[0] for p in tmp_path.iterdir())
+    # the checkpoints move aside; model.pt is copied aside and stays readable (a fine-tune may start from it)
+    assert model.is_file() and not (tmp_path / "stage2").exists()
+    kept = sorted(p.name.split(".bak-")[0] for p in tmp_path.iterdir() if ".bak-" in p.name)
     assert kept == ["model.pt", "stage2"]
     assert "model.pt" in caplog.text and ".bak-" in caplog.text
 
@@ -65,7 +66,11 @@ def test_starting_over_keeps_earlier_results_aside(tmp_path, resume, caplog):
 def test_fresh_start_without_checkpoint_keeps_model_pt_aside(tmp_path):
     model = _touch(tmp_path / "model.pt")
     assert resume_checkpoint(tmp_path / "stage2", True, protect=[model]) is None
-    assert [p.name.startswith("model.pt.bak-") for p in tmp_path.iterdir()] == [True]
+    assert sorted(p.name.split(".bak-")[0] + (".bak" if ".bak-" in p.name else "") for p in tmp_path.iterdir()) == [
+        "model.pt",
+        "model.pt.bak",
+    ]
+    assert model.read_bytes() == next(tmp_path.glob("model.pt.bak-*")).read_bytes()
 
 
 def test_explicit_resume_from(tmp_path):
