@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "bundles" / "spectraflow_2d_segmentation"
 CONFIGS = BUNDLE / "configs"
 TRAIN, EVALUATE, INFERENCE = (str(CONFIGS / f"{n}.yaml") for n in ("train", "evaluate", "inference"))
+STAGE1 = str(CONFIGS / "train_stage1.yaml")
 META = str(CONFIGS / "metadata.json")
 NET = {"image_size": 56, "encoder_kwargs": {"depth": 2}}
 
@@ -55,7 +56,7 @@ def test_last_output_line_names_the_file_and_the_problem(tmp_path):
     assert not (tmp_path / "b" / "models" / "model.pt").exists()
 
 
-@pytest.mark.parametrize("configs", [[TRAIN], [TRAIN, EVALUATE], [INFERENCE]])
+@pytest.mark.parametrize("configs", [[TRAIN], [TRAIN, STAGE1], [TRAIN, EVALUATE], [INFERENCE]])
 @pytest.mark.parametrize("value", ["abc", 100])
 def test_image_size_checked_before_any_work(tmp_path, configs, value):
     with pytest.raises(Exception) as info:

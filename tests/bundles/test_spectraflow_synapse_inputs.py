@@ -61,7 +61,7 @@ def _random_model(config, root: Path, **override) -> None:
 @pytest.mark.parametrize("image_size", ["abc", 100])
 def test_bad_image_size_stops_before_the_phantom_and_the_cache(tmp_path, image_size):
     root = tmp_path / "bundle"
-    for config in (TRAIN, [TRAIN, EVALUATE], INFERENCE):
+    for config in (TRAIN, [TRAIN, str(CONFIGS / "train_stage1.yaml")], [TRAIN, EVALUATE], INFERENCE):
         with pytest.raises(Exception) as info:
             run_bundle(config, META, bundle_root=str(root), num_workers=0, progress_bar=False,
                        image_size=image_size, encoder_kwargs={"depth": 2})  # fmt: skip
