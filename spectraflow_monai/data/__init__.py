@@ -1,7 +1,6 @@
 from .datasets2d import (
     DATASET_PRESETS,
     KVASIR_SPLIT_DIR,
-    build_datalist,
     canonical_dataset_name,
     glas_datalist,
     isic2016_datalist,
@@ -28,7 +27,28 @@ from .synapse import (
     synapse_datalist,
 )
 from .synthetic_ct import DEFAULT_SYNTHETIC_CASES, generate_synthetic_ct, synthetic_ct_volume
+from .label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_class_names, check_label_map, identity_label_map
+from .synapse_datalist import (
+    check_own_data_settings,
+    decathlon_synapse_datalist,
+    holdout_split,
+    read_decathlon_datalist,
+    resolve_label_map,
+    synapse_class_names,
+    synapse_inference_datalist,
+)
 from .validation import DatasetError, validate_datalist
+from .readers import Image2DReader, read_2d
+from .label_mode import LabelMode, label_mode
+from .datalist import (
+    DATA_SOURCES,
+    MASK_SUFFIXES,
+    build_datalist,
+    canonical_source_name,
+    decathlon_datalist,
+    folder_datalist,
+    holdout,
+)
 
 __all__: list[str] = []
 
@@ -67,3 +87,17 @@ __all__ += [
     "synapse_datalist",
     "synthetic_ct_volume",
 ]
+
+__all__ += ["LABEL_MAP_UNMAPPED", "apply_label_map", "check_class_names", "check_label_map", "identity_label_map"]
+__all__ += [
+    "check_own_data_settings",
+    "decathlon_synapse_datalist",
+    "holdout_split",
+    "read_decathlon_datalist",
+    "resolve_label_map",
+    "synapse_class_names",
+    "synapse_inference_datalist",
+]
+__all__ += ["DATA_SOURCES", "MASK_SUFFIXES", "canonical_source_name", "decathlon_datalist", "folder_datalist"]
+__all__ += ["holdout"]
+__all__ += ["Image2DReader", "LabelMode", "label_mode", "read_2d"]

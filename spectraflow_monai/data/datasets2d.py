@@ -13,7 +13,8 @@ Each builder returns MONAI's list-of-dicts form::
 128 for 0/255 masks (Kvasir-SEG's JPEG masks carry compression noise, so ``> 0`` would be wrong), 1 for GlaS
 instance label maps (foreground = label > 0). :class:`spectraflow_monai.transforms.BinarizeLabeld` reads it per
 sample. Every builder validates the files first (:mod:`spectraflow_monai.data.validation`) and raises
-:class:`~spectraflow_monai.data.validation.DatasetError` naming the file(s) and the problem.
+:class:`~spectraflow_monai.data.validation.DatasetError` naming the file(s) and the problem; a wrong argument (preset,
+split, fraction) raises :class:`~spectraflow_monai.utils.errors.SettingError`. Both are ``ValueError`` subclasses.
 
 Split names: ``"train"``, ``"val"``/``"test"`` (the paper calls the official test sets of ISIC-2016 and GlaS its
 validation sets, so ``"val"`` and ``"test"`` are aliases for every preset) and ``"all"``.
@@ -37,6 +38,7 @@ from spectraflow_monai.data.validation import (
     list_images,
     validate_datalist,
 )
+from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
     "DATASET_PRESETS",
@@ -91,7 +93,7 @@ _SPLIT_ALIASES = {
 def _split(split: str, preset: str) -> str:
     s = _SPLIT_ALIASES.get(str(split).lower())
     if s is None:
-        raise ValueError(f"split must be 'train', 'val' (alias 'test') or 'all' for {preset}, got {split!r}.")
+        raise SettingError(f"split must be 'train', 'val' (alias 'test') or 'all' for {preset}, got {split!r}.")
     return s
 
 
@@ -135,7 +137,7 @@ def low_data_subset(datalist: Sequence[Mapping[str, Any]], fraction: float, seed
         A new list (shallow copies of the kept entries).
     """
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}.")
+        raise SettingError(f"fraction must be a number in (0, 1], got {fraction!r}.")
     n = len(datalist)
     if fraction >= 1.0 or n == 0:
         return [dict(d) for d in datalist]
@@ -272,7 +274,7 @@ def synthetic_datalist(
 
         generate_synthetic_dataset(root, **generate_kwargs)
     elif generate_kwargs:
-        raise ValueError(f"generator arguments {sorted(generate_kwargs)} need generate=True.")
+        raise SettingError(f"generator arguments {sorted(generate_kwargs)} need generate=True.")
     check_folder(
         root,
         "synthetic",
@@ -418,7 +420,7 @@ def canonical_dataset_name(dataset: str) -> str:
     """The preset key of ``dataset`` (``"Kvasir-SEG"`` -> ``"kvasir"``); ValueError naming unknown presets."""
     key = _PRESET_ALIASES.get(str(dataset).lower(), str(dataset).lower())
     if key not in DATASET_PRESETS:
-        raise ValueError(f"dataset must be one of {sorted(DATASET_PRESETS)}, got {dataset!r}.")
+        raise SettingError(f"dataset must be one of {sorted(DATASET_PRESETS)}, got {dataset!r}.")
     return key
 
 
@@ -437,5 +439,5 @@ def build_datalist(
     """
     key = _PRESET_ALIASES.get(str(dataset).lower(), str(dataset).lower())
     if key not in DATASET_PRESETS:
-        raise ValueError(f"dataset must be one of {sorted(DATASET_PRESETS)}, got {dataset!r}.")
+        raise SettingError(f"dataset must be one of {sorted(DATASET_PRESETS)}, got {dataset!r}.")
     return DATASET_PRESETS[key](root, split=split, fraction=fraction, seed=seed, **kwargs)

@@ -54,7 +54,7 @@ __all__ = [
     "validate_datalist",
 ]
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")
 _MAX_LISTED = 10
 
 
@@ -182,10 +182,31 @@ def check_image_readable(path: str | os.PathLike) -> tuple[int, int]:
         DatasetError: naming the file when it is missing, unreadable, truncated, or holds NaN / infinite pixels.
     """
     path = os.fspath(path)
+    arr = _tiff_fallback(path)
+    if arr is not None:
+        check_finite(arr, path)
+        return arr.shape[1], arr.shape[0]
     im = _decode(path)
     size = im.size
     im.close()
     return size
+
+
+def _tiff_fallback(path: str) -> Any:
+    """The pixels of a TIFF that Pillow cannot open or decode, read with tifffile; None for every other file (and
+    for TIFFs Pillow reads). Raises :class:`DatasetError` naming the file when neither can read it."""
+    if os.path.splitext(path)[1].lower() not in (".tif", ".tiff") or not os.path.isfile(path):
+        return None
+    from spectraflow_monai.data.readers import _pil_array, read_2d
+
+    try:
+        _pil_array(path, "label")
+        return None
+    except Exception:
+        try:
+            return read_2d(path, "label")
+        except DataError as e:
+            raise DatasetError(str(e)) from e
 
 
 def _values_text(arr: np.ndarray, limit: int = 12) -> str:
@@ -244,6 +265,21 @@ def _mask_info(path: str, label_threshold: float, max_grey_fraction: float) -> t
     """(threshold, (width, height)) of the mask at ``path``, decoded once; see :func:`check_binary_mask`."""
     from PIL import ImageChops
 
+    arr = _tiff_fallback(path)
+    if arr is not None:  # a TIFF only tifffile reads: the same rules on its array
+        check_finite(arr, path)
+        size = (arr.shape[1], arr.shape[0])
+        if arr.ndim == 3:
+            spread = arr.astype(np.float64).max(axis=-1) - arr.astype(np.float64).min(axis=-1)
+            colour = float(np.mean(spread > 32 * (257 if arr.dtype == np.uint16 else 1)))
+            if colour > max_grey_fraction:
+                raise DatasetError(
+                    f"not a binary mask: {path!r} is a colour image ({100 * colour:.1f}% of pixels coloured)."
+                )
+            arr = arr.mean(axis=-1)
+        if label_threshold <= 1:
+            return label_threshold, size
+        return binary_mask_threshold(arr, path, max_grey_fraction), size
     try:
         im = _decode(path)
     except DatasetError as e:

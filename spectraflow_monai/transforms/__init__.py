@@ -1,4 +1,4 @@
-from .label import BinarizeLabel, BinarizeLabelD, BinarizeLabeld, BinarizeLabelDict
+from .label import BinarizeLabel, BinarizeLabelD, BinarizeLabeld, BinarizeLabelDict, LabelClasses, LabelClassesd
 from .ct import (
     CTWindow,
     CTWindowd,
@@ -8,6 +8,7 @@ from .ct import (
     MapBTCVLabelsd,
     load_slice_npz,
 )
+from .label_map import MapLabels, MapLabelsd
 from .finite import NONFINITE_MODES, CheckFinite, CheckFinited, check_finite, count_nonfinite
 from .mixed_domain import (
     IMAGENET_MEAN,
@@ -30,10 +31,11 @@ __all__: list[str] = [
     "RandMixedDomainDict",
 ]
 
-__all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelDict"]
+__all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelDict", "LabelClasses", "LabelClassesd"]
 
 __all__ += ["CTWindow", "CTWindowd", "LoadSynapseSliced", "MapBTCVLabels", "MapBTCVLabelsd", "load_slice_npz"]
 __all__ += ["LoadSynapseH5d"]
+__all__ += ["MapLabels", "MapLabelsd"]
 __all__ += ["NONFINITE_MODES", "CheckFinite", "CheckFinited", "check_finite", "count_nonfinite"]
 __all__ += ["MixedDomainCollate", "num_masks"]
 

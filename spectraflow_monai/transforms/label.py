@@ -10,6 +10,9 @@ With ``check_values=True`` (as in the 2D bundle) a mask binarised at a grey leve
 first with :func:`spectraflow_monai.data.validation.binary_mask_threshold`: a 0/1 mask is binarised at 1 (instead of
 becoming all background), and any set of values other than 0/1 or 0/255 (JPEG noise tolerated), e.g. ``{0, 1, 2}``
 or ``{0, 128, 255}``, raises a :class:`~spectraflow_monai.utils.errors.DataError` naming the file and the values.
+
+Multi-class label maps (the bundle's ``label_classes``, :func:`spectraflow_monai.data.label_mode`) skip the binary
+rule: :class:`LabelClassesd` maps their source values to class indices and stops at any other value.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ __all__ = [
     "BinarizeLabelD",
     "BinarizeLabelDict",
     "BinarizeLabeld",
+    "LabelClasses",
+    "LabelClassesd",
 ]
 
 _REDUCTIONS = ("mean", "max", "first", None)
@@ -169,3 +174,76 @@ class BinarizeLabeld(MapTransform):
 
 
 BinarizeLabelD = BinarizeLabelDict = BinarizeLabeld
+
+
+class LabelClasses(Transform):
+    """Channel-first stored label map -> (1, *spatial) class indices 0..K-1 (``label_classes`` of the 2D bundle).
+
+    A multi-channel mask must have equal channels (a grey map saved as RGB); a colour mask, or a value that
+    ``label_map`` does not list, raises :class:`~spectraflow_monai.utils.errors.DataError` naming the file
+    (``meta["filename_or_obj"]`` of a MetaTensor) and the values.
+
+    Args:
+        label_map: ``{source value: class index}``.
+        class_names: class names, background first (for messages). Defaults to None.
+        dtype: output dtype. Defaults to ``torch.float32``.
+    """
+
+    backend = [TransformBackends.TORCH, TransformBackends.NUMPY]
+
+    def __init__(self, label_map: Mapping[int, int], class_names: Any = None, dtype: Any = torch.float32) -> None:
+        if not isinstance(label_map, Mapping) or not label_map:
+            raise ValueError(f"label_map must be a non-empty mapping {{source value: class}}, got {label_map!r}.")
+        self.label_map = {int(k): int(v) for k, v in label_map.items()}
+        self.class_names = list(class_names) if class_names is not None else sorted(set(self.label_map.values()))
+        self.dtype = dtype
+
+    def __call__(self, img: NdarrayOrTensor) -> NdarrayOrTensor:
+        """
+        Args:
+            img: channel-first (C, *spatial) label image, numpy or torch (MetaTensor metadata is kept).
+        """
+        from spectraflow_monai.data.label_mode import check_label_values
+
+        if img.ndim < 2:
+            raise ValueError(f"img must be channel-first (C, *spatial), got shape {tuple(img.shape)}.")
+        meta = getattr(img, "meta", None) or {}
+        arr = img.detach().cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)
+        where = str(meta.get("filename_or_obj", "label"))
+        grey = check_label_values(arr if arr.shape[0] > 1 else arr[0], self.label_map, self.class_names, where, 0)
+        values, inverse = np.unique(grey, return_inverse=True)
+        lut = np.asarray([self.label_map[int(v)] for v in values], dtype=np.int64)
+        out = lut[inverse.reshape(-1)].reshape((1, *grey.shape))
+        result, *_ = convert_to_dst_type(out, img, dtype=self.dtype)
+        return result
+
+
+class LabelClassesd(MapTransform):
+    """Dictionary twin of :class:`LabelClasses`.
+
+    Args:
+        keys: keys of the label images.
+        label_map: see :class:`LabelClasses`.
+        class_names: see :class:`LabelClasses`. Defaults to None.
+        dtype: output dtype. Defaults to ``torch.float32``.
+        allow_missing_keys: don't raise when a key is missing. Defaults to ``False``.
+    """
+
+    backend = LabelClasses.backend
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        label_map: Mapping[int, int],
+        class_names: Any = None,
+        dtype: Any = torch.float32,
+        allow_missing_keys: bool = False,
+    ) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.mapper = LabelClasses(label_map, class_names, dtype)
+
+    def __call__(self, data: Mapping[Hashable, NdarrayOrTensor]) -> dict[Hashable, NdarrayOrTensor]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.mapper(d[key])
+        return d

@@ -15,6 +15,7 @@ from spectraflow_monai.data import (
     kvasir_seg_datalist,
     low_data_subset,
 )
+from spectraflow_monai.utils.errors import SettingError, find_input_error
 
 # the real Kvasir-SEG copy: $SPECTRAFLOW_KVASIR_DIR, else shared/data/kvasir-seg beside the repository
 KVASIR_REAL = os.environ.get(
@@ -299,3 +300,82 @@ def test_entries_load_with_monai_and_binarize(tmp_path, preset, maker, split, ar
     out = load(entry)
     assert out["image"].shape == (3, 16, 16) and out["label"].shape == (1, 16, 16)
     assert set(out["label"].unique().tolist()) == {0.0, 1.0} and int(out["label"].sum()) == area
+
+
+def _load_label(entry, check_values=False):
+    from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged
+
+    from spectraflow_monai.transforms import BinarizeLabeld
+
+    load = Compose(
+        [
+            LoadImaged(["image", "label"], reader="PILReader", image_only=True),
+            EnsureChannelFirstd(["image", "label"]),
+            BinarizeLabeld("label", check_values=check_values),
+        ]
+    )
+    return load(entry)["label"]
+
+
+def test_kvasir_layout_with_0_1_png_mask_keeps_its_foreground(tmp_path):
+    base = make_kvasir(tmp_path)
+    os.remove(os.path.join(base, "masks", "a1.jpg"))
+    write_mask(os.path.join(base, "masks", "a1.png"), value=1)
+    entry = kvasir_seg_datalist(tmp_path, "train")[0]
+    assert entry["name"] == "a1" and entry["label_threshold"] == 1
+    assert int(_load_label(entry).sum()) == 64
+    # without the data check, the bundle's transform (check_values=True) reads it as 0/1 too
+    unchecked = kvasir_seg_datalist(tmp_path, "train", check_masks=False)[0]
+    assert unchecked["label_threshold"] == 128 and int(_load_label(unchecked, check_values=True).sum()) == 64
+
+
+def test_kvasir_layout_with_label_map_mask_names_file_and_values(tmp_path):
+    base = make_kvasir(tmp_path)
+    os.remove(os.path.join(base, "masks", "a2.jpg"))
+    path = os.path.join(base, "masks", "a2.png")
+    labels = np.zeros((16, 16), dtype=np.uint8)
+    labels[:8, :8], labels[8:, 8:] = 1, 2
+    Image.fromarray(labels).save(path)
+    with pytest.raises(DatasetError, match="not a binary mask") as e:
+        kvasir_seg_datalist(tmp_path, "train")
+    assert path in str(e.value) and "{0, 1, 2}" in str(e.value)
+    entry = kvasir_seg_datalist(tmp_path, "train", check_masks=False)[1]
+    with pytest.raises(RuntimeError) as e:  # MONAI's Compose wraps the transform's error
+        _load_label(entry, check_values=True)
+    cause = find_input_error(e.value)
+    assert isinstance(cause, DatasetError) and path in str(cause) and "{0, 1, 2}" in str(cause)
+
+
+def test_truncated_bmp_image_is_named(tmp_path):
+    base = make_glas(tmp_path)
+    bad = os.path.join(base, "train_2.bmp")
+    with open(bad, "rb") as f:
+        data = f.read()
+    with open(bad, "wb") as f:
+        f.write(data[:-100])  # the header is intact: only decoding notices
+    with pytest.raises(DatasetError, match="unreadable image") as e:
+        glas_datalist(tmp_path, "train")
+    assert bad in str(e.value)
+
+
+@pytest.mark.skipif(not os.path.isdir(KVASIR_REAL), reason="real Kvasir-SEG not available")
+def test_real_kvasir_masks_load_as_binary():
+    entries = kvasir_seg_datalist(KVASIR_REAL, "val", fraction=0.1)  # full checks on 12 images
+    assert {d["label_threshold"] for d in entries} == {128}
+    for entry in entries[:3]:
+        label = _load_label(entry, check_values=True)
+        assert set(label.unique().tolist()) == {0.0, 1.0}
+        mask = np.asarray(Image.open(entry["label"]).convert("L"))
+        assert int(label.sum()) == int((mask >= 128).sum())
+
+
+def test_bad_arguments_are_setting_errors(tmp_path):
+    make_kvasir(tmp_path)
+    for call in (
+        lambda: build_datalist("brats", tmp_path, "train"),
+        lambda: build_datalist("kvasir", tmp_path, "holdout"),
+        lambda: kvasir_seg_datalist(tmp_path, "train", fraction=2.0),
+    ):
+        with pytest.raises(SettingError) as e:  # a ValueError whose message ends a bundle run's output
+            call()
+        assert isinstance(e.value, ValueError) and "got" in str(e.value)

@@ -1,0 +1,271 @@
+"""What the masks of a 2D data set mean: binary masks, or label maps of named classes (``label_classes``).
+
+SpectraFlow's 2D benchmarks (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for
+Medical Image Segmentation") are binary; its Synapse experiment is multi-class. The ``spectraflow_2d_segmentation``
+bundle serves both with one setting, ``label_classes``, read once by :func:`label_mode`:
+
+- ``null``: binary masks, one output channel, sigmoid Dice + BCE + boundary loss, threshold 0.5. A mask must be a
+  0/1 or a 0/255 mask (JPEG noise tolerated, :func:`~spectraflow_monai.data.validation.binary_mask_threshold`) unless
+  the datalist sets ``label_threshold: 1`` (foreground = every non-zero value, e.g. instance label maps);
+- a list of names, background first, e.g. ``[background, polyp, instrument]``: label maps whose values are the
+  class indices 0..K-1;
+- a mapping of source values to class indices, e.g. ``{0: 0, 128: 1, 255: 2}`` (several values may share a class;
+  classes are named ``background``, ``class_1``, ...);
+- a mapping of names to source values, background first, e.g. ``{background: 0, polyp: 255, tool: [100, 101]}``:
+  class i is the i-th name.
+
+With classes, the network has K output channels (softmax Dice + cross entropy + boundary loss, one-hot targets),
+predictions are the argmax label map (0..K-1, written as such), and metrics are per class, background excluded.
+A mask value outside the classes, or a colour mask, stops the run naming the file and the values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from spectraflow_monai.utils.errors import DataError, SettingError
+
+__all__ = ["LabelMode", "OneHotOutput", "label_mode"]
+
+logger = logging.getLogger(__name__)
+_MAX_CLASSES = 256
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
+    """``label_classes`` -> ({source value: class index}, class names with background first)."""
+    bad = SettingError(
+        "label_classes must be null (binary masks), a list of class names (background first), a mapping "
+        f"{{source value: class index}} or a mapping {{class name: source value(s)}}, got {label_classes!r}."
+    )
+    if isinstance(label_classes, Sequence) and not isinstance(label_classes, str):
+        names = [str(n) for n in label_classes]
+        mapping = {i: i for i in range(len(names))}
+    elif isinstance(label_classes, Mapping) and label_classes:
+        keys = [_int(k) for k in label_classes]
+        if all(k is not None for k in keys):  # {source value: class index}
+            mapping = {}
+            for k, v in zip(keys, label_classes.values()):
+                c = _int(v)
+                if c is None or not 0 <= c < _MAX_CLASSES:
+                    raise SettingError(f"label_classes maps the value {k} to {v!r}: class indices are ints >= 0.")
+                mapping[int(k)] = c  # type: ignore[index]
+            n = max(mapping.values()) + 1
+            missing = sorted(set(range(n)) - set(mapping.values()))
+            if missing:
+                raise SettingError(f"label_classes {label_classes!r}: no value maps to class(es) {missing}.")
+            names = ["background", *(f"class_{i}" for i in range(1, n))]
+        else:  # {class name: source value(s)}
+            mapping, names = {}, []
+            for index, (name, values) in enumerate(label_classes.items()):
+                vals = list(values) if isinstance(values, (list, tuple)) else [values]
+                ints = [_int(v) for v in vals]
+                if not vals or any(v is None for v in ints):
+                    raise SettingError(
+                        f"label_classes: class {name!r} must list integer source values, got {values!r}."
+                    )
+                for v in ints:
+                    if v in mapping:
+                        raise SettingError(f"label_classes: the value {v} is listed for two classes.")
+                    mapping[v] = index  # type: ignore[index]
+                names.append(str(name))
+    else:
+        raise bad
+    if not 2 <= len(names) <= _MAX_CLASSES:
+        raise SettingError(
+            f"label_classes must name 2..{_MAX_CLASSES} classes (background first), got {label_classes!r}."
+        )
+    if len(set(names)) != len(names) or not all(n.strip() for n in names):
+        raise SettingError(f"label_classes names must be distinct and non-empty, got {names!r}.")
+    return mapping, names
+
+
+class OneHotOutput:
+    """``output_transform`` of the bundle's metric handlers for label maps: ``engine.state.output`` (decollated
+    dicts with (1, H, W) ``pred`` / ``label`` label maps) -> lists of one-hot (K, H, W) tensors."""
+
+    def __init__(self, num_classes: int, keys: Sequence[str] = ("pred", "label")) -> None:
+        self.num_classes = int(num_classes)
+        self.keys = tuple(keys)
+
+    def __call__(self, output: Any) -> tuple[list, ...]:
+        from monai.handlers import from_engine
+        from monai.networks.utils import one_hot
+
+        values = from_engine(list(self.keys))(output)
+        return tuple([one_hot(x, self.num_classes, dim=0) for x in v] for v in values)
+
+
+class LabelMode:
+    """The settings the configs derive from ``label_classes`` (see the module docstring); made by :func:`label_mode`.
+
+    Attributes:
+        binary: True for binary masks.
+        num_classes: classes including background (2 for binary).
+        class_names: names, background first.
+        label_map: ``{source value: class index}`` (None for binary).
+        out_channels: network outputs (1 for binary, ``num_classes`` otherwise).
+        sigmoid, softmax, to_onehot_y: arguments of :class:`spectraflow_monai.losses.DiceBCEBoundaryLoss`.
+        include_background: of the Dice / IoU / HD95 handlers (True for the single binary channel).
+        save_scale: ``SaveImaged`` scale of predictions (255: 0/255 masks; None: label values as they are).
+        save_dtype: ``SaveImaged`` ``output_dtype`` (float32 scaled to 0/255; uint8 label values).
+        metric_output: ``output_transform`` of the metric handlers.
+    """
+
+    def __init__(self, label_classes: Any = None) -> None:
+        self.label_classes = label_classes
+        self.binary = label_classes is None
+        if self.binary:
+            self.label_map, self.class_names = None, ["background", "foreground"]
+        else:
+            self.label_map, self.class_names = _parse(label_classes)
+        self.num_classes = len(self.class_names)
+        self.out_channels = 1 if self.binary else self.num_classes
+        self.sigmoid, self.softmax, self.to_onehot_y = self.binary, not self.binary, not self.binary
+        self.include_background = self.binary
+        self.save_scale = 255 if self.binary else None
+        self.save_dtype = np.float32 if self.binary else np.uint8
+        if self.binary:
+            from monai.handlers import from_engine
+
+            self.metric_output = from_engine(["pred", "label"])
+        else:
+            self.metric_output = OneHotOutput(self.num_classes)
+
+    def __repr__(self) -> str:
+        if self.binary:
+            return "LabelMode(binary masks: 0/1 or 0/255, or label_threshold 1 = non-zero)"
+        return f"LabelMode({self.num_classes} classes {self.class_names}, source values -> class {self.label_map})"
+
+    def default_threshold(self, label_threshold: Any = None) -> int:
+        """``label_threshold`` of the datalist entries: 128 (0/1 or 0/255 masks, checked) unless 1 is given; 1 for
+        label maps (not used by their transform)."""
+        if label_threshold is not None and (_int(label_threshold) != 1):
+            raise SettingError(
+                f"label_threshold must be null (0/1 or 0/255 masks) or 1 (every non-zero value is foreground), "
+                f"got {label_threshold!r}."
+            )
+        if not self.binary:
+            return 1
+        return 128 if label_threshold is None else 1
+
+    def label_transform(self, keys: Any = "label") -> Any:
+        """The loading transform of the masks: :class:`~spectraflow_monai.transforms.BinarizeLabeld` (values
+        checked) for binary masks, :class:`~spectraflow_monai.transforms.LabelClassesd` for label maps."""
+        from spectraflow_monai.transforms.label import BinarizeLabeld, LabelClassesd
+
+        if self.binary:
+            return BinarizeLabeld(keys, check_values=True)
+        return LabelClassesd(keys, self.label_map, self.class_names)
+
+    def postprocessing(self, keys: Any = "pred") -> list:
+        """Logits -> masks: sigmoid + threshold 0.5 (binary), argmax label map (classes)."""
+        from monai.transforms import Activationsd, AsDiscreted
+
+        if self.binary:
+            return [Activationsd(keys, sigmoid=True), AsDiscreted(keys, threshold=0.5)]
+        return [AsDiscreted(keys, argmax=True)]
+
+    def metric_suite(self, **kwargs: Any) -> Any:
+        """A :class:`~spectraflow_monai.metrics.SegmentationMetricSuite` for these masks (per class for label maps)."""
+        from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
+
+        if self.binary:
+            return SegmentationMetricSuite(**kwargs)
+        return SegmentationMetricSuite(num_classes=self.num_classes, class_names=self.class_names, **kwargs)
+
+    def validate(
+        self,
+        entries: Sequence[MutableMapping[str, Any]],
+        what: str,
+        check_images: bool = True,
+        check_masks: bool = True,
+    ) -> None:
+        """Decode and check every entry (:func:`~spectraflow_monai.data.validation.validate_datalist`); label maps:
+        every mask value must be a class. Raises :class:`~spectraflow_monai.data.validation.DatasetError`."""
+        from spectraflow_monai.data.validation import DatasetError, validate_datalist
+
+        if self.binary:
+            validate_datalist(entries, what, check_images=check_images, check_masks=check_masks)
+            return
+        validate_datalist(entries, what, check_images=check_images, check_masks=False)
+        if not check_masks:
+            return
+        problems = []
+        for e in entries:
+            try:
+                self.check_mask(e["label"])
+            except DataError as err:
+                problems.append(str(err))
+        if problems:
+            raise DatasetError(f"{what}: {len(problems)} bad mask(s):\n  " + "\n  ".join(problems[:10]))
+
+    def check_mask(self, path: str | os.PathLike) -> None:
+        """Raise :class:`DataError` naming ``path`` when its mask is a colour image or holds values that are not
+        classes of ``label_classes``."""
+        from spectraflow_monai.data.readers import read_2d
+
+        check_label_values(read_2d(path, "label"), self.label_map or {}, self.class_names, os.fspath(path))
+
+
+def check_label_values(
+    arr: Any, label_map: Mapping[int, int], class_names: Sequence[str], path: str, channel_axis: int = -1
+) -> np.ndarray:
+    """Stored label values (2D, or 3D with channels on ``channel_axis``) -> one grey 2D array after the checks of
+    :class:`LabelMode`.
+
+    Raises:
+        DataError: a colour mask (channels that differ) or values outside ``label_map``, naming ``path``.
+    """
+    arr = np.asarray(arr)
+    if arr.ndim == 3:
+        first = np.take(arr, 0, axis=channel_axis)
+        others = (np.take(arr, i, axis=channel_axis) for i in range(1, arr.shape[channel_axis]))
+        if any(not np.array_equal(first, other) for other in others):
+            raise DataError(
+                f"mask {path!r} is a colour image: label maps of label_classes must be single-channel (grey, 8- or "
+                "16-bit, or palette indices)."
+            )
+        arr = first
+    values = np.unique(arr)
+    if np.issubdtype(values.dtype, np.floating) and not np.array_equal(values, np.round(values)):
+        raise DataError(f"mask {path!r} holds non-integer values {values[:10].tolist()}; label maps need integers.")
+    unknown = [int(v) for v in values if int(v) not in label_map]
+    if unknown:
+        more = f" ... ({len(unknown)} values)" if len(unknown) > 10 else ""
+        raise DataError(
+            f"mask {path!r} holds value(s) {unknown[:10]}{more} that are not classes of label_classes (values "
+            f"{sorted(label_map)} -> classes {list(class_names)})."
+        )
+    return arr
+
+
+def label_mode(label_classes: Any = None) -> LabelMode:
+    """Read the ``label_classes`` setting once (see the module docstring) and log what it means.
+
+    Raises:
+        SettingError: naming the setting and the value when it is none of the accepted forms.
+    """
+    if isinstance(label_classes, LabelMode):
+        return label_classes
+    if isinstance(label_classes, str) and label_classes.strip().lower() in ("", "none", "null"):
+        label_classes = None
+    mode = LabelMode(label_classes)
+    logger.info("label_classes: %r", mode)
+    return mode
