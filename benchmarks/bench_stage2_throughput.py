@@ -13,10 +13,10 @@ iterations per precision (one epoch of that length); the time from the end of th
 end of the last iteration, data loading included, gives images/s. Models and precisions alternate within a round,
 ``--rounds`` rounds, medians reported.
 
-Precision: the network's forward runs under :class:`spectraflow_monai.utils.AutocastInferer` wrapped around the
-bundle's inferer, the trainer's ``amp`` is :attr:`Precision.use_grad_scaler` (float16 on CUDA only) and its
-``amp_kwargs`` :func:`spectraflow_monai.utils.amp_kwargs` -- what the bundle's ``precision`` setting does. Until the
-bundle has that setting, the script sets these three attributes of the parsed trainer itself.
+Precision: each ``--precision`` value is the bundle setting ``precision`` of its own trainer (one per model and
+precision, all sharing one cached training set): the network's forward runs under the bundle's
+:class:`spectraflow_monai.utils.AutocastInferer`, the trainer's ``amp`` is :attr:`Precision.use_grad_scaler`
+(float16 on CUDA only) and its ``amp_kwargs`` :func:`spectraflow_monai.utils.amp_kwargs`.
 
 The issue's targets (Kvasir-SEG copy, 2 CPU threads): SpectraFlow >= 1.0x the UNet, and SpectraFlow at bf16 >= 1.4x
 its own float32. ``--tiny`` runs on a generated toy set (a smoke test, no meaningful figures).
@@ -39,19 +39,21 @@ UNET_CONFIG = os.path.join(HERE, "configs", "unet_baseline.yaml")
 MODELS = {"spectraflow": "SpectraFlow-S (bundle)", "unet": "MONAI UNet 2D (unet_baseline.yaml)"}
 
 
-def build_trainer(model: str, args, root: str, shared_dataset=None):
-    """The bundle's Stage-2 trainer of ``model``, for ``--warmup + --iters`` iterations per run."""
+def build_trainer(model: str, precision: str, args, root: str, shared_dataset=None):
+    """The bundle's Stage-2 trainer of ``model`` at the bundle setting ``precision``, for ``--warmup + --iters``
+    iterations per run."""
     from monai.bundle import ConfigParser
 
     files = [os.path.join(BUNDLE, "configs", "train.yaml")] + ([UNET_CONFIG] if model == "unet" else [])
     parser = ConfigParser()
     parser.read_config(files)
     overrides = {
-        "bundle_root": os.path.join(root, model),
+        "bundle_root": os.path.join(root, f"{model}_{precision}"),
         "dataset": args.dataset,
         "dataset_dir": os.path.abspath(args.dataset_dir),
         "device": f"$torch.device('{args.device}')",
         "max_epochs": 1,
+        "precision": precision,
         "progress_bar": False,
         "train#handlers": ["@train#loss"],  # the boundary-weight ramp; no validation, no logging
         "train#trainer#epoch_length": args.warmup + args.iters,
@@ -72,17 +74,6 @@ def build_trainer(model: str, args, root: str, shared_dataset=None):
     parser.get_parsed_content("initialize")
     trainer = parser.get_parsed_content("train#trainer")
     return trainer, parser.get_parsed_content("train#dataloader").dataset
-
-
-def set_precision(trainer, precision) -> None:
-    """What the bundle's ``precision`` setting configures: autocast inferer, ``amp`` and ``amp_kwargs``."""
-    from spectraflow_monai.utils import AutocastInferer
-
-    base = trainer.inferer.inferer if isinstance(trainer.inferer, AutocastInferer) else trainer.inferer
-    trainer.inferer = AutocastInferer(base, precision)
-    trainer.amp = precision.use_grad_scaler
-    trainer.amp_kwargs = precision.amp_kwargs
-    trainer.scaler = torch.amp.GradScaler("cuda") if trainer.amp else None
 
 
 def timed_run(trainer, warmup: int, batch_size: int) -> tuple[float, float, list[str]]:
@@ -146,16 +137,19 @@ def main() -> None:
             parser.error("--dataset-dir is needed (or --tiny)")
         precisions = {p: resolve_precision(p, args.device) for p in args.precision}
         trainers, dataset = {}, None
-        for model in args.models:
-            start = time.perf_counter()
-            trainers[model], dataset = build_trainer(model, args, root, dataset)
-            print(f"{MODELS[model]}: trainer built in {time.perf_counter() - start:.1f} s", flush=True)
-        batch = trainers[args.models[0]].data_loader.batch_size
+        for name in precisions:
+            for model in args.models:
+                start = time.perf_counter()
+                trainers[(model, name)], dataset = build_trainer(model, name, args, root, dataset)
+                inferer = trainers[(model, name)].inferer
+                print(f"{MODELS[model]} at precision {name}: trainer built in {time.perf_counter() - start:.1f} s "
+                      f"({inferer!r}, amp={trainers[(model, name)].amp})", flush=True)  # fmt: skip
+        batch = trainers[(args.models[0], args.precision[0])].data_loader.batch_size
         results: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             for name, precision in precisions.items():
-                for model, trainer in trainers.items():
-                    set_precision(trainer, precision)
+                for model in args.models:
+                    trainer = trainers[(model, name)]
                     ips, loss, dtypes = timed_run(trainer, args.warmup, batch)
                     if not torch.isfinite(torch.tensor(loss)):
                         raise RuntimeError(f"{model} at {name}: the loss is not finite ({loss})")

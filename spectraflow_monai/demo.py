@@ -78,6 +78,7 @@ def run_demo(
     threads: int | None = None,
     seed: int = 0,
     encoder_kwargs: dict | None = None,
+    precision: str = "auto",
 ) -> dict[str, Any]:
     """Generate the synthetic set, then run Stage-1, Stage-2, evaluation and the report with the 2D bundle.
 
@@ -97,19 +98,32 @@ def run_demo(
         threads: torch CPU threads (``None`` keeps torch's default).
         seed: seed of data generation and training. Defaults to 0.
         encoder_kwargs: extra ``timm.create_model`` arguments of the encoder (e.g. ``{"depth": 2}`` for a quick check).
+        precision: the bundle setting ``precision`` of every stage: ``"auto"`` (bfloat16 on a CPU with native
+            bfloat16 and on a GPU that supports it, float16 with a gradient scaler on an older GPU, else float32),
+            ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"``. Defaults to ``"auto"``.
 
     Returns:
-        ``{"summary": <metric summary dict>, "report": <report.md path>, "times": {...}}``.
+        ``{"summary": <metric summary dict>, "report": <report.md path>, "times": {...},
+        "precision": <the resolved precision, e.g. "bf16">}``.
+
+    Raises:
+        ValueError: ``image_size`` not a multiple of 14, or a ``precision`` that is not a setting or that the
+            device cannot run (``fp16`` on the CPU).
     """
     import torch
 
     from spectraflow_monai.data import generate_synthetic_dataset
+    from spectraflow_monai.utils import resolve_precision
 
     if image_size % 14:
         raise ValueError(f"image_size must be a multiple of 14 (the DINOv2 patch size), got {image_size}.")
     from spectraflow_monai.networks.utils import normalize_weights_source
 
     weights = normalize_weights_source(pretrained_weights)
+    # the bundles' `device`: the first GPU when there is one; checked and logged before any work
+    resolved = resolve_precision(precision, "cuda:0" if torch.cuda.is_available() else "cpu", log=False)
+    logger.info(f"demo: precision: {resolved}")
+    print(f"=== Precision: {resolved}", flush=True)
     weights_text = "none (random initialisation)" if weights is None else weights
     logger.info(f"demo: pretrained_weights={weights_text}; Stage-2 encoder_init=stage1 (this run's Stage-1 export)")
     print(f"=== Encoder weights: Stage-1 starts from {weights_text}; Stage-2 from the Stage-1 export", flush=True)
@@ -137,6 +151,7 @@ def run_demo(
         "encoder_kwargs": encoder_kwargs,
         "pretrained_weights": "none" if weights is None else weights,  # explicit, never the bundle's default
         "resume": False,  # a rerun starts over (the bundles keep earlier checkpoints aside as *.bak-<time>)
+        "precision": resolved.setting,
     }
     for stale in (root / "models" / "model.pt", root / "models" / "encoder_stage1.pt"):
         if stale.exists():
@@ -172,7 +187,7 @@ def run_demo(
         extra_lines=[
             f"Input size {image_size}x{image_size}, encoder {encoder} (Stage-1 from {weights_text}), "
             f"{num_train} training / {num_val} validation images, Stage-1 {stage1_epochs} epochs, "
-            f"Stage-2 up to {stage2_epochs} epochs.",
+            f"Stage-2 up to {stage2_epochs} epochs, precision {resolved}.",
             "Wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + f" (total {total:.0f} s).",
         ],
     )
@@ -182,11 +197,13 @@ def run_demo(
     import json
 
     summary = json.loads((eval_dir / "summary.json").read_text())
-    return {"summary": summary, "report": report, "times": times}
+    return {"summary": summary, "report": report, "times": times, "precision": resolved.name}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m spectraflow_monai demo``: see :func:`run_demo`."""
+    from spectraflow_monai.utils.precision import PRECISION_SETTINGS
+
     parser = argparse.ArgumentParser(
         prog="python -m spectraflow_monai demo",
         description="Run SpectraFlow Stage-1 -> Stage-2 -> evaluation -> report on a generated synthetic dataset.",
@@ -206,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="where Stage-1 starts: 'none' (random init, default), 'timm' (hub download) or a DINOv2 checkpoint file",
     )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISION_SETTINGS,
+        help="numeric precision of every stage: auto (bf16 where the CPU/GPU supports it, fp16 + grad scaler on "
+        "older GPUs, else fp32; default), bf16, fp16 (CUDA only) or fp32",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     args = parser.parse_args(argv)
@@ -221,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         pretrained_weights=args.pretrained_weights,
         threads=args.threads,
         seed=args.seed,
+        precision=args.precision,
     )
     return 0
 

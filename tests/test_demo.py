@@ -1,6 +1,7 @@
 """The embedded demo runs end to end (tiny settings) and its command line parses."""
 
 import pytest
+import torch
 
 from spectraflow_monai import __main__ as cli
 from spectraflow_monai.demo import find_bundle, run_demo
@@ -40,3 +41,25 @@ def test_cli_usage(capsys):
     assert cli.main(["nope"]) == 2
     with pytest.raises(ValueError, match="multiple of 14"):
         run_demo(image_size=30)
+
+
+def test_demo_precision_option(monkeypatch, tmp_path, caplog):
+    from spectraflow_monai import demo
+
+    calls = []
+
+    def record(bundle, configs, overrides, title):
+        calls.append(overrides)
+        raise KeyboardInterrupt  # stop after the first stage's settings are known
+
+    monkeypatch.setattr(demo, "_run_configs", record)
+    caplog.set_level("INFO", logger="spectraflow_monai.demo")
+    with pytest.raises(KeyboardInterrupt):
+        demo.main(["--output", str(tmp_path / "demo"), "--num-train", "2", "--num-val", "1", "--precision", "bf16"])
+    assert calls[0]["precision"] == "bf16"
+    assert "demo: precision: bf16" in caplog.text
+    with pytest.raises(SystemExit):
+        demo.main(["--precision", "half"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="precision='fp16' needs a CUDA device"):
+            run_demo(output=tmp_path / "x", precision="fp16")  # checked before any work

@@ -25,6 +25,10 @@ Settings (``--conf KEY VALUE``):
   a DINOv2 checkpoint file on the server or ``none``; ``encoder_init`` is ``stage1`` (the bundle's
   ``models/encoder_stage1.pt``), ``pretrained`` or ``random``. Left out: the bundle's values (``timm`` / ``stage1``).
   A fine-tuning run that starts from ``models/model.pt`` loads it after this initialisation.
+- ``precision``: the bundles' numeric precision setting for inference and training (README "Precision"):
+  ``auto`` (the bundles' default: bfloat16 on a CPU with native bfloat16 and on a GPU that supports it, float16
+  with a gradient scaler on an older GPU, else float32), ``bf16``, ``fp16`` (CUDA only) or ``fp32``. A training
+  request may choose its own (option ``precision``); the choice is logged by every run.
 - ``skip_trainers``: ``true`` to register no training task (training disabled: ``/train`` answers 404).
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 
@@ -84,7 +88,13 @@ _import_lib()
 
 from lib.checks import client_request, install_server_checks, resolve_image  # noqa: E402
 from lib.infers import DropSingletonChanneld, SpectraFlowInferTask, image_problem  # noqa: E402
-from lib.trainers import TRAIN_OPTIONS, SpectraFlowTrainTask, check_train_options, weight_settings  # noqa: E402
+from lib.trainers import (  # noqa: E402
+    TRAIN_OPTIONS,
+    SpectraFlowTrainTask,
+    check_train_options,
+    precision_setting,
+    weight_settings,
+)
 
 __all__ = [
     "DropSingletonChanneld",
@@ -217,6 +227,7 @@ class SpectraFlowApp(MONAILabelApp):
         self.bundles = {m: available[m] for m in requested}
         self.overrides = {m: parse_overrides(conf, m) for m in self.bundles}
         self.weight_settings = weight_settings(conf)
+        self.precision = precision_setting(conf)
         self.untrained: dict[str, str] = {}
         super().__init__(
             app_dir=app_dir,
@@ -252,12 +263,13 @@ class SpectraFlowApp(MONAILabelApp):
                 )
                 logger.warning(f"+++ {self.untrained[name]}; serving it for training only")
                 continue
-            task = SpectraFlowInferTask(path, self.conf, overrides=self.overrides[name])
+            task = SpectraFlowInferTask(path, self.conf, overrides={**self.overrides[name], **self.precision})
             if not task.is_valid():
                 raise ValueError(f"bundle {name!r} at {path} cannot be served for inference (see the log above).")
             if os.path.isfile(model_pt):
                 _check_weights(model_pt, task.network, name)
-            logger.info(f"+++ Adding Inferer:: {name} => {path} (labels {task.labels})")
+            precision = task.overrides.get("precision", "the bundle's setting")
+            logger.info(f"+++ Adding Inferer:: {name} => {path} (labels {task.labels}; precision {precision})")
             infers[name] = task
         return infers
 
@@ -267,7 +279,8 @@ class SpectraFlowApp(MONAILabelApp):
             return trainers
         weights = ", ".join(f"{k}={v}" for k, v in self.weight_settings.items()) or "the bundle's defaults"
         for name, path in self.bundles.items():
-            task = SpectraFlowTrainTask(path, self.conf, overrides={**self.overrides[name], **self.weight_settings})
+            overrides = {**self.overrides[name], **self.weight_settings, **self.precision}
+            task = SpectraFlowTrainTask(path, self.conf, overrides=overrides)
             if task.is_valid():
                 logger.info(f"+++ Adding Trainer:: {name} => {path} (encoder weights: {weights})")
                 trainers[name] = task

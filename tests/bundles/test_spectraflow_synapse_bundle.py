@@ -350,7 +350,8 @@ def test_inference_keeps_the_input_geometry(trained, tmp_path):
     _save_nifti(in_dir / "lps.nii.gz", image, lps)
     _save_nifti(in_dir / "axial_first.nii", np.ascontiguousarray(np.transpose(image, (2, 0, 1))), permuted)
     out_dir = tmp_path / "out"
-    _run(INFERENCE, bundle_root=str(root), input_dir=str(in_dir), output_dir=str(out_dir), **NET)
+    # float32, as the reference below (precision: auto would pick bf16 on a CPU with native bfloat16)
+    _run(INFERENCE, bundle_root=str(root), input_dir=str(in_dir), output_dir=str(out_dir), precision="fp32", **NET)
     assert sorted(os.listdir(out_dir)) == ["axial_first_seg.nii.gz", "lps_seg.nii.gz"]
     for name in ("lps.nii.gz", "axial_first.nii"):
         src = nib.load(str(in_dir / name))

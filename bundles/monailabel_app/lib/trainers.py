@@ -19,15 +19,19 @@ from monai.bundle import ConfigParser
 from monailabel.tasks.train.bundle import BundleTrainTask
 from monailabel.utils.others.generic import device_map
 
+from spectraflow_monai.utils.precision import PRECISION_SETTINGS
+
 from .infers import has_volume_format
 
 __all__ = [
     "MAX_EPOCHS",
+    "PRECISION_CHOICES",
     "TRAIN_OPTIONS",
     "WEIGHT_SETTINGS",
     "SpectraFlowTrainTask",
     "check_train_options",
     "config_syntax",
+    "precision_setting",
     "weight_settings",
 ]
 
@@ -42,6 +46,8 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.pt")
 _GPUS = re.compile(r"\d{1,2}(,\d{1,2}){0,15}")
 _DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?")
 _NONE = (None, "", "None", "none")
+#: the values of the bundles' ``precision`` setting
+PRECISION_CHOICES = PRECISION_SETTINGS
 
 
 def config_syntax(text: str) -> bool:
@@ -117,6 +123,13 @@ def _run_id(value: Any) -> None:
     return None
 
 
+def _precision(value: Any) -> str:
+    value = _first(value)
+    if not isinstance(value, str) or value.strip().lower() not in PRECISION_CHOICES:
+        raise ValueError(f"must be one of {list(PRECISION_CHOICES)}")
+    return value.strip().lower()
+
+
 def _model_filename(value: Any) -> str:
     value = _first(value)
     if not isinstance(value, str) or not _FILE_NAME.fullmatch(value) or ".." in value:
@@ -139,6 +152,8 @@ TRAIN_OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "tracking_experiment_name": (_text, "ignored (tracking is off)"),
     "tracking_run_name": (_text, "ignored (tracking is off)"),
     "run_id": (_run_id, "'run' only"),
+    "precision": (_precision, "'auto', 'bf16', 'fp16' (CUDA) or 'fp32' (default: the app's --conf precision, "
+                  "else the bundle's 'auto')"),
 }
 
 
@@ -171,6 +186,22 @@ def weight_settings(conf: dict[str, Any]) -> dict[str, str]:
             raise ValueError(f"--conf encoder_init must be one of {list(ENCODER_INIT_CHOICES)}, got {_show(value)}.")
         settings[key] = value.lower() if key == "encoder_init" or value.lower() in ("timm", "none") else value
     return settings
+
+
+def precision_setting(conf: dict[str, Any]) -> dict[str, str]:
+    """The app's ``--conf precision`` (``auto`` | ``bf16`` | ``fp16`` | ``fp32``) as the bundle config override
+    ``{"precision": ...}`` of inference and training; ``{}`` when it is not set (the bundles' ``auto``).
+
+    Raises:
+        ValueError: a value that is not one of :data:`PRECISION_CHOICES`, named with the value.
+    """
+    value = conf.get("precision")
+    if value is None:
+        return {}
+    try:
+        return {"precision": _precision(value)}
+    except ValueError as e:
+        raise ValueError(f"--conf precision {e}, got {_show(value)}.") from None
 
 
 def check_train_options(request: dict[str, Any], bundle_path: str | None = None) -> dict[str, Any]:
@@ -248,12 +279,20 @@ class SpectraFlowTrainTask(BundleTrainTask):
         return check_train_options(request, getattr(self, "bundle_path", None))
 
     def __call__(self, request: dict[str, Any], datastore: Any) -> Any:
-        return super().__call__(self.check_request(request), datastore)
+        request = self.check_request(request)
+        # the request's precision becomes the bundle setting of this run (over the app's --conf precision)
+        self._request_overrides = {"precision": request["precision"]} if "precision" in request else {}
+        try:
+            return super().__call__(request, datastore)
+        finally:
+            self._request_overrides = {}
 
     def config(self) -> dict[str, Any]:
         options = super().config()
         options["tracking"] = ["None"]  # MLflow is not part of this app
         options["run_id"] = "run"
+        default = self.overrides.get("precision", "auto")
+        options["precision"] = [default] + [p for p in PRECISION_CHOICES if p != default]  # first: the default
         return options
 
     def run_single_gpu(self, request: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -327,6 +366,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
     def _update_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
         for key, value in self.overrides.items():
             overrides.setdefault(key, value)
+        overrides.update(getattr(self, "_request_overrides", {}))
         for key in (self.const.key_train_dataset_data(), self.const.key_validate_dataset_data()):
             if key in overrides:
                 overrides[key] = self._to_bundle_data(overrides[key])

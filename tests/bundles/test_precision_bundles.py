@@ -1,0 +1,172 @@
+"""The bundles' ``precision`` setting (``auto`` | ``bf16`` | ``fp16`` | ``fp32``) on the CPU, end to end.
+
+Under ``precision: bf16`` the 2D bundle trains one epoch (the network computes in bfloat16, the validation metrics
+are finite and ``models/model.pt`` is a float32 state dict that loads into a float32 network), Stage-1 runs one
+epoch with finite losses and a float32 encoder export, and the Synapse bundle's slice-wise inference segments a CT
+volume; every run logs the resolved choice. Tiny settings: 28x28 inputs, a 2-block encoder, a handful of images.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from spectraflow_monai.data import synthetic_ct_volume
+from tests.bundles.helpers import error_text, load_weights, parse_config
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS_2D = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
+CONFIGS_3D = REPO / "bundles" / "spectraflow_synapse_segmentation" / "configs"
+NET = {"image_size": 28, "encoder_kwargs": {"depth": 2}}
+TINY = {
+    **NET,
+    "synthetic_size": {"num_train": 4, "num_val": 2},
+    "batch_size": 2,
+    "val_batch_size": 2,
+    "num_workers": 0,
+    "progress_bar": False,
+    "pretrained_weights": "none",
+    "encoder_init": "random",
+    "device": "$torch.device('cpu')",
+}
+PRECISION_LOGGER = "spectraflow_monai.utils.precision"
+
+
+@pytest.fixture
+def precision_log(caplog):
+    """The INFO records of the precision logger (re-enabled in case a bundle's logging.conf disabled it)."""
+    logger = logging.getLogger(PRECISION_LOGGER)
+    disabled = logger.disabled
+    logger.disabled = False
+    caplog.set_level(logging.INFO, logger=PRECISION_LOGGER)
+    yield caplog
+    logger.disabled = disabled
+
+
+def _run_workflow(parser) -> None:
+    """The config's ``initialize`` then ``run`` lists, evaluated as ``monai.bundle run`` does."""
+    for section in ("initialize", "run"):
+        for i in range(len(parser[section])):
+            parser.get_parsed_content(f"{section}::{i}")
+
+
+def _record_output_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
+    dtypes: set[torch.dtype] = set()
+
+    def hook(_module, _inputs, output):
+        tensors = output if isinstance(output, (tuple, list)) else [output]
+        dtypes.update(t.dtype for t in tensors if isinstance(t, torch.Tensor))
+
+    module.register_forward_hook(hook)
+    return dtypes
+
+
+def _assert_float32_state(state: dict) -> None:
+    floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+    assert floats and all(d == torch.float32 for d in floats.values()), floats
+
+
+def test_stage2_one_epoch_bf16_on_cpu(tmp_path, precision_log):
+    parser = parse_config(
+        str(CONFIGS_2D / "train.yaml"), bundle_root=str(tmp_path), max_epochs=1, precision="bf16", **TINY
+    )
+    network = parser.get_parsed_content("network")
+    dtypes = _record_output_dtypes(network)
+    _run_workflow(parser)
+    assert torch.bfloat16 in dtypes  # the forward ran under CPU autocast
+    assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
+    metrics = parser.get_parsed_content("validate#evaluator").state.metrics
+    assert {"val_mean_dice", "val_mean_iou"} <= set(metrics), metrics
+    for name in ("val_mean_dice", "val_mean_iou"):
+        assert math.isfinite(float(metrics[name])), (name, metrics)
+    assert math.isfinite(float(parser.get_parsed_content("train#trainer").state.output[0]["loss"]))
+    # the best model is a float32 state dict that loads strictly into a float32 network and predicts finite values
+    state = load_weights(tmp_path / "models" / "model.pt")
+    _assert_float32_state(state)
+    fresh = parse_config(str(CONFIGS_2D / "inference.yaml"), bundle_root=str(tmp_path), **NET)
+    net = fresh.get_parsed_content("network_def")
+    net.load_state_dict(state, strict=True)
+    net.eval()
+    with torch.no_grad():
+        out = net(torch.randn(1, 3, 28, 28))
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+def test_stage1_one_epoch_bf16_on_cpu(tmp_path, precision_log):
+    parser = parse_config(
+        [str(CONFIGS_2D / "train.yaml"), str(CONFIGS_2D / "train_stage1.yaml")],
+        bundle_root=str(tmp_path),
+        precision="bf16",
+        stage1_epochs=1,
+        stage1_batch_size=2,
+        head_hidden_channels=16,
+        head_num_blocks=1,
+        **TINY,
+    )
+    trainer = parser.get_parsed_content("stage1#trainer")
+    assert trainer.amp and trainer._autocast_kwargs["dtype"] == torch.bfloat16 and trainer.scaler is None
+    dtypes = _record_output_dtypes(parser.get_parsed_content("stage1#encoder").vit.blocks[0].attn.qkv)
+    _run_workflow(parser)
+    assert torch.bfloat16 in dtypes  # the encoder's linear layers ran under CPU autocast
+    assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
+    out = trainer.state.output
+    for key in ("loss", "loss_meanflow", "loss_dispersive"):
+        assert math.isfinite(out[key]), out
+    _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
+
+
+def test_synapse_slicewise_inference_bf16_on_cpu(tmp_path, precision_log):
+    root = tmp_path / "bundle"
+    (root / "models").mkdir(parents=True)
+    torch.manual_seed(0)
+    net = parse_config(str(CONFIGS_3D / "inference.yaml"), bundle_root=str(root), **NET).get_parsed_content(
+        "network_def"
+    )
+    torch.save(net.state_dict(), root / "models" / "model.pt")
+    in_dir = tmp_path / "ct"
+    in_dir.mkdir()
+    image = synthetic_ct_volume(1, shape=(30, 26, 3))[0]
+    nib.save(nib.Nifti1Image(image, np.diag([0.8, 0.8, 2.5, 1.0])), str(in_dir / "case.nii.gz"))
+    parser = parse_config(
+        str(CONFIGS_3D / "inference.yaml"),
+        bundle_root=str(root),
+        input_dir=str(in_dir),
+        output_dir=str(tmp_path / "out"),
+        precision="bf16",
+        device="$torch.device('cpu')",
+        **NET,
+    )
+    dtypes = _record_output_dtypes(parser.get_parsed_content("network"))
+    _run_workflow(parser)
+    assert torch.bfloat16 in dtypes  # every slice batch ran under CPU autocast
+    assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
+    out = nib.load(str(tmp_path / "out" / "case_seg.nii.gz"))
+    assert out.shape == image.shape and int(np.asarray(out.dataobj).max()) <= 8
+
+
+@pytest.mark.parametrize("config", [CONFIGS_2D / "train.yaml", CONFIGS_3D / "inference.yaml"])
+def test_unknown_or_impossible_precision_is_named(config, tmp_path):
+    for value, message in (("half", "precision must be one of auto, bf16, fp16, fp32, got 'half'"),
+                           ("fp16", "precision='fp16' needs a CUDA device")):  # fmt: skip
+        parser = parse_config(
+            str(config), bundle_root=str(tmp_path), precision=value, device="$torch.device('cpu')", **NET
+        )
+        with pytest.raises(Exception) as info:
+            parser.get_parsed_content("resolved_precision")
+        assert message in error_text(info.value)
+
+
+def test_fp32_leaves_autocast_off(tmp_path):
+    parser = parse_config(
+        str(CONFIGS_2D / "train.yaml"), bundle_root=str(tmp_path), precision="fp32", device="$torch.device('cpu')"
+    )
+    resolved = parser.get_parsed_content("resolved_precision")
+    assert resolved.name == "fp32" and not resolved.autocast
+    assert parser.get_parsed_content("amp") is False
+    assert parser.get_parsed_content("amp_kwargs") == {"dtype": torch.float32}
