@@ -53,6 +53,7 @@ else:
 
 __all__ = [
     "MeanFlowPretrainer",
+    "STAGE1_OUTPUT_KEYS",
     "EncoderExportHandler",
     "linear_lr_schedule",
     "LinearDecayLR",
@@ -60,6 +61,9 @@ __all__ = [
     "encoder_export_state_dict",
     "save_encoder_export",
 ]
+
+#: names of the floats in ``MeanFlowPretrainer``'s ``engine.state.output``, the headline first
+STAGE1_OUTPUT_KEYS = ("meanflow_error", "loss_meanflow_weighted", "loss_dispersive", "dispersive_weighted", "loss")
 
 _PARALLEL_WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 
@@ -281,14 +285,22 @@ class MeanFlowPretrainer(Trainer):
        epoch whose length is not a multiple of it, as in MONAI's ``SupervisedTrainer``) the gradients are
        averaged across processes (distributed runs), the optimizer steps and the EMA encoder is updated.
 
-    ``engine.state.output`` is a dict of Python floats ``{"loss", "loss_meanflow", "loss_dispersive", "mse"}``
-    (``mse``: unweighted mean squared MeanFlow error) of the current process, so that every term is logged by
-    name::
+    ``engine.state.output`` is a dict of Python floats of the current process, so that every term is logged by
+    name:
 
-        StatsHandler(name="train", output_transform=lambda out: out)     # all four terms, by key
-        TensorBoardStatsHandler(log_dir=..., output_transform=lambda out: out)   # tags "loss", "loss_meanflow", ...
+    - ``meanflow_error``: the unweighted mean squared MeanFlow error (mean over samples and latent elements), the
+      headline curve: it falls as the head learns the average velocity (NaN when ``meanflow_loss`` has no
+      ``compute`` method);
+    - ``loss_meanflow_weighted``: the adaptively weighted MeanFlow loss ``L / (L + c)^p`` that is optimised; with
+      the weight's gradient stopped it sits close to 1 by construction and says little about progress;
+    - ``loss_dispersive``: ``L_Disp``; ``dispersive_weighted``: ``λ·L_Disp``;
+    - ``loss``: the total ``loss_meanflow_weighted + dispersive_weighted`` being optimised.
+
+    For example::
+
+        TensorBoardStatsHandler(log_dir=..., output_transform=lambda out: out)   # tags "meanflow_error", "loss", ...
         StatsHandler(tag_name="loss", output_transform=lambda out: out["loss"])  # the total only
-        ignite.handlers.ProgressBar().attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
+        ignite.handlers.ProgressBar().attach(trainer, output_transform=lambda out: {"err": out["meanflow_error"]})
 
     (MONAI's default ``output_transform=lambda x: x[0]`` expects a decollated list and does not apply here, and
     ``from_engine(["loss"], first=True)`` returns a 1-tuple for a dict output, which the handlers skip as
@@ -697,7 +709,7 @@ class MeanFlowPretrainer(Trainer):
         return local % acc == 0, (local + 1) % acc == 0
 
     def _iteration(self, engine: MeanFlowPretrainer, batchdata: Any) -> dict[str, float]:
-        """One Stage-1 iteration; returns ``{"loss", "loss_meanflow", "loss_dispersive", "mse"}`` (floats).
+        """One Stage-1 iteration; returns the floats listed in the class notes (``meanflow_error``, ``loss``, ...).
 
         Args:
             engine: this trainer.
@@ -778,12 +790,13 @@ class MeanFlowPretrainer(Trainer):
 
         values = torch.stack(
             [
-                loss.detach().float(),
+                (mse.detach().float() if isinstance(mse, torch.Tensor) else loss.new_tensor(float("nan"))),
                 loss_mf.detach().float(),
                 loss_disp.detach().float(),
-                (mse.detach().float() if isinstance(mse, torch.Tensor) else loss.new_tensor(float("nan"))),
+                engine.dispersive_weight * loss_disp.detach().float(),
+                loss.detach().float(),
             ]
-        ).tolist()
-        engine.state.output = dict(zip(("loss", "loss_meanflow", "loss_dispersive", "mse"), values))
+        ).tolist()  # one device synchronisation for all five
+        engine.state.output = dict(zip(STAGE1_OUTPUT_KEYS, values))
         engine.fire_event(IterationEvents.MODEL_COMPLETED)
         return engine.state.output

@@ -20,6 +20,15 @@ def _loss_only(output: Any) -> dict[str, float]:
     return {"loss": float(output)} if hasattr(output, "__float__") else {}
 
 
+def _pick(output: Any, keys: Sequence[str]) -> dict[str, float]:
+    """The entries ``keys`` of an engine output (dict, or list of dicts) that are present, as floats."""
+    if isinstance(output, Sequence) and output and isinstance(output[0], dict):
+        output = output[0]
+    if not isinstance(output, dict):
+        return {}
+    return {k: float(output[k]) for k in keys if k in output and hasattr(output[k], "__float__")}
+
+
 class ProgressBarHandler:
     """ignite's tqdm :class:`~ignite.handlers.ProgressBar` with MONAI's handler contract (``attach(engine)``).
 
@@ -32,6 +41,12 @@ class ProgressBarHandler:
         metric_names: engine metrics to display, or ``"all"``. Defaults to ``None``.
         persist: keep the bar after each epoch. Defaults to ``False``.
         desc: bar description. Defaults to ``None``.
+        keys: names of the output entries to display, those present in the output in this order (e.g.
+            ``["meanflow_error", "loss_mae"]`` for the Stage-1 trainers: the headline error of whichever runs);
+            replaces ``output_transform``. Defaults to ``None``.
+
+    Raises:
+        ValueError: ``keys`` is a string or empty.
     """
 
     def __init__(
@@ -40,7 +55,14 @@ class ProgressBarHandler:
         metric_names: str | Sequence[str] | None = None,
         persist: bool = False,
         desc: str | None = None,
+        keys: Sequence[str] | None = None,
     ) -> None:
+        if keys is not None:
+            if isinstance(keys, str) or not len(keys):
+                raise ValueError(f"keys must be a non-empty sequence of output names, got {keys!r}.")
+            names = tuple(str(k) for k in keys)
+            output_transform = lambda output: _pick(output, names)  # noqa: E731
+        self.keys = keys
         self.output_transform = output_transform
         self.metric_names = metric_names
         self.bar = ProgressBar(persist=persist, desc=desc)

@@ -46,13 +46,18 @@ class DiceBCEBoundaryLoss(_Loss):
 
     Ramping ``beta``: with ``beta_max`` and ``ramp_epochs`` set, ``set_epoch(e)`` (``e`` = 0-based epoch index)
     sets ``beta = beta_start + (beta_max - beta_start) * min(e, ramp_epochs) / ramp_epochs``, reaching ``beta_max``
-    at epoch ``ramp_epochs`` and staying there. With ignite / ``monai.engines`` call it on ``EPOCH_STARTED``;
-    :meth:`attach` does exactly that, so the loss object itself can be listed among a trainer's ``train_handlers``
-    (in a bundle config: ``"train_handlers": ["@loss", ...]``)::
+    at epoch ``ramp_epochs`` and staying there. With ignite / ``monai.engines`` call it on ``EPOCH_STARTED``:
+    :class:`spectraflow_monai.handlers.LossTermsHandler` does that and logs the terms (below);
+    :class:`spectraflow_monai.handlers.BoundaryWeightRamp` only ramps; :meth:`attach` attaches the latter, so the
+    loss object itself can still be listed among a trainer's ``train_handlers``::
 
         loss = DiceBCEBoundaryLoss(beta=0.01, beta_max=0.1, ramp_epochs=20)
-        loss.attach(trainer)  # same as:
-        # trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: loss.set_epoch(e.state.epoch - 1))
+        LossTermsHandler(loss).attach(trainer)  # ramps beta and logs train_loss_dice, ..., boundary_beta
+
+    Logging: every call records its unweighted terms as detached scalar tensors in ``last_terms``: ``dice``,
+    ``bce`` (``sigmoid``) or ``ce`` (``softmax``), and, when ``beta > 0``, ``boundary`` and
+    ``boundary_weighted = beta * boundary``; the loss is ``lambda_dice * dice + lambda_ce * (b)ce +
+    boundary_weighted``. A total that rises while ``beta`` ramps up is then explained by the terms.
 
     Args:
         sigmoid: apply a sigmoid to the logits for the Dice and boundary terms; CE is BCE-with-logits.
@@ -121,6 +126,7 @@ class DiceBCEBoundaryLoss(_Loss):
         self.beta_max = None if beta_max is None else float(beta_max)
         self.ramp_epochs = int(ramp_epochs)
         self._beta = float(beta)
+        self.last_terms: dict[str, torch.Tensor] | None = None
         self.dice_ce = DiceCELoss(
             include_background=include_background,
             to_onehot_y=to_onehot_y,
@@ -158,14 +164,16 @@ class DiceBCEBoundaryLoss(_Loss):
         self._beta = self.beta_start + (self.beta_max - self.beta_start) * frac
 
     def attach(self, engine: Any) -> None:
-        """Register :meth:`set_epoch` on an ignite engine's ``EPOCH_STARTED`` event (MONAI handler protocol).
+        """Ramp ``beta`` at every ``EPOCH_STARTED`` of an ignite engine (MONAI handler protocol).
+
+        Attaches :class:`spectraflow_monai.handlers.BoundaryWeightRamp` (``set_epoch(engine.state.epoch - 1)``).
 
         Args:
             engine: an ``ignite.engine.Engine`` (e.g. a ``monai.engines.SupervisedTrainer``).
         """
-        from ignite.engine import Events
+        from spectraflow_monai.handlers.training_log import BoundaryWeightRamp
 
-        engine.add_event_handler(Events.EPOCH_STARTED, lambda e: self.set_epoch(e.state.epoch - 1))
+        BoundaryWeightRamp(self).attach(engine)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """
@@ -201,13 +209,18 @@ class DiceBCEBoundaryLoss(_Loss):
 
     def _forward_float32(self, input: torch.Tensor, target: torch.Tensor, n_in: int, n_t: int) -> torch.Tensor:
         """The loss of checked, float32 (or float64) ``input`` / ``target`` with ``n_in`` / ``n_t`` channels."""
-        if self.sigmoid and n_in > 1:
-            # multi-label: BCE on every channel (DiceCELoss itself switches to softmax CE whenever N > 1)
-            bce_target = one_hot(target, num_classes=n_in) if self.to_onehot_y and n_t == 1 else target
-            loss: torch.Tensor = self.dice_ce.lambda_dice * self.dice_ce.dice(input, target)
-            loss = loss + self.dice_ce.lambda_ce * self.dice_ce.bce(input, bce_target)
+        dice = self.dice_ce.dice(input, target)
+        if self.sigmoid:
+            # BCE on every channel (DiceCELoss itself switches to softmax CE whenever N > 1)
+            bce_target = one_hot(target, num_classes=n_in) if self.to_onehot_y and n_t == 1 and n_in > 1 else target
+            ce_name, ce = "bce", self.dice_ce.bce(input, bce_target)
         else:
-            loss = self.dice_ce(input, target)
+            ce_name, ce = "ce", (self.dice_ce.ce(input, target) if n_in != 1 else self.dice_ce.bce(input, target))
+        loss: torch.Tensor = self.dice_ce.lambda_dice * dice + self.dice_ce.lambda_ce * ce  # = DiceCELoss's sum
+        terms = {"dice": dice.detach(), ce_name: ce.detach()}
         if self._beta > 0:
-            loss = loss + self._beta * self.boundary(input, target)
+            boundary = self.boundary(input, target)
+            loss = loss + self._beta * boundary
+            terms.update(boundary=boundary.detach(), boundary_weighted=self._beta * boundary.detach())
+        self.last_terms = terms
         return loss

@@ -46,6 +46,7 @@ from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = [
     "GT_COLOR",
+    "HEADLINE_TAGS",
     "PRED_COLOR",
     "find_prediction",
     "main",
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: tags plotted first in their folder's block: Stage-1's unweighted MeanFlow error, Stage-2's training loss
+HEADLINE_TAGS = ("meanflow_error", "train_loss")
 
 #: contour colours of :func:`plot_overlays`
 GT_COLOR = "lime"
@@ -282,9 +286,12 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
     """One PNG with a panel per scalar tag, grouped by log folder (a row block per folder, e.g. Stage-1, Stage-2).
 
     The tags are listed from the event files (never assumed): MONAI's ``TensorBoardStatsHandler`` writes e.g.
-    ``train_loss``, ``val_mean_dice``, ``val_mean_iou``, ``val_hd95`` for Stage-2 and ``loss``, ``loss_meanflow``,
-    ``loss_dispersive``, ``mse`` for the SpectraFlow Stage-1 pretraining. Non-finite values (an undefined HD95) are
-    left out of a panel and counted in its title; long series also get a smoothed line. Folders that do not exist
+    ``train_loss``, ``train_loss_dice``, ``train_loss_bce``, ``train_loss_boundary``, ``boundary_beta``,
+    ``val_mean_dice``, ``val_mean_iou``, ``val_hd95`` for Stage-2 and ``meanflow_error`` (the headline),
+    ``loss_meanflow_weighted``, ``loss_dispersive``, ``dispersive_weighted``, ``loss`` for the SpectraFlow Stage-1
+    pretraining; the tags of ``HEADLINE_TAGS`` lead their block, the others follow in name order. Non-finite
+    values (an undefined HD95) are left out of a panel and counted in its title; long series also get a smoothed
+    line. Folders that do not exist
     or hold no scalars are skipped with a logged warning and named at the bottom of the figure.
 
     Args:
@@ -310,7 +317,8 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
             logger.warning("training curves: no scalars in '%s' (%s), skipped.", folder, label)
             skipped.append(f"{label} (no scalars)")
             continue
-        groups.append((str(label), scalars))
+        headline = [t for t in HEADLINE_TAGS if t in scalars]  # the curve to read first leads its block
+        groups.append((str(label), {t: scalars[t] for t in headline + [t for t in scalars if t not in headline]}))
     if not groups:
         logger.warning("training curves: nothing to plot, '%s' not written.", os.fspath(path))
         return []

@@ -116,7 +116,7 @@ def test_stage1_one_epoch_bf16_on_cpu(tmp_path, precision_log):
     assert torch.bfloat16 in dtypes  # the encoder's linear layers ran under CPU autocast
     assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
     out = trainer.state.output
-    for key in ("loss", "loss_meanflow", "loss_dispersive"):
+    for key in ("loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"):
         assert math.isfinite(out[key]), out
     _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
 

@@ -131,7 +131,7 @@ def test_stage1_export_loads_into_encoder(trained):
     assert any(not torch.equal(fresh[k], export[k]) for k in export)
     # the Stage-1 losses were logged to TensorBoard for every iteration
     tags = _scalars(str(trained["root"] / "logs" / "stage1"))
-    assert {"loss", "loss_meanflow", "loss_dispersive"} <= set(tags)
+    assert {"loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"} <= set(tags)
     assert tags["loss"] == list(range(1, STAGE1_EPOCHS * (NUM_TRAIN // STAGE1_BATCH) + 1))
 
 

@@ -236,7 +236,7 @@ def test_stage2_logs(trained):
     assert {"train_loss", "val_mean_dice", "val_mean_iou"} <= set(acc.Tags()["scalars"])
     stage1 = EventAccumulator(str(trained["root"] / "logs" / "stage1"))
     stage1.Reload()
-    assert {"loss", "loss_meanflow", "loss_dispersive"} <= set(stage1.Tags()["scalars"])
+    assert {"loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"} <= set(stage1.Tags()["scalars"])
 
 
 # ---------------------------------------------------------------- 3. evaluation on whole volumes

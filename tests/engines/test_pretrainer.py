@@ -78,12 +78,15 @@ class TestMeanFlowPretrainer:
         trainer.run()
         assert len(outputs) == 6 and len(steps) == 6
         for out in outputs:
-            assert set(out) == {"loss", "loss_meanflow", "loss_dispersive", "mse"}
+            assert list(out) == [
+                "meanflow_error", "loss_meanflow_weighted", "loss_dispersive", "dispersive_weighted", "loss"
+            ]  # fmt: skip
             assert all(isinstance(v, float) and math.isfinite(v) for v in out.values())
-            assert out["loss"] == pytest.approx(out["loss_meanflow"] + 0.4 * out["loss_dispersive"], rel=1e-5)
+            assert out["dispersive_weighted"] == pytest.approx(0.4 * out["loss_dispersive"], rel=1e-5)
+            assert out["loss"] == pytest.approx(out["loss_meanflow_weighted"] + out["dispersive_weighted"], rel=1e-5)
             # adaptive weight L / (L + c) keeps each per-sample term in (0, 1)
-            assert 0 < out["loss_meanflow"] < 1
-            assert out["mse"] > 0
+            assert 0 < out["loss_meanflow_weighted"] < 1
+            assert out["meanflow_error"] > 0
         assert _max_diff(enc0, _params(encoder)) > 0
         assert _max_diff(head0, _params(head)) > 0
 
@@ -339,7 +342,7 @@ class TestMeanFlowPretrainer:
             logger.removeHandler(capture)
         text = "\n".join(records)
         out = trainer.state.output
-        for key in ("loss", "loss_meanflow", "loss_dispersive", "mse"):
+        for key in ("meanflow_error", "loss_meanflow_weighted", "loss_dispersive", "dispersive_weighted", "loss"):
             assert f"{key}: {out[key]:.4f}" in text
         assert "loss=" in stream.getvalue()
 

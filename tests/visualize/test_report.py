@@ -353,3 +353,17 @@ def test_lazy_package_exports():
     assert vis.write_report is rep.write_report and "plot_overlays" in vis.__all__
     with pytest.raises(AttributeError):
         vis.no_such_name  # noqa: B018
+
+
+def test_plot_training_curves_headline_first(tmp_path):
+    """Stage-1's unweighted MeanFlow error leads its block, ahead of the tags that sort before it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=str(tmp_path / "stage1"))
+    for step in range(3):
+        for tag in ("dispersive_weighted", "loss", "loss_meanflow_weighted", "meanflow_error"):
+            w.add_scalar(tag, 1.0 + step, step)
+    w.close()
+    tags = rep.plot_training_curves({"Stage-1": tmp_path / "stage1"}, tmp_path / "curves.png")
+    assert tags == ["Stage-1/meanflow_error", "Stage-1/dispersive_weighted", "Stage-1/loss",
+                    "Stage-1/loss_meanflow_weighted"]  # fmt: skip
