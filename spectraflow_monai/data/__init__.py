@@ -16,9 +16,7 @@ from .synapse import (
     SYNAPSE_ORGANS,
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
-    build_synapse_datalist,
     check_synapse_labels,
-    check_synapse_settings,
     check_volume_pair,
     extract_slices,
     format_case_id,
@@ -26,6 +24,7 @@ from .synapse import (
     map_btcv_labels,
     synapse_datalist,
 )
+from .synapse_bundle import build_synapse_datalist, check_synapse_settings
 from .synthetic_ct import DEFAULT_SYNTHETIC_CASES, generate_synthetic_ct, synthetic_ct_volume
 from .label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_class_names, check_label_map, identity_label_map
 from .synapse_datalist import (

@@ -220,40 +220,9 @@ class LabelMode:
         """Raise :class:`DataError` naming ``path`` when its mask is a colour image or holds values that are not
         classes of ``label_classes``."""
         from spectraflow_monai.data.readers import read_2d
+        from spectraflow_monai.transforms.label import check_label_values
 
         check_label_values(read_2d(path, "label"), self.label_map or {}, self.class_names, os.fspath(path))
-
-
-def check_label_values(
-    arr: Any, label_map: Mapping[int, int], class_names: Sequence[str], path: str, channel_axis: int = -1
-) -> np.ndarray:
-    """Stored label values (2D, or 3D with channels on ``channel_axis``) -> one grey 2D array after the checks of
-    :class:`LabelMode`.
-
-    Raises:
-        DataError: a colour mask (channels that differ) or values outside ``label_map``, naming ``path``.
-    """
-    arr = np.asarray(arr)
-    if arr.ndim == 3:
-        first = np.take(arr, 0, axis=channel_axis)
-        others = (np.take(arr, i, axis=channel_axis) for i in range(1, arr.shape[channel_axis]))
-        if any(not np.array_equal(first, other) for other in others):
-            raise DataError(
-                f"mask {path!r} is a colour image: label maps of label_classes must be single-channel (grey, 8- or "
-                "16-bit, or palette indices)."
-            )
-        arr = first
-    values = np.unique(arr)
-    if np.issubdtype(values.dtype, np.floating) and not np.array_equal(values, np.round(values)):
-        raise DataError(f"mask {path!r} holds non-integer values {values[:10].tolist()}; label maps need integers.")
-    unknown = [int(v) for v in values if int(v) not in label_map]
-    if unknown:
-        more = f" ... ({len(unknown)} values)" if len(unknown) > 10 else ""
-        raise DataError(
-            f"mask {path!r} holds value(s) {unknown[:10]}{more} that are not classes of label_classes (values "
-            f"{sorted(label_map)} -> classes {list(class_names)})."
-        )
-    return arr
 
 
 def label_mode(label_classes: Any = None) -> LabelMode:

@@ -37,6 +37,7 @@ from spectraflow_monai.data.label_map import (
     check_label_map,
     identity_label_map,
 )
+from spectraflow_monai.data.synapse import SYNAPSE_ORGANS, check_volume_pair, extract_slices, format_case_id
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 
@@ -168,7 +169,6 @@ def read_decathlon_datalist(
 
 
 def _check_unique(path: Path, entries: list[dict[str, Any]], what: str) -> None:
-    from spectraflow_monai.data.synapse import format_case_id  # lazy: synapse imports this module lazily too
 
     def norm(case: str) -> str:  # the slice cache names volumes by the normalised id ("img0005" -> "0005")
         try:
@@ -241,7 +241,6 @@ def synapse_class_names(num_classes: int, data_list_file_path: Any = None) -> li
     """Default ``class_names`` of the Synapse bundle: the 9 Synapse classes (background + 8 organs,
     :data:`spectraflow_monai.data.SYNAPSE_ORGANS`) when ``num_classes`` is 9 and the data are not a datalist JSON,
     else ``background, class_1, ..., class_<num_classes-1>``."""
-    from spectraflow_monai.data.synapse import SYNAPSE_ORGANS
 
     if not data_list_file_path and num_classes == len(SYNAPSE_ORGANS):
         return list(SYNAPSE_ORGANS)
@@ -250,7 +249,6 @@ def synapse_class_names(num_classes: int, data_list_file_path: Any = None) -> li
 
 def _select(entries: list[dict[str, Any]], cases: Any, path: Path, what: str) -> list[dict[str, Any]]:
     """The entries whose case id is in ``cases`` (ids as in the file names; ints match their digits)."""
-    from spectraflow_monai.data.synapse import format_case_id
 
     def norm(c: Any) -> str:
         try:
@@ -369,7 +367,6 @@ def decathlon_synapse_datalist(
             image / label shape or affine mismatch, a 2D or unreadable volume, non-finite voxels, label values the
             map does not list (``slices=True``); the message names the file and the problem.
     """
-    from spectraflow_monai.data.synapse import check_volume_pair, extract_slices  # lazy: synapse imports this lazily
 
     if split not in ("train", "val", "test"):
         raise SettingError(f"split must be 'train', 'val' or 'test', got {split!r}.")

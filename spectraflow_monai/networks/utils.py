@@ -103,16 +103,25 @@ def resolve_encoder_init(
     return os.fspath(stage1_export)
 
 
+def _is_encoder(module: Any) -> bool:
+    """A :class:`~spectraflow_monai.networks.DINOv2Encoder` (or any encoder with its weight-loading contract).
+
+    Checked by its contract rather than its class, so that this module does not import the encoder module (which
+    calls :func:`load_encoder_weights` for its ``pretrained`` argument): no import circle.
+    """
+    return isinstance(module, nn.Module) and callable(getattr(module, "load_weights", None)) and hasattr(
+        module, "trainable_blocks"
+    )
+
+
 def _find_encoder(module: nn.Module) -> nn.Module:
     """The DINOv2 encoder inside ``module`` (itself, ``module.encoder``, through DDP/DataParallel wrappers)."""
-    from spectraflow_monai.networks.encoders.dinov2 import DINOv2Encoder
-
     while isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         module = module.module
-    if isinstance(module, DINOv2Encoder):
+    if _is_encoder(module):
         return module
     encoder = getattr(module, "encoder", None)
-    if isinstance(encoder, DINOv2Encoder):
+    if _is_encoder(encoder):
         return encoder
     raise ValueError(f"expected a DINOv2Encoder or a network with one as .encoder, got {type(module).__name__}.")
 

@@ -17,7 +17,7 @@ rule: :class:`LabelClassesd` maps their source values to class indices and stops
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from monai.transforms import MapTransform, Transform
 from monai.utils import TransformBackends, convert_to_dst_type
 
 from spectraflow_monai.data.validation import binary_mask_threshold
+from spectraflow_monai.utils.errors import DataError
 
 __all__ = [
     "BinarizeLabel",
@@ -51,6 +52,39 @@ def _check_threshold(threshold: Any, name: str = "threshold") -> float:
     if not np.isfinite(threshold):
         raise ValueError(f"{name} must be finite, got {threshold!r}.")
     return float(threshold)
+
+
+
+def check_label_values(
+    arr: Any, label_map: Mapping[int, int], class_names: Sequence[str], path: str, channel_axis: int = -1
+) -> np.ndarray:
+    """Stored label values (2D, or 3D with channels on ``channel_axis``) -> one grey 2D array after the checks of
+    :class:`LabelMode`.
+
+    Raises:
+        DataError: a colour mask (channels that differ) or values outside ``label_map``, naming ``path``.
+    """
+    arr = np.asarray(arr)
+    if arr.ndim == 3:
+        first = np.take(arr, 0, axis=channel_axis)
+        others = (np.take(arr, i, axis=channel_axis) for i in range(1, arr.shape[channel_axis]))
+        if any(not np.array_equal(first, other) for other in others):
+            raise DataError(
+                f"mask {path!r} is a colour image: label maps of label_classes must be single-channel (grey, 8- or "
+                "16-bit, or palette indices)."
+            )
+        arr = first
+    values = np.unique(arr)
+    if np.issubdtype(values.dtype, np.floating) and not np.array_equal(values, np.round(values)):
+        raise DataError(f"mask {path!r} holds non-integer values {values[:10].tolist()}; label maps need integers.")
+    unknown = [int(v) for v in values if int(v) not in label_map]
+    if unknown:
+        more = f" ... ({len(unknown)} values)" if len(unknown) > 10 else ""
+        raise DataError(
+            f"mask {path!r} holds value(s) {unknown[:10]}{more} that are not classes of label_classes (values "
+            f"{sorted(label_map)} -> classes {list(class_names)})."
+        )
+    return arr
 
 
 class BinarizeLabel(Transform):
@@ -203,8 +237,6 @@ class LabelClasses(Transform):
         Args:
             img: channel-first (C, *spatial) label image, numpy or torch (MetaTensor metadata is kept).
         """
-        from spectraflow_monai.data.label_mode import check_label_values
-
         if img.ndim < 2:
             raise ValueError(f"img must be channel-first (C, *spatial), got shape {tuple(img.shape)}.")
         meta = getattr(img, "meta", None) or {}

@@ -19,7 +19,6 @@ from spectraflow_monai.data.synapse import (
     SYNAPSE_ORGANS,
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
-    build_synapse_datalist,
     check_volume_pair,
     extract_slices,
     format_case_id,
@@ -27,6 +26,7 @@ from spectraflow_monai.data.synapse import (
     map_btcv_labels,
     synapse_datalist,
 )
+from spectraflow_monai.data.synapse_bundle import build_synapse_datalist
 from spectraflow_monai.data.synthetic_ct import generate_synthetic_ct, synthetic_ct_volume
 
 TINY = (32, 32, 8)

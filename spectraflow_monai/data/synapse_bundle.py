@@ -1,0 +1,369 @@
+"""The Synapse bundle's data entry points: settings checked before any work, and one datalist call for every source.
+
+SpectraFlow (Chen et al.) reports its 3D experiment on Synapse multi-organ CT with TransUNet's protocol
+(:mod:`spectraflow_monai.data.synapse`: split, label map, readers, slice cache). :func:`build_synapse_datalist` is
+what the ``spectraflow_synapse_segmentation`` bundle calls: the BTCV / TransUNet layouts and the synthetic phantom
+as presets, or a user's Decathlon datalist JSON (:mod:`spectraflow_monai.data.synapse_datalist`), all giving the same
+datalist contract. :func:`check_synapse_settings` runs first in the bundle's ``initialize``.
+
+Layering (no import circle): protocol, readers and cache (``synapse``) <- own-data datalists (``synapse_datalist``)
+<- these entry points.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from spectraflow_monai.data import synapse_datalist as synapse_own
+from spectraflow_monai.data.synapse import (
+    _RAW_IMAGE,
+    SYNAPSE_BUNDLE_DATASETS,
+    SYNAPSE_TEST_CASES,
+    SYNAPSE_TRAIN_CASES,
+    _case_list,
+    check_volume_pair,
+    extract_slices,
+    format_case_id,
+    synapse_datalist,
+)
+from spectraflow_monai.data.synapse_datalist import check_own_data_settings
+from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.settings import check_image_size
+
+__all__ = ["build_synapse_datalist", "check_synapse_settings"]
+
+logger = logging.getLogger(__name__)
+
+_RAW_IMAGE_NAME = re.compile(r"^img(\d+)\.nii(\.gz)?$")
+
+
+def check_synapse_settings(
+    image_size: Any,
+    dataset: Any = None,
+    num_classes: Any = None,
+    hu_window: Any = None,
+    nonfinite: Any = None,
+    nonfinite_value: Any = None,
+    **data_source: Any,
+) -> dict[str, Any]:
+    """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
+
+    The bundle's configs call it first in their ``initialize`` list, so that a wrong value stops the run before the
+    phantom, the slice cache or the network is built. Settings left at None are not checked.
+
+    Args:
+        image_size: the network's input side: a positive int multiple of 14 (the DINOv2 patch size), e.g. 224.
+        dataset: one of :data:`SYNAPSE_BUNDLE_DATASETS`. Defaults to None.
+        num_classes: number of classes including background, an int >= 2 (9 for Synapse). Defaults to None.
+        hu_window: the HU window ``[a_min, a_max]``, two finite numbers with ``a_min < a_max``. Defaults to None.
+        nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to None.
+        nonfinite_value: the replacement value of ``nonfinite: replace``, a finite number. Defaults to None.
+        data_source: the own-data settings ``data_list_file_path``, ``dataset_dir``, ``label_map``,
+            ``class_names``, ``unmapped_labels``, ``val_fraction``, ``data_fraction``, checked by
+            :func:`spectraflow_monai.data.synapse_datalist.check_own_data_settings` (a JSON path that is no file, a
+            ``dataset_dir`` that is a file, a label map or class names that do not fit ``num_classes``, ...).
+
+    Returns:
+        the checked settings, normalised (``image_size`` as an ``int``, ``hu_window`` as two floats, ...).
+
+    Raises:
+        SettingError: (a ``ValueError``) naming the setting and its value.
+    """
+    from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args  # lazy: no import circle
+
+    out: dict[str, Any] = {"image_size": check_image_size(image_size, "image_size")}
+    if dataset is not None:
+        if not isinstance(dataset, str) or dataset.lower() not in SYNAPSE_BUNDLE_DATASETS:
+            raise SettingError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
+        out["dataset"] = dataset.lower()
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+            raise SettingError(f"num_classes must be an int >= 2 (9 for Synapse), got {num_classes!r}.")
+        out["num_classes"] = int(num_classes)
+    if hu_window is not None:
+        ok = isinstance(hu_window, Sequence) and not isinstance(hu_window, str) and len(hu_window) == 2
+        ok = ok and all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in hu_window)
+        if not ok or not all(np.isfinite(float(v)) for v in hu_window) or not hu_window[0] < hu_window[1]:
+            raise SettingError(
+                f"hu_window must be [a_min, a_max], finite numbers with a_min < a_max, got {hu_window!r}."
+            )
+        out["hu_window"] = [float(hu_window[0]), float(hu_window[1])]
+    if nonfinite is not None or nonfinite_value is not None:
+        mode = "error" if nonfinite is None else nonfinite
+        if not isinstance(mode, str) or mode not in NONFINITE_MODES:
+            raise SettingError(f"nonfinite must be one of {list(NONFINITE_MODES)}, got {nonfinite!r}.")
+        out["nonfinite"] = mode
+        if nonfinite_value is not None:
+            try:
+                out["nonfinite_value"] = check_nonfinite_args(mode, nonfinite_value, "nonfinite", "nonfinite_value")
+            except ValueError as e:
+                raise SettingError(str(e)) from e
+    if data_source:
+
+        out.update(check_own_data_settings(num_classes=num_classes, **data_source))
+    return out
+
+
+def _cases_on_disk(root: Path, split: str) -> list[str]:
+    """The raw-layout case ids found under ``root`` that belong to TransUNet's ``split`` list."""
+    folder = root / os.path.dirname(_RAW_IMAGE)
+    found = sorted(
+        f"{int(m.group(1)):04d}" for m in map(_RAW_IMAGE_NAME.match, os.listdir(folder) if folder.is_dir() else []) if m
+    )
+    wanted = {format_case_id(c) for c in (SYNAPSE_TRAIN_CASES if split == "train" else SYNAPSE_TEST_CASES)}
+    return [c for c in found if c in wanted]
+
+
+def _generate_or_check_phantom(root: Path, generate: Mapping[str, Any]) -> None:
+    """Write the phantom when ``root`` holds none; else make sure it is the one ``generate`` asks for."""
+    # lazy: synthetic_ct imports this module
+    from spectraflow_monai.data.synthetic_ct import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
+
+    on_disk = _cases_on_disk(root, "train") + _cases_on_disk(root, "test")
+    if not on_disk:
+        logger.info("writing the synthetic CT phantom into %s", root)
+        generate_synthetic_ct(root, **{**dict(generate), "layout": "raw"})
+        return
+    try:
+        wanted = phantom_parameters(**{k: v for k, v in generate.items() if k != "layout"})
+    except TypeError as exc:
+        raise ValueError(f"generate holds an argument generate_synthetic_ct does not take: {exc}") from exc
+    manifest = root / PHANTOM_MANIFEST
+    if manifest.is_file():
+        try:
+            recorded = json.loads(manifest.read_text())
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"phantom manifest {str(manifest)!r} is unreadable: {e}") from e
+        if not isinstance(recorded, dict):
+            raise DatasetError(f"phantom manifest {str(manifest)!r} must hold a JSON object, got {recorded!r:.80}.")
+        differs = {k: recorded.get(k) for k in wanted if recorded.get(k) != wanted[k]}
+    else:  # written before the manifest existed: only the case ids can be compared
+        differs = {"cases": on_disk} if set(wanted["cases"]) - set(on_disk) else {}
+    if differs:
+        raise DatasetError(
+            f"{str(root)!r} holds a synthetic CT phantom generated with other parameters ({differs}) than the "
+            f"requested ones ({ {k: wanted[k] for k in differs} }): choose another dataset_dir, or delete that folder "
+            "to regenerate it."
+        )
+
+
+def build_synapse_datalist(
+    dataset: str,
+    root: str | os.PathLike,
+    split: str = "train",
+    cases: Sequence[int | str] | None = None,
+    slices: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    spatial_size: Sequence[int] | None = None,
+    window: Sequence[float] = (-125.0, 275.0),
+    generate: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    exclude_cases: Sequence[int | str] | None = None,
+    nonfinite: str = "error",
+    nonfinite_value: float | None = None,
+    data_list_file_path: str | os.PathLike | None = None,
+    label_map: Mapping[int, int] | None = None,
+    num_classes: int | None = None,
+    unmapped_labels: str = "error",
+    val_fraction: float = 0.2,
+    fraction: float = 1.0,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """One entry point for the ``spectraflow_synapse_segmentation`` bundle (SpectraFlow's Synapse experiment).
+
+    Data sets:
+
+    - ``"btcv"``: the raw BTCV release (``RawData/Training/{img,label}``), the TransUNet 18 / 12 case split unless
+      ``cases`` is given, BTCV labels mapped 13 -> 8 (:data:`BTCV_TO_SYNAPSE`).
+    - ``"transunet"``: TransUNet's preprocessed files (``train_npz/`` slices, ``test_vol_h5/`` volumes; h5py).
+    - ``"synthetic"``: the phantom of :mod:`spectraflow_monai.data.synthetic_ct` in the raw layout, written into
+      ``root`` on first use when ``generate`` is a mapping (the arguments of
+      :func:`~spectraflow_monai.data.synthetic_ct.generate_synthetic_ct`; ``layout`` is always ``"raw"``); without
+      ``cases``, every case found on disk is used, split by TransUNet's lists.
+    - your own volumes: when ``data_list_file_path`` names a Decathlon-style datalist JSON, it is the source and
+      ``dataset`` is not used (logged): see :func:`spectraflow_monai.data.synapse_datalist.decathlon_synapse_datalist`
+      (``root`` is the base of its relative paths, ``label_map`` defaults to the identity over ``num_classes``).
+
+    Every source gives the same contract: volumes ``{"image", "label", "case"}`` or cached slices
+    ``{"image", "label", "case", "slice"}``.
+
+    Args:
+        dataset: ``"synthetic"``, ``"btcv"`` or ``"transunet"``.
+        root: the data set folder (with ``data_list_file_path``: the base of the JSON's relative paths; None or
+            ``""``: the JSON's folder).
+        split: ``"train"``, ``"val"`` (presets: the training list, normally restricted to ``cases``, the held-out
+            validation cases) or ``"test"``. Defaults to ``"train"``.
+        cases: case ids instead of the split's default ones. Defaults to None.
+        slices: False: one entry per volume (``{"image", "label", "case"}``; raw NIfTI pairs are checked from their
+            headers: 3D, same shape and affine); True: one entry per axial slice ``.npz``
+            (``{"image", "label", "case", "slice"}``, load with
+            :class:`spectraflow_monai.transforms.LoadSynapseSliced`): raw volumes and TransUNet test volumes are
+            read once into the slice cache ``cache_dir`` with :func:`extract_slices` (reused by later calls),
+            TransUNet's ``train_npz`` slices are listed as they are. Defaults to False.
+        cache_dir: the slice cache folder; required when a volume has to be sliced. Defaults to None.
+        spatial_size: ``(H, W)`` the cached slices are resized to (e.g. the network's 224 x 224); None keeps the
+            native size. Defaults to None.
+        window: HU window of the cached raw slices (TransUNet's files are already windowed). Defaults to
+            ``(-125, 275)``.
+        generate: synthetic data set only: the arguments of ``generate_synthetic_ct`` used when ``root`` holds no
+            phantom yet; None never generates. Defaults to None.
+        progress: show a progress bar while slices are extracted. Defaults to True.
+        exclude_cases: case ids left out of the split (after ``cases`` or the split's default cases are chosen),
+            e.g. the training cases held out for validation. Defaults to None.
+        nonfinite: ``"error"`` or ``"replace"``: NaN / infinite voxels of the volumes sliced into the cache (see
+            :func:`extract_slices`). Defaults to ``"error"``.
+        nonfinite_value: the replacement for ``nonfinite="replace"``; None: black after windowing (see
+            :func:`extract_slices`). Defaults to None.
+        data_list_file_path: a Decathlon-style datalist JSON of NIfTI volumes; takes precedence over ``dataset``.
+            Defaults to None.
+        label_map: ``{source label value: class}`` for NIfTI labels; None: the BTCV -> 8 organ map for
+            ``btcv`` / ``synthetic``, the identity over ``num_classes`` for a datalist JSON. Not allowed with
+            ``transunet`` (its files are mapped already). Defaults to None.
+        num_classes: number of classes including background; needed with ``label_map`` or a datalist JSON.
+            Defaults to None (9).
+        unmapped_labels: label values ``label_map`` does not list: ``"error"`` or ``"background"``. Defaults to
+            ``"error"``.
+        val_fraction: datalist JSON without a ``validation`` list: the share of ``training`` held out for
+            validation (seeded with ``seed``). Defaults to 0.2.
+        fraction: ``"train"`` split only: the share of the training cases kept (seeded with ``seed``, nested:
+            low-data runs). Defaults to 1.0.
+        seed: seed of the validation hold-out and of ``fraction``. Defaults to 0.
+
+    In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
+    slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
+    must call this function the same number of times (a bundle config resolves each datalist once per process).
+
+    Raises:
+        ValueError: bad arguments; TransUNet's training split asked for as volumes; labels outside the expected set
+            (the message names the case).
+        DatasetError: a missing root or case (the message names the case and the expected path), a 2D file where a
+            volume is expected, or a label volume whose shape or affine differs from its image.
+    """
+    args = (dataset, root, split, cases, exclude_cases, slices, cache_dir, spatial_size, window, generate)
+    kwargs = {
+        "nonfinite": nonfinite,
+        "nonfinite_value": nonfinite_value,
+        "data_list_file_path": data_list_file_path,
+        "label_map": label_map,
+        "num_classes": 9 if num_classes is None else num_classes,
+        "unmapped_labels": unmapped_labels,
+        "val_fraction": val_fraction,
+        "fraction": fraction,
+        "seed": seed,
+    }
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return _build_synapse_datalist(*args, progress=progress, **kwargs)
+    if torch.distributed.get_rank() == 0:
+        try:
+            out = _build_synapse_datalist(*args, progress=progress, **kwargs)
+        finally:  # the other ranks must not wait for a rank that failed; they fail on their own build
+            torch.distributed.barrier()
+        return out
+    torch.distributed.barrier()
+    return _build_synapse_datalist(*args, progress=False, **kwargs)
+
+
+def _build_synapse_datalist(
+    dataset: str,
+    root: str | os.PathLike,
+    split: str,
+    cases: Sequence[int | str] | None,
+    exclude_cases: Sequence[int | str] | None,
+    slices: bool,
+    cache_dir: str | os.PathLike | None,
+    spatial_size: Sequence[int] | None,
+    window: Sequence[float],
+    generate: Mapping[str, Any] | None,
+    progress: bool,
+    nonfinite: str,
+    nonfinite_value: float | None,
+    data_list_file_path: str | os.PathLike | None,
+    label_map: Mapping[int, int] | None,
+    num_classes: int,
+    unmapped_labels: str,
+    val_fraction: float,
+    fraction: float,
+    seed: int,
+) -> list[dict[str, Any]]:
+
+    if data_list_file_path:
+        logger.info(
+            "data source: the datalist %s (paths relative to %s); the dataset setting %r is not used",
+            data_list_file_path, root or os.path.dirname(os.fspath(data_list_file_path)), dataset,
+        )  # fmt: skip
+        return synapse_own.decathlon_synapse_datalist(
+            data_list_file_path, root or None, split, cases, exclude_cases, slices, cache_dir, spatial_size, window,
+            progress, nonfinite, nonfinite_value, label_map, num_classes, unmapped_labels, val_fraction, fraction,
+            seed,
+        )  # fmt: skip
+    key = str(dataset).lower()
+    if key not in SYNAPSE_BUNDLE_DATASETS:
+        raise ValueError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}.")
+    if label_map is not None and key == "transunet":
+        raise SettingError("label_map does not apply to dataset 'transunet' (its files hold the 9 classes already).")
+    mapping = synapse_own.resolve_label_map(label_map, None, num_classes)
+    train_fraction = fraction if split == "train" else 1.0
+    split = "train" if split == "val" else split  # the presets' validation cases are training cases
+    if generate is not None and not isinstance(generate, Mapping):
+        raise ValueError(f"generate must be None or a mapping of generate_synthetic_ct arguments, got {generate!r}.")
+    root = Path(root)
+    if key == "synthetic":
+        if generate is not None:
+            _generate_or_check_phantom(root, generate)
+        if cases is None:
+            cases = _cases_on_disk(root, split)
+            if not cases:
+                raise DatasetError(
+                    f"no synthetic case of the {split} split (TransUNet's list) under {str(root)!r}: expected "
+                    f"{str(root / os.path.dirname(_RAW_IMAGE))}/imgXXXX.nii.gz; generate the phantom with "
+                    "python -m spectraflow_monai.data.synthetic_ct --root <dir>."
+                )
+    if exclude_cases:
+        excluded = set(_case_list(exclude_cases, split))
+        chosen = _case_list(cases, split)
+        cases = [c for c in chosen if c not in excluded]
+        if not cases:
+            raise ValueError(
+                f"no case of the {split} split is left after excluding {sorted(excluded)} from {chosen} "
+                "(exclude_cases, e.g. the bundle's val_cases, takes every case of the split)."
+            )
+    layout = "transunet" if key == "transunet" else "raw"
+    listed = synapse_datalist(root, split=split, layout=layout, cases=cases)
+    entries = synapse_own.case_fraction(listed, train_fraction, seed)
+    if layout == "transunet" and split == "train":
+        if not slices:
+            raise ValueError(
+                "TransUNet's training split is distributed as slices (train_npz/); use slices=True, or the raw BTCV "
+                "layout for training volumes."
+            )
+        return entries
+    if not slices:
+        if layout == "raw":
+            for e in entries:
+                check_volume_pair(e["image"], e["label"], case=e["case"])
+        return entries
+    if cache_dir is None:
+        raise ValueError(f"cache_dir is required to slice the {split} volumes of {dataset!r} (slices=True).")
+    return extract_slices(
+        entries,
+        cache_dir,
+        window=window,
+        spatial_size=spatial_size,
+        progress=progress,
+        nonfinite=nonfinite,
+        nonfinite_value=nonfinite_value,
+        label_map=mapping,
+        unmapped_labels=unmapped_labels,
+    )
