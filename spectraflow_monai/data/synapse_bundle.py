@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from spectraflow_monai.data import synapse_datalist as synapse_own
 from spectraflow_monai.data.synapse import (
     _RAW_IMAGE,
     SYNAPSE_BUNDLE_DATASETS,
@@ -35,7 +34,12 @@ from spectraflow_monai.data.synapse import (
     format_case_id,
     synapse_datalist,
 )
-from spectraflow_monai.data.synapse_datalist import check_own_data_settings
+from spectraflow_monai.data.synapse_datalist import (
+    case_fraction,
+    check_own_data_settings,
+    decathlon_synapse_datalist,
+    resolve_label_map,
+)
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size
@@ -301,7 +305,7 @@ def _build_synapse_datalist(
             "data source: the datalist %s (paths relative to %s); the dataset setting %r is not used",
             data_list_file_path, root or os.path.dirname(os.fspath(data_list_file_path)), dataset,
         )  # fmt: skip
-        return synapse_own.decathlon_synapse_datalist(
+        return decathlon_synapse_datalist(
             data_list_file_path, root or None, split, cases, exclude_cases, slices, cache_dir, spatial_size, window,
             progress, nonfinite, nonfinite_value, label_map, num_classes, unmapped_labels, val_fraction, fraction,
             seed,
@@ -313,7 +317,7 @@ def _build_synapse_datalist(
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}.")
     if label_map is not None and key == "transunet":
         raise SettingError("label_map does not apply to dataset 'transunet' (its files hold the 9 classes already).")
-    mapping = synapse_own.resolve_label_map(label_map, None, num_classes)
+    mapping = resolve_label_map(label_map, None, num_classes)
     train_fraction = fraction if split == "train" else 1.0
     split = "train" if split == "val" else split  # the presets' validation cases are training cases
     if generate is not None and not isinstance(generate, Mapping):
@@ -341,7 +345,7 @@ def _build_synapse_datalist(
             )
     layout = "transunet" if key == "transunet" else "raw"
     listed = synapse_datalist(root, split=split, layout=layout, cases=cases)
-    entries = synapse_own.case_fraction(listed, train_fraction, seed)
+    entries = case_fraction(listed, train_fraction, seed)
     if layout == "transunet" and split == "train":
         if not slices:
             raise ValueError(
