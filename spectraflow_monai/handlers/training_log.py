@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from ignite.engine import Engine, Events
 
-__all__ = ["BoundaryWeightRamp", "LossTermsHandler", "EpochSummaryHandler", "scalar_entries"]
+__all__ = ["BoundaryWeightRamp", "ENGINE_CHATTER", "LossTermsHandler", "EpochSummaryHandler", "scalar_entries"]
 
 
 def _is_scalar(value: Any) -> bool:
@@ -151,6 +151,24 @@ class LossTermsHandler:
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.completed)
 
 
+#: the per-epoch INFO lines of ignite's and MONAI's engines that the summary line replaces on the console
+ENGINE_CHATTER = (
+    "Epoch[",
+    "Engine run starting",
+    "Engine run resuming",
+    "Engine run finished",
+    "Got new best metric",
+    "Saved checkpoint at epoch",
+)
+
+
+class _QuietEngine(logging.Filter):
+    """Drop an engine logger's per-epoch INFO chatter (:data:`ENGINE_CHATTER`); warnings and errors always pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not record.getMessage().startswith(ENGINE_CHATTER)
+
+
 class EpochSummaryHandler:
     """One log line per training epoch: loss terms, metrics, learning rate, time and the best key metric so far.
 
@@ -180,6 +198,10 @@ class EpochSummaryHandler:
             Defaults to ``""``.
         validator: the validation engine run by a ``ValidationHandler`` of the same trainer. Defaults to None.
         optimizer: the optimizer whose learning rate is shown; defaults to the trainer's ``optimizer`` attribute.
+        quiet_engines: drop the per-epoch INFO lines of the trainer's and the validator's loggers that the summary
+            replaces ("Epoch[n] Complete", "Engine run resuming", "Got new best metric", "Saved checkpoint at
+            epoch", ...) while the run goes on (from ``STARTED`` to ``COMPLETED``); warnings and errors are kept.
+            Defaults to True.
     """
 
     def __init__(
@@ -190,6 +212,7 @@ class EpochSummaryHandler:
         output_prefix: str = "",
         validator: Engine | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        quiet_engines: bool = True,
     ) -> None:
         if not callable(output_transform):
             raise ValueError(f"output_transform must be callable, got {output_transform!r}.")
@@ -199,6 +222,8 @@ class EpochSummaryHandler:
         self.output_prefix = str(output_prefix)
         self.validator = validator
         self.optimizer = optimizer
+        self.quiet_engines = bool(quiet_engines)
+        self._filter = _QuietEngine()
         self._sums: dict[str, Any] = {}
         self._count = 0
         self._start = time.perf_counter()
@@ -209,6 +234,16 @@ class EpochSummaryHandler:
         engine.add_event_handler(Events.STARTED, self._register_last)
         engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_completed)
+        if self.quiet_engines:  # engine loggers are shared by class: quiet only while this run goes on
+            engine.add_event_handler(Events.STARTED, self._quiet, True)
+            engine.add_event_handler(Events.COMPLETED, self._quiet, False)
+
+    def _quiet(self, engine: Engine, on: bool) -> None:
+        for logger in {engine.logger, getattr(self.validator, "logger", engine.logger)}:
+            if on:
+                logger.addFilter(self._filter)
+            else:
+                logger.removeFilter(self._filter)
 
     def _register_last(self, engine: Engine) -> None:
         if not engine.has_event_handler(self._epoch_completed, Events.EPOCH_COMPLETED):

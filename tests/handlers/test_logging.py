@@ -167,3 +167,28 @@ def test_epoch_summary_after_the_progress_bar_closes():
         logger.removeHandler(records)
     assert open_at_log == [False, False]
     assert records.lines[0].startswith("Stage-1 epoch 1/2 | meanflow_error 0.5 loss_meanflow_weighted 0.99 loss 1.2 |")
+
+
+def test_epoch_summary_replaces_the_engines_per_epoch_lines(caplog):
+    trainer = Engine(lambda e, b: {"loss": torch.tensor(1.0)})
+    validator = Engine(lambda e, b: None)
+    EpochSummaryHandler(title="Stage-2", validator=validator).attach(trainer)
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def _chatter(engine):
+        engine.logger.info("Got new best metric of val_mean_dice: 0.5")
+        engine.logger.warning("Epoch[2] something went wrong")  # warnings always pass
+        validator.logger.info("Epoch[1] Complete. Time taken: 00:00:00")
+
+    with caplog.at_level(logging.INFO):
+        trainer.run([0, 1], max_epochs=2)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if m.startswith("Stage-2 epoch")]) == 2
+    assert not any(m.startswith(("Epoch[1] Complete", "Epoch[2] Complete", "Got new best")) for m in messages), messages
+    assert "Epoch[2] something went wrong" in messages
+    caplog.clear()
+    other = Engine(lambda e, b: None)  # the same class-wide logger: quiet only during the summarised run
+    EpochSummaryHandler(quiet_engines=False).attach(other)
+    with caplog.at_level(logging.INFO):
+        other.run([0], max_epochs=1)
+    assert any(r.getMessage().startswith("Epoch[1] Complete") for r in caplog.records)
