@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from monai.transforms import ScaleIntensityRange
 
 from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_label_map
 from spectraflow_monai.data.validation import DatasetError
@@ -576,8 +577,6 @@ def _read_nifti_volume(
     image_path: str, label_path: str | None, case: str, params: Mapping[str, Any]
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Read a raw BTCV NIfTI pair: RAS+ (``canonical``), HU window to [0, 1], BTCV ids mapped (``map_labels``)."""
-    from spectraflow_monai.transforms.ct import CTWindow  # lazy: transforms.ct imports this module
-
     nib = _nib()
     img = _load_nifti(image_path, case, "image")  # headers only; the data is read once below
     lbl = _load_nifti(label_path, case, "label") if label_path is not None else None
@@ -589,7 +588,10 @@ def _read_nifti_volume(
     except Exception as e:  # truncated / corrupt data: zlib, EOF, OS errors
         raise DatasetError(f"case {case}: cannot read the image data of {image_path!r}: {e}") from e
     image = _finite_image(image.reshape(image.shape[:3]), image_path, case, params, params["window"][0])
-    image = np.asarray(CTWindow(*params["window"], dtype=np.float32)(image))
+    # the HU window to [0, 1]: what transforms.CTWindow does (MONAI's ScaleIntensityRange, clipped); the transform
+    # itself is not imported here, because transforms.ct builds on this module
+    low, high = params["window"]
+    image = np.asarray(ScaleIntensityRange(low, high, 0.0, 1.0, clip=True, dtype=np.float32)(image))
     label = None
     if lbl is not None:
         try:
