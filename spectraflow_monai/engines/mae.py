@@ -326,24 +326,7 @@ class MAEPretrainer(MeanFlowPretrainer):
             else:
                 loss_disp = loss_mae.new_zeros(())
             loss = loss_mae + engine.dispersive_weight * loss_disp
-        engine.state.output = {"loss": loss.detach()}  # what LOSS_COMPLETED handlers (StopOnNonFiniteLoss) read
-        engine.fire_event(IterationEvents.LOSS_COMPLETED)
-
-        scaled = loss / engine.accumulation_steps if engine.accumulation_steps > 1 else loss
-        if engine.scaler is not None:
-            engine.scaler.scale(scaled).backward()
-        else:
-            scaled.backward()
-        engine.fire_event(IterationEvents.BACKWARD_COMPLETED)
-        if should_step:
-            if engine.distributed:
-                engine._all_reduce_gradients()
-            if engine.scaler is not None:
-                engine.scaler.step(engine.optimizer)
-                engine.scaler.update()
-            else:
-                engine.optimizer.step()
-            engine.optimizer_stepped = True
+        engine._backward_and_step(loss, should_step)
 
         values = torch.stack([loss.detach(), loss_mae.detach(), loss_disp.detach().float()]).tolist()
         engine.state.output = dict(zip(("loss", "loss_mae", "loss_dispersive"), values))

@@ -708,6 +708,29 @@ class MeanFlowPretrainer(Trainer):
         local = self.state.iteration - 1
         return local % acc == 0, (local + 1) % acc == 0
 
+    def _backward_and_step(self, loss: torch.Tensor, should_step: bool) -> None:
+        """The optimisation half of an iteration, shared by the Stage-1 objectives: expose the loss to
+        ``LOSS_COMPLETED`` handlers (e.g. ``StopOnNonFiniteLoss``, before any weight changes), back-propagate the
+        (accumulation-scaled, grad-scaled) loss and, on an optimizer step, average gradients across processes and step.
+        """
+        self.state.output = {"loss": loss.detach()}  # what LOSS_COMPLETED handlers (StopOnNonFiniteLoss) read
+        self.fire_event(IterationEvents.LOSS_COMPLETED)
+        scaled = loss / self.accumulation_steps if self.accumulation_steps > 1 else loss
+        if self.scaler is not None:
+            self.scaler.scale(scaled).backward()
+        else:
+            scaled.backward()
+        self.fire_event(IterationEvents.BACKWARD_COMPLETED)
+        if should_step:
+            if self.distributed:
+                self._all_reduce_gradients()
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer_stepped = True
+
     def _iteration(self, engine: MeanFlowPretrainer, batchdata: Any) -> dict[str, float]:
         """One Stage-1 iteration; returns the floats listed in the class notes (``meanflow_error``, ``loss``, ...).
 
@@ -769,24 +792,7 @@ class MeanFlowPretrainer(Trainer):
             else:
                 loss_disp = loss_mf.new_zeros(())
             loss = loss_mf.float() + engine.dispersive_weight * loss_disp
-        engine.state.output = {"loss": loss.detach()}  # what LOSS_COMPLETED handlers (StopOnNonFiniteLoss) read
-        engine.fire_event(IterationEvents.LOSS_COMPLETED)
-
-        scaled = loss / engine.accumulation_steps if engine.accumulation_steps > 1 else loss
-        if engine.scaler is not None:
-            engine.scaler.scale(scaled).backward()
-        else:
-            scaled.backward()
-        engine.fire_event(IterationEvents.BACKWARD_COMPLETED)
-        if should_step:
-            if engine.distributed:
-                engine._all_reduce_gradients()
-            if engine.scaler is not None:
-                engine.scaler.step(engine.optimizer)
-                engine.scaler.update()
-            else:
-                engine.optimizer.step()
-            engine.optimizer_stepped = True
+        engine._backward_and_step(loss, should_step)
 
         values = torch.stack(
             [

@@ -167,6 +167,38 @@ class MaskToImage(Transform):
         return out
 
 
+def _check_mixing_keys(keys: tuple, mask_key: Hashable, domain_key: Hashable) -> None:
+    if mask_key in keys:
+        raise ValueError(f"mask_key {mask_key!r} must not be one of keys {keys}.")
+    if domain_key in keys or domain_key == mask_key:
+        raise ValueError(f"domain_key {domain_key!r} must differ from keys {keys} and mask_key {mask_key!r}.")
+
+
+def _renderer(
+    mean: float | Sequence[float] | None,
+    std: float | Sequence[float] | None,
+    foreground_value: float,
+    binarize: bool,
+    max_label: float | None,
+) -> MaskToImage:
+    """The :class:`MaskToImage` of the mixed-domain transforms: one channel per ``mean`` value."""
+    stats = _as_stats(mean, "mean")
+    return MaskToImage(
+        channels=len(stats) if stats is not None else 1,
+        foreground_value=foreground_value,
+        mean=mean,
+        std=std,
+        binarize=binarize,
+        max_label=max_label,
+    )
+
+
+def _drop_mask(d: dict, mask_key: Hashable) -> None:
+    """Remove the mask (and its legacy meta entries) so that it can never be used as a target."""
+    for k in (mask_key, f"{mask_key}_meta_dict", f"{mask_key}_transforms"):
+        d.pop(k, None)
+
+
 class RandMixedDomain(RandomizableTransform):
     """With probability ``mask_ratio``, replace an image by its mask rendered as an image (SpectraFlow Stage-1).
 
@@ -201,15 +233,7 @@ class RandMixedDomain(RandomizableTransform):
             raise ValueError(f"mask_ratio must be in [0, 1], got {mask_ratio!r}.")
         RandomizableTransform.__init__(self, prob=float(mask_ratio))
         self.mask_ratio = float(mask_ratio)
-        stats = _as_stats(mean, "mean")
-        self.mask_to_image = MaskToImage(
-            channels=len(stats) if stats is not None else 1,
-            foreground_value=foreground_value,
-            mean=mean,
-            std=std,
-            binarize=binarize,
-            max_label=max_label,
-        )
+        self.mask_to_image = _renderer(mean, std, foreground_value, binarize, max_label)
 
     def __call__(
         self, img: NdarrayOrTensor, mask: NdarrayOrTensor, randomize: bool = True
@@ -310,23 +334,12 @@ class RandMixedDomaind(RandomizableTransform, MapTransform):
         if isinstance(mask_ratio, bool) or not 0.0 <= float(mask_ratio) <= 1.0:
             raise ValueError(f"mask_ratio must be in [0, 1], got {mask_ratio!r}.")
         RandomizableTransform.__init__(self, prob=float(mask_ratio))
-        if mask_key in self.keys:
-            raise ValueError(f"mask_key {mask_key!r} must not be one of keys {self.keys}.")
-        if domain_key in self.keys or domain_key == mask_key:
-            raise ValueError(f"domain_key {domain_key!r} must differ from keys {self.keys} and mask_key {mask_key!r}.")
+        _check_mixing_keys(self.keys, mask_key, domain_key)
         self.mask_key = mask_key
         self.mask_ratio = float(mask_ratio)
         self.domain_key = domain_key
         self.drop_mask = drop_mask
-        stats = _as_stats(mean, "mean")
-        self.mask_to_image = MaskToImage(
-            channels=len(stats) if stats is not None else 1,
-            foreground_value=foreground_value,
-            mean=mean,
-            std=std,
-            binarize=binarize,
-            max_label=max_label,
-        )
+        self.mask_to_image = _renderer(mean, std, foreground_value, binarize, max_label)
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
         d = dict(data)
@@ -348,8 +361,7 @@ class RandMixedDomaind(RandomizableTransform, MapTransform):
                 domain = _domain_like(d[key], use_mask)
         d[self.domain_key] = domain if domain is not None else np.int64(DOMAIN_MASK if use_mask else DOMAIN_IMAGE)
         if self.drop_mask:
-            for k in (self.mask_key, f"{self.mask_key}_meta_dict", f"{self.mask_key}_transforms"):
-                d.pop(k, None)
+            _drop_mask(d, self.mask_key)
         return d
 
 

@@ -32,9 +32,10 @@ from spectraflow_monai.transforms.mixed_domain import (
     DOMAIN_MASK,
     IMAGENET_MEAN,
     IMAGENET_STD,
-    MaskToImage,
-    _as_stats,
+    _check_mixing_keys,
+    _drop_mask,
     _mix,
+    _renderer,
 )
 
 __all__ = ["MixedDomainCollate", "num_masks"]
@@ -96,23 +97,12 @@ class MixedDomainCollate:
         self.keys = ensure_tuple(keys)
         if not self.keys:
             raise ValueError(f"keys must name at least one image key, got {keys!r}.")
-        if mask_key in self.keys:
-            raise ValueError(f"mask_key {mask_key!r} must not be one of keys {self.keys}.")
-        if domain_key in self.keys or domain_key == mask_key:
-            raise ValueError(f"domain_key {domain_key!r} must differ from keys {self.keys} and mask_key {mask_key!r}.")
+        _check_mixing_keys(self.keys, mask_key, domain_key)
         self.mask_ratio = float(mask_ratio)
         self.mask_key = mask_key
         self.domain_key = domain_key
         self.drop_mask = drop_mask
-        stats = _as_stats(mean, "mean")
-        self.mask_to_image = MaskToImage(
-            channels=len(stats) if stats is not None else 1,
-            foreground_value=foreground_value,
-            mean=mean,
-            std=std,
-            binarize=binarize,
-            max_label=max_label,
-        )
+        self.mask_to_image = _renderer(mean, std, foreground_value, binarize, max_label)
 
     def choose(self, batch_size: int) -> torch.Tensor:
         """A bool vector of length ``batch_size`` with exactly :func:`num_masks` True entries at random rows."""
@@ -150,7 +140,6 @@ class MixedDomainCollate:
                     )
             d[self.domain_key] = torch.tensor(DOMAIN_MASK if use_mask else DOMAIN_IMAGE, dtype=torch.int64)
             if self.drop_mask:
-                for k in (self.mask_key, f"{self.mask_key}_meta_dict", f"{self.mask_key}_transforms"):
-                    d.pop(k, None)
+                _drop_mask(d, self.mask_key)
             mixed.append(d)
         return list_data_collate(mixed)
