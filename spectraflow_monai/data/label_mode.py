@@ -28,24 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from spectraflow_monai.data.label_map import _MAX_CLASSES, _as_int
 from spectraflow_monai.utils.errors import DataError, SettingError
 
 __all__ = ["LabelMode", "OneHotOutput", "label_mode"]
 
 logger = logging.getLogger(__name__)
-_MAX_CLASSES = 256
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
 
 
 def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
@@ -58,11 +46,11 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
         names = [str(n) for n in label_classes]
         mapping = {i: i for i in range(len(names))}
     elif isinstance(label_classes, Mapping) and label_classes:
-        keys = [_int(k) for k in label_classes]
+        keys = [_as_int(k) for k in label_classes]
         if all(k is not None for k in keys):  # {source value: class index}
             mapping = {}
             for k, v in zip(keys, label_classes.values()):
-                c = _int(v)
+                c = _as_int(v)
                 if c is None or not 0 <= c < _MAX_CLASSES:
                     raise SettingError(f"label_classes maps the value {k} to {v!r}: class indices are ints >= 0.")
                 mapping[int(k)] = c  # type: ignore[index]
@@ -75,7 +63,7 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
             mapping, names = {}, []
             for index, (name, values) in enumerate(label_classes.items()):
                 vals = list(values) if isinstance(values, (list, tuple)) else [values]
-                ints = [_int(v) for v in vals]
+                ints = [_as_int(v) for v in vals]
                 if not vals or any(v is None for v in ints):
                     raise SettingError(
                         f"label_classes: class {name!r} must list integer source values, got {values!r}."
@@ -156,7 +144,7 @@ class LabelMode:
     def default_threshold(self, label_threshold: Any = None) -> int:
         """``label_threshold`` of the datalist entries: 128 (0/1 or 0/255 masks, checked) unless 1 is given; 1 for
         label maps (not used by their transform)."""
-        if label_threshold is not None and (_int(label_threshold) != 1):
+        if label_threshold is not None and (_as_int(label_threshold) != 1):
             raise SettingError(
                 f"label_threshold must be null (0/1 or 0/255 masks) or 1 (every non-zero value is foreground), "
                 f"got {label_threshold!r}."
