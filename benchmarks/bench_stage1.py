@@ -119,7 +119,7 @@ class Stage1Step:
         """
         from ignite.engine import Events
 
-        from spectraflow_monai.engines.pretrainer import normalize_latent
+        from spectraflow_monai.engines import normalize_latent
         from spectraflow_monai.losses.meanflow import meanflow_target
 
         tr = self.trainer

@@ -1,25 +1,24 @@
-"""Training engines of SpectraFlow (Stage-1 MeanFlow pretraining as a MONAI trainer)."""
+"""Training engines of SpectraFlow: the Stage-1 trainers (MeanFlow, MAE) as ``monai.engines.Trainer`` subclasses.
 
-from .pretrainer import (
-    EncoderExportHandler,
-    LinearDecayLR,
-    MeanFlowPretrainer,
-    encoder_export_state_dict,
-    linear_lr_schedule,
-    normalize_latent,
-    save_encoder_export,
-)
+Learning-rate schedules are in :mod:`spectraflow_monai.optimizers`, the encoder export handler in
+:mod:`spectraflow_monai.handlers`.
+"""
 
-__all__: list[str] = [
-    "EncoderExportHandler",
-    "LinearDecayLR",
+from .mae import MAEPretrainer, encode_visible, random_masking
+from .meanflow import STAGE1_OUTPUT_KEYS, MeanFlowPretrainer, normalize_latent
+from .stage1 import Stage1Trainer
+from .utils import PrepareBatchMixedDomain, accumulation_flags, all_reduce_gradients, broadcast_modules
+
+__all__ = [
+    "MAEPretrainer",
     "MeanFlowPretrainer",
-    "encoder_export_state_dict",
-    "linear_lr_schedule",
+    "PrepareBatchMixedDomain",
+    "STAGE1_OUTPUT_KEYS",
+    "Stage1Trainer",
+    "accumulation_flags",
+    "all_reduce_gradients",
+    "broadcast_modules",
+    "encode_visible",
     "normalize_latent",
-    "save_encoder_export",
+    "random_masking",
 ]
-
-from .mae import MAEPretrainer, encode_visible, random_masking  # noqa: E402
-
-__all__ += ["MAEPretrainer", "encode_visible", "random_masking"]

@@ -4,20 +4,18 @@ SpectraFlow (Chen et al.) compares its Stage-1 objective with a masked autoencod
 Autoencoders Are Scalable Vision Learners") trained on the same mixed image/mask mini-batches: random patches are
 removed, the encoder sees only the visible ones, a light decoder (:class:`~spectraflow_monai.networks.MAEDecoder`)
 reconstructs the pixels of the removed ones, and the decoder is discarded afterwards. The encoder is exported in the
-same timm layout as the MeanFlow one (:class:`~spectraflow_monai.engines.EncoderExportHandler`), so Stage-2 loads it
-unchanged.
+same timm layout as the MeanFlow one (:class:`~spectraflow_monai.handlers.EncoderExportHandler`), so Stage-2 loads
+it unchanged.
 
 This module provides :func:`random_masking`, :func:`encode_visible` (a DINOv2 / timm ViT run on the visible tokens
-only) and :class:`MAEPretrainer`, a :class:`~spectraflow_monai.engines.MeanFlowPretrainer` whose iteration is the
-MAE objective (batch format, gradient accumulation, mixed precision, EMA, multi-process gradient averaging and
-checkpoint dictionary are inherited).
+only) and :class:`MAEPretrainer`, a :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` whose iteration is the
+MAE objective (batch preparation, gradient accumulation, mixed precision, EMA, multi-process gradient averaging and
+checkpoint dictionary are shared with :class:`~spectraflow_monai.engines.MeanFlowPretrainer`).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -27,7 +25,7 @@ from torch import nn
 from torch.optim.optimizer import Optimizer
 from torch.utils.data import DataLoader
 
-from spectraflow_monai.engines.pretrainer import MeanFlowPretrainer
+from spectraflow_monai.engines.stage1 import Stage1Trainer
 
 __all__ = ["MAEPretrainer", "encode_visible", "random_masking"]
 
@@ -129,10 +127,10 @@ def encode_visible(
     return vit.norm(tokens), pooled
 
 
-class MAEPretrainer(MeanFlowPretrainer):
+class MAEPretrainer(Stage1Trainer):
     """SpectraFlow Stage-1 variant: mixed-domain masked autoencoding (He et al. 2022), the Table 2 baseline.
 
-    One iteration, on the Stage-1 batches of :class:`MeanFlowPretrainer` (``image_key`` ``(B, 3, H, W)``, images or
+    One iteration, on the Stage-1 batches of ``MeanFlowPretrainer`` (``image_key`` ``(B, 3, H, W)``, images or
     3-channel masks of a mixed-domain batch; the domain flag is read but not used):
 
     1. :func:`random_masking` removes ``mask_ratio`` of the ``N = (H/p)·(W/p)`` patches of every sample (a different
@@ -144,10 +142,10 @@ class MAEPretrainer(MeanFlowPretrainer):
     4. optionally ``+ λ·L_Disp`` on the mean of the visible tokens after the penultimate block (off by default:
        ``dispersive_weight=0``);
     5. backward, gradient accumulation, optimizer step, EMA update and multi-process gradient averaging exactly as
-       in :class:`MeanFlowPretrainer`.
+       in ``MeanFlowPretrainer`` (:class:`~spectraflow_monai.engines.stage1.Stage1Trainer`).
 
     ``engine.state.output`` is ``{"loss", "loss_mae", "loss_dispersive"}`` (Python floats). The encoder export
-    (:class:`~spectraflow_monai.engines.EncoderExportHandler`, by default the EMA encoder) is the same timm-layout
+    (:class:`~spectraflow_monai.handlers.EncoderExportHandler`, by default the EMA encoder) is the same timm-layout
     state dict as for MeanFlow and the decoder is not part of it. :meth:`checkpoint_dict` lists the decoder under
     ``"head"``.
 
@@ -166,10 +164,12 @@ class MAEPretrainer(MeanFlowPretrainer):
         dispersive_loss: dispersive loss on the pooled visible tokens of the penultimate block (used when
             ``dispersive_weight > 0``; defaults then to ``DispersiveLoss()``).
         dispersive_weight: ``λ >= 0``. Defaults to 0 (plain MAE).
-        accumulation_steps, ema_decay, ema_encoder, image_key, domain_key, epoch_length, non_blocking,
-            prepare_batch, iteration_update, train_handlers, amp, event_names, event_to_attr, decollate,
-            optim_set_to_none, to_kwargs, amp_kwargs, distributed, grad_bucket_mb: as in
-            :class:`MeanFlowPretrainer`.
+        accumulation_steps: mini-batches per optimizer step, ``>= 1``. Defaults to 1.
+        kwargs: the other arguments of :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (``ema_decay``,
+            ``ema_encoder``, ``image_key``, ``domain_key``, ``epoch_length``, ``non_blocking``, ``prepare_batch``,
+            ``iteration_update``, ``train_handlers``, ``amp``, ``event_names``, ``event_to_attr``, ``decollate``,
+            ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``, ``grad_bucket_mb``), passed by
+            name.
 
     Raises:
         ValueError: invalid arguments; at run time an image size whose patch grid leaves no visible or no removed
@@ -198,24 +198,7 @@ class MAEPretrainer(MeanFlowPretrainer):
         dispersive_loss: Callable | None = None,
         dispersive_weight: float = 0.0,
         accumulation_steps: int = 1,
-        ema_decay: float | None = 0.999,
-        ema_encoder: nn.Module | None = None,
-        image_key: str = "image",
-        domain_key: str | None = "domain",
-        epoch_length: int | None = None,
-        non_blocking: bool = False,
-        prepare_batch: Callable | None = None,
-        iteration_update: Callable | None = None,
-        train_handlers: Sequence | None = None,
-        amp: bool = False,
-        event_names: list | None = None,
-        event_to_attr: dict | None = None,
-        decollate: bool = False,
-        optim_set_to_none: bool = False,
-        to_kwargs: dict | None = None,
-        amp_kwargs: dict | None = None,
-        distributed: bool | None = None,
-        grad_bucket_mb: float = 25.0,
+        **kwargs: Any,
     ) -> None:
         if isinstance(mask_ratio, bool) or not isinstance(mask_ratio, (int, float)) or not 0 < mask_ratio < 1:
             raise ValueError(f"mask_ratio must be in (0, 1), got {mask_ratio!r}.")
@@ -235,36 +218,16 @@ class MAEPretrainer(MeanFlowPretrainer):
         if loss_patch != patch[0]:
             raise ValueError(f"mae_loss.patch_size={loss_patch} differs from the encoder's patch size {patch[0]}.")
         super().__init__(
-            device=device,
-            max_epochs=max_epochs,
-            train_data_loader=train_data_loader,
-            encoder=encoder,
-            head=decoder,
-            optimizer=optimizer,
-            meanflow_loss=mae_loss,
+            device,
+            max_epochs,
+            train_data_loader,
+            encoder,
+            decoder,
+            optimizer,
             dispersive_loss=dispersive_loss,
             dispersive_weight=dispersive_weight,
             accumulation_steps=accumulation_steps,
-            latent_norm=False,
-            ema_decay=ema_decay,
-            ema_encoder=ema_encoder,
-            image_key=image_key,
-            domain_key=domain_key,
-            condition_on_domain=False,
-            epoch_length=epoch_length,
-            non_blocking=non_blocking,
-            prepare_batch=prepare_batch,
-            iteration_update=iteration_update,
-            train_handlers=train_handlers,
-            amp=amp,
-            event_names=event_names,
-            event_to_attr=event_to_attr,
-            decollate=decollate,
-            optim_set_to_none=optim_set_to_none,
-            to_kwargs=to_kwargs,
-            amp_kwargs=amp_kwargs,
-            distributed=distributed,
-            grad_bucket_mb=grad_bucket_mb,
+            **kwargs,
         )
         self.mae_loss = mae_loss
         self.mask_ratio = float(mask_ratio)
@@ -283,52 +246,20 @@ class MAEPretrainer(MeanFlowPretrainer):
             ValueError: empty or malformed batch, image size not a multiple of the patch size or too small for the
                 mask ratio, batch size < 2 with the dispersive loss on.
         """
-        if batchdata is None:
-            raise ValueError("Must provide batch data for current iteration.")
-        if engine._run_setup_pending:
-            engine._setup_run()
-        engine.optimizer_stepped = False
-        images, _ = engine._prepare(batchdata)
+        images, _, use_disp, should_step = engine._start_iteration(batchdata)
         batch_size, height, width = int(images.shape[0]), int(images.shape[-2]), int(images.shape[-1])
         p = engine.patch_size
         if height % p or width % p:
             raise ValueError(f"image size ({height}, {width}) must be a multiple of the encoder patch size {p}.")
         grid = (height // p, width // p)
-        use_disp = engine.dispersive_weight > 0 and engine.dispersive_loss is not None
-        if use_disp and batch_size < 2:
-            raise ValueError(
-                f"the dispersive loss needs at least 2 samples per batch, got batch size {batch_size} at iteration "
-                f"{engine.state.iteration}; use batch_size >= 2 (and drop_last=True), or dispersive_weight=0."
-            )
-        should_zero_grad, should_step = engine._accumulation_flags()
-
-        engine.encoder.train()
-        engine.head.train()
-        if should_zero_grad:
-            engine.optimizer.zero_grad(set_to_none=engine.optim_set_to_none)
 
         ids_keep, mask, ids_restore = random_masking(batch_size, grid[0] * grid[1], engine.mask_ratio, images.device)
-        autocast = torch.autocast(engine._device_type, **engine._autocast_kwargs) if engine.amp else nullcontext()
-        with autocast:
+        with engine._autocast():
             tokens, pooled = encode_visible(engine.encoder, images, ids_keep, return_pooled=use_disp)
             engine.fire_event(IterationEvents.FORWARD_COMPLETED)
             pred = engine.head(tokens, ids_restore, grid, engine.num_prefix_tokens)
             loss_mae = engine.mae_loss(pred, images, mask).mean().float()
-            if use_disp:
-                if not pooled.requires_grad and torch.is_grad_enabled() and not engine._warned_no_disp_grad:
-                    warnings.warn(
-                        "the pooled penultimate-block features do not require gradient, so the dispersive loss "
-                        "cannot change the encoder; make the penultimate block trainable or set dispersive_weight=0.",
-                        stacklevel=2,
-                    )
-                    engine._warned_no_disp_grad = True
-                loss_disp = engine.dispersive_loss(pooled).mean().float()
-            else:
-                loss_disp = loss_mae.new_zeros(())
+            loss_disp = engine._dispersive_term(pooled) if use_disp else loss_mae.new_zeros(())
             loss = loss_mae + engine.dispersive_weight * loss_disp
         engine._backward_and_step(loss, should_step)
-
-        values = torch.stack([loss.detach(), loss_mae.detach(), loss_disp.detach().float()]).tolist()
-        engine.state.output = dict(zip(("loss", "loss_mae", "loss_dispersive"), values))
-        engine.fire_event(IterationEvents.MODEL_COMPLETED)
-        return engine.state.output
+        return engine._finish_iteration(("loss", "loss_mae", "loss_dispersive"), [loss, loss_mae, loss_disp])

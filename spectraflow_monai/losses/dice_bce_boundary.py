@@ -8,8 +8,6 @@ MIDL 2019), whose weight can be ramped up over the first epochs as in Kervadec e
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.nn.modules.loss import _Loss
 
@@ -46,10 +44,9 @@ class DiceBCEBoundaryLoss(_Loss):
 
     Ramping ``beta``: with ``beta_max`` and ``ramp_epochs`` set, ``set_epoch(e)`` (``e`` = 0-based epoch index)
     sets ``beta = beta_start + (beta_max - beta_start) * min(e, ramp_epochs) / ramp_epochs``, reaching ``beta_max``
-    at epoch ``ramp_epochs`` and staying there. With ignite / ``monai.engines`` call it on ``EPOCH_STARTED``:
-    :class:`spectraflow_monai.handlers.LossTermsHandler` does that and logs the terms (below);
-    :class:`spectraflow_monai.handlers.BoundaryWeightRamp` only ramps; :meth:`attach` attaches the latter, so the
-    loss object itself can still be listed among a trainer's ``train_handlers``::
+    at epoch ``ramp_epochs`` and staying there. The loss never attaches itself to a trainer: with ignite /
+    ``monai.engines`` a handler calls it on ``EPOCH_STARTED``: :class:`spectraflow_monai.handlers.LossTermsHandler`
+    does that and logs the terms (below); :class:`spectraflow_monai.handlers.BoundaryWeightRamp` only ramps::
 
         loss = DiceBCEBoundaryLoss(beta=0.01, beta_max=0.1, ramp_epochs=20)
         LossTermsHandler(loss).attach(trainer)  # ramps beta and logs train_loss_dice, ..., boundary_beta
@@ -162,18 +159,6 @@ class DiceBCEBoundaryLoss(_Loss):
             return
         frac = min(max(int(epoch), 0), self.ramp_epochs) / self.ramp_epochs
         self._beta = self.beta_start + (self.beta_max - self.beta_start) * frac
-
-    def attach(self, engine: Any) -> None:
-        """Ramp ``beta`` at every ``EPOCH_STARTED`` of an ignite engine (MONAI handler protocol).
-
-        Attaches :class:`spectraflow_monai.handlers.BoundaryWeightRamp` (``set_epoch(engine.state.epoch - 1)``).
-
-        Args:
-            engine: an ``ignite.engine.Engine`` (e.g. a ``monai.engines.SupervisedTrainer``).
-        """
-        from spectraflow_monai.handlers.training_log import BoundaryWeightRamp
-
-        BoundaryWeightRamp(self).attach(engine)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """

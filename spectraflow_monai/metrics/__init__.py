@@ -1,56 +1,72 @@
-from .handler import MetricSuiteHandler, name_from_path
-from .hd95 import HD95EmptyAsDiagonal, HD95EmptyAsDiagonalMetric
-from .segmentation import (
-    EMPTY_CONVENTIONS,
-    METRIC_KEYS,
-    SegmentationMetricSuite,
-    binarize_prediction,
-    evaluate_segmentation,
-)
-from .surface import (
-    HD95_DEFINITIONS,
-    HD95_SHORT_LABELS,
-    hd95_monai,
-    hd95_pooled,
-    image_diagonal,
-    transunet_case_metrics,
-)
-from .volume import ORGAN_DISPLAY_NAMES, PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, VolumeMetricTable, organ_metrics
-from .volume_handler import VolumeMetricsHandler, spacing_from_affine
+"""SpectraFlow metrics, MONAI style: ``compute_*`` functions and metric classes (their ignite handlers are in
+:mod:`spectraflow_monai.handlers`).
 
-__all__: list[str] = []
-
-__all__ += [
-    "EMPTY_CONVENTIONS",
-    "HD95_DEFINITIONS",
-    "HD95_SHORT_LABELS",
-    "HD95EmptyAsDiagonal",
-    "HD95EmptyAsDiagonalMetric",
-    "METRIC_KEYS",
-    "MetricSuiteHandler",
-    "SegmentationMetricSuite",
-    "binarize_prediction",
-    "evaluate_segmentation",
-    "hd95_monai",
-    "hd95_pooled",
-    "image_diagonal",
-    "name_from_path",
-    "transunet_case_metrics",
-]
-
-__all__ += ["ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "VOLUME_METRIC_KEYS", "VolumeMetricTable", "organ_metrics"]
-__all__ += ["VolumeMetricsHandler", "spacing_from_affine"]
+- :mod:`~spectraflow_monai.metrics.surface`: the one surface-distance core behind every HD95 (both definitions);
+- :mod:`~spectraflow_monai.metrics.per_image` / :mod:`~spectraflow_monai.metrics.segmentation`: the per-image
+  protocol of the paper and the suite that averages and reports it;
+- :mod:`~spectraflow_monai.metrics.volume` / :mod:`~spectraflow_monai.metrics.volume_table`: organ-wise Synapse
+  metrics and their table;
+- :mod:`~spectraflow_monai.metrics.hd95`: HD95 of batches, with missed structures scored as the image diagonal;
+- :mod:`~spectraflow_monai.metrics.frequency`: the frequency-band error.
+"""
 
 from .frequency import (
     DEFAULT_BAND_EDGES,
     FREQUENCY_BAND_MODES,
     FrequencyBandError,
-    FrequencyBandErrorHandler,
     check_band_edges,
     compute_frequency_band_error,
     frequency_band_masks,
     radial_frequency,
 )
+from .hd95 import HD95EmptyAsDiagonalMetric, compute_hd95
+from .per_image import EMPTY_CONVENTIONS, METRIC_KEYS, binarize_prediction, compute_segmentation_metrics
+from .reports import ORGAN_DISPLAY_NAMES
+from .segmentation import SegmentationMetricSuite, evaluate_segmentation
+from .surface import (
+    HD95_DEFINITIONS,
+    HD95_SHORT_LABELS,
+    hd95,
+    hd95_by_definition,
+    hd95_monai,
+    hd95_pooled,
+    image_diagonal,
+    mask_surfaces,
+    surface_distances,
+    transunet_case_metrics,
+)
+from .volume import PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, organ_metrics
+from .volume_table import VolumeMetricTable
 
-__all__ += ["DEFAULT_BAND_EDGES", "FREQUENCY_BAND_MODES", "FrequencyBandError", "FrequencyBandErrorHandler"]
-__all__ += ["check_band_edges", "compute_frequency_band_error", "frequency_band_masks", "radial_frequency"]
+__all__ = [
+    "DEFAULT_BAND_EDGES",
+    "EMPTY_CONVENTIONS",
+    "FREQUENCY_BAND_MODES",
+    "FrequencyBandError",
+    "HD95_DEFINITIONS",
+    "HD95_SHORT_LABELS",
+    "HD95EmptyAsDiagonalMetric",
+    "METRIC_KEYS",
+    "ORGAN_DISPLAY_NAMES",
+    "PAPER_ORGAN_ORDER",
+    "SegmentationMetricSuite",
+    "VOLUME_METRIC_KEYS",
+    "VolumeMetricTable",
+    "binarize_prediction",
+    "check_band_edges",
+    "compute_frequency_band_error",
+    "compute_hd95",
+    "compute_segmentation_metrics",
+    "evaluate_segmentation",
+    "frequency_band_masks",
+    "hd95",
+    "hd95_by_definition",
+    "hd95_monai",
+    "hd95_pooled",
+    "image_diagonal",
+    "mask_surfaces",
+    "organ_metrics",
+    "radial_frequency",
+    "surface_distances",
+    "transunet_case_metrics",
+]

@@ -23,18 +23,17 @@ corners: boundary jitter one or two pixels wide), at the paper's 224² evaluatio
 
 - :func:`compute_frequency_band_error`: the functional form, ``(B, C, n_bands)``;
 - :class:`FrequencyBandError`: a MONAI ``CumulativeIterationMetric`` (``reduction``, ``get_not_nans``);
-- :class:`FrequencyBandErrorHandler`: its ignite handler for a bundle's ``validate#additional_metrics``, one band
-  (``band``, the highest by default) as the scalar. Lower is better.
+- :class:`spectraflow_monai.handlers.FrequencyBandErrorHandler`: its ignite handler for a bundle's
+  ``validate#additional_metrics``, one band (``band``, the highest by default) as the scalar. Lower is better.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from monai.handlers.ignite_metric import IgniteMetricHandler
 from monai.metrics import CumulativeIterationMetric
 from monai.metrics.utils import do_metric_reduction, ignore_background
 from monai.utils import MetricReduction
@@ -47,7 +46,6 @@ __all__ = [
     "frequency_band_masks",
     "compute_frequency_band_error",
     "FrequencyBandError",
-    "FrequencyBandErrorHandler",
 ]
 
 #: default band edges (normalised radial frequency, cycles/pixel): low [0, 0.05), mid [0.05, 0.15), high [0.15, 0.5].
@@ -223,43 +221,3 @@ class FrequencyBandError(CumulativeIterationMetric):
         if self.band is not None:
             value, not_nans = value[..., self.band], not_nans[..., self.band]
         return (value, not_nans) if self.get_not_nans else value
-
-
-class FrequencyBandErrorHandler(IgniteMetricHandler):
-    """Validation handler of :class:`FrequencyBandError`: the mean error energy of one band (lower is better).
-
-    Example (bundle YAML, ``validate#additional_metrics``)::
-
-        val_high_band_error:
-          _target_: spectraflow_monai.metrics.FrequencyBandErrorHandler
-          band_edges: [0.0, 0.05, 0.15, 0.5]
-          band: -1
-          output_transform: $monai.handlers.from_engine(['pred', 'label'])
-
-    The per-image, per-channel values of every band go to ``engine.state.metric_details`` (``(N, C, n_bands)``)
-    when ``save_details`` is on.
-
-    Args:
-        band_edges: band edges in cycles/pixel. Defaults to :data:`DEFAULT_BAND_EDGES`.
-        band: index of the band reported (``-1``: the highest, ``0``: the lowest). Defaults to ``-1``.
-        mode: ``"energy"``, ``"mean"`` or ``"fraction"``. Defaults to ``"energy"``.
-        include_background: whether channel 0 is scored. Defaults to ``True``.
-        reduction: MONAI reduction over the non-NaN values. Defaults to ``"mean"``.
-        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``. Defaults to identity.
-        save_details: whether the per-image values go to ``engine.state.metric_details``. Defaults to ``True``.
-    """
-
-    def __init__(
-        self,
-        band_edges: Sequence[float] = DEFAULT_BAND_EDGES,
-        band: int = -1,
-        mode: str = "energy",
-        include_background: bool = True,
-        reduction: MetricReduction | str = MetricReduction.MEAN,
-        output_transform: Callable = lambda x: x,
-        save_details: bool = True,
-    ) -> None:
-        if band is None:
-            raise ValueError("band must be a band index (the handler reports one number), got None.")
-        metric_fn = FrequencyBandError(band_edges, mode, include_background, band, reduction)
-        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)

@@ -1,27 +1,72 @@
-"""HD95 that charges a missed structure the image diagonal, as a MONAI metric and a validation handler.
+"""HD95 of batches in either definition, and the MONAI metric that charges a missed structure the image diagonal.
 
 MONAI's :class:`~monai.handlers.HausdorffDistance` returns NaN when the prediction is empty and leaves that image out
 of the mean, so a model that misses whole lesions can score a *better* mean HD95 than one that finds them roughly.
 :class:`HD95EmptyAsDiagonalMetric` scores such an image (prediction empty, ground truth not) with the image diagonal
 ``sqrt(H**2 + W**2)`` (pixels; the volume diagonal in 3D; in the units of ``spacing`` when given), the largest
 distance two points of the image can have; images with an empty ground truth stay undefined (NaN, left out of the
-mean), as in MONAI. :class:`HD95EmptyAsDiagonal` is the ignite handler for a bundle's ``validate#additional_metrics``.
+mean), as in MONAI. :func:`compute_hd95` is the functional form (both definitions, with or without the diagonal);
+:class:`spectraflow_monai.handlers.HD95EmptyAsDiagonal` is the ignite handler for a bundle's
+``validate#additional_metrics``. Every value comes from the surface-distance core
+(:mod:`spectraflow_monai.metrics.surface`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
-from monai.handlers.ignite_metric import IgniteMetricHandler
 from monai.metrics import CumulativeIterationMetric
 from monai.metrics.utils import do_metric_reduction, ignore_background
 from monai.utils import MetricReduction
 
-from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, hd95_monai, hd95_pooled, image_diagonal
+from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, hd95_by_definition
 
-__all__ = ["HD95EmptyAsDiagonal", "HD95EmptyAsDiagonalMetric"]
+__all__ = ["HD95EmptyAsDiagonalMetric", "compute_hd95"]
+
+
+def compute_hd95(
+    y_pred: torch.Tensor,
+    y: torch.Tensor,
+    definition: str = "monai",
+    include_background: bool = True,
+    spacing: float | Sequence[float] | None = None,
+    empty_as_diagonal: bool = False,
+) -> torch.Tensor:
+    """HD95 of every image and channel of binarised one-hot ``y_pred`` and ``y`` of shape ``(B, C, *spatial)``.
+
+    With ``definition="monai"`` and ``empty_as_diagonal=False`` this gives the values of
+    ``monai.metrics.compute_hausdorff_distance(percentile=95)`` (NaN where a mask is empty).
+
+    Args:
+        y_pred: binarised prediction ``(B, C, H, W[, D])``.
+        y: ground truth of the same shape.
+        definition: ``"monai"`` or ``"pooled"`` (see :mod:`spectraflow_monai.metrics.surface`). Defaults to
+            ``"monai"``.
+        include_background: whether channel 0 is scored. Defaults to ``True``.
+        spacing: pixel/voxel size, one number or one per axis. Defaults to ``None`` (pixels/voxels).
+        empty_as_diagonal: an empty prediction of a non-empty ground truth scores the image diagonal instead of
+            NaN. Defaults to ``False``.
+
+    Returns:
+        float32 tensor ``(B, C)`` on the device of ``y_pred``.
+
+    Raises:
+        ValueError: shapes differ or are not 4D/5D, bad ``definition`` or ``spacing``.
+    """
+    if definition not in HD95_DEFINITIONS:
+        raise ValueError(f"definition must be one of {tuple(HD95_DEFINITIONS)}, got {definition!r}.")
+    if y_pred.shape != y.shape or y_pred.ndim not in (4, 5):
+        raise ValueError(f"y_pred and y must share a (B, C, H, W[, D]) shape, got {y_pred.shape} and {y.shape}.")
+    if not include_background:
+        y_pred, y = ignore_background(y_pred=y_pred, y=y)
+    p, g = y_pred.detach().cpu() != 0, y.detach().cpu() != 0
+    out = torch.empty(p.shape[:2], dtype=torch.float32)
+    for b, c in np.ndindex(*p.shape[:2]):
+        out[b, c] = hd95_by_definition(p[b, c], g[b, c], definition, spacing, empty_as_diagonal)[definition]
+    return out.to(y_pred.device)
 
 
 class HD95EmptyAsDiagonalMetric(CumulativeIterationMetric):
@@ -59,20 +104,7 @@ class HD95EmptyAsDiagonalMetric(CumulativeIterationMetric):
 
     def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """(B, C) HD95 of binarised one-hot ``y_pred`` and ``y`` of shape (B, C, *spatial)."""
-        if y_pred.shape != y.shape or y_pred.ndim not in (4, 5):
-            raise ValueError(f"y_pred and y must share a (B, C, H, W[, D]) shape, got {y_pred.shape} and {y.shape}.")
-        if not self.include_background:
-            y_pred, y = ignore_background(y_pred=y_pred, y=y)
-        p, g = y_pred.detach().cpu() != 0, y.detach().cpu() != 0
-        diagonal = image_diagonal(p.shape[2:], self.spacing)
-        hd_fn = hd95_monai if self.definition == "monai" else hd95_pooled
-        out = torch.full(p.shape[:2], float("nan"), dtype=torch.float32)
-        for b in range(p.shape[0]):
-            for c in range(p.shape[1]):
-                if not bool(g[b, c].any()):
-                    continue
-                out[b, c] = hd_fn(p[b, c], g[b, c], self.spacing) if bool(p[b, c].any()) else diagonal
-        return out.to(y_pred.device)
+        return compute_hd95(y_pred, y, self.definition, self.include_background, self.spacing, empty_as_diagonal=True)
 
     def aggregate(self, reduction: MetricReduction | str | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Reduce the buffered (N, C) values over their non-NaN entries."""
@@ -81,35 +113,3 @@ class HD95EmptyAsDiagonalMetric(CumulativeIterationMetric):
             raise ValueError("the data to aggregate must be a PyTorch Tensor.")
         value, not_nans = do_metric_reduction(data, reduction or self.reduction)
         return (value, not_nans) if self.get_not_nans else value
-
-
-class HD95EmptyAsDiagonal(IgniteMetricHandler):
-    """Validation handler of :class:`HD95EmptyAsDiagonalMetric` (for ``validate#additional_metrics``).
-
-    Example (bundle YAML)::
-
-        val_hd95_empty_as_diagonal:
-          _target_: spectraflow_monai.metrics.HD95EmptyAsDiagonal
-          include_background: true
-          output_transform: $monai.handlers.from_engine(['pred', 'label'])
-
-    Args:
-        include_background: whether channel 0 is scored. Defaults to ``True``.
-        definition: ``"monai"`` or ``"pooled"``. Defaults to ``"monai"``.
-        spacing: pixel/voxel size. Defaults to ``None`` (pixels/voxels).
-        reduction: MONAI reduction over the non-NaN values. Defaults to ``"mean"``.
-        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``. Defaults to identity.
-        save_details: whether the per-image values go to ``engine.state.metric_details``. Defaults to ``True``.
-    """
-
-    def __init__(
-        self,
-        include_background: bool = True,
-        definition: str = "monai",
-        spacing: float | Sequence[float] | None = None,
-        reduction: MetricReduction | str = MetricReduction.MEAN,
-        output_transform: Callable = lambda x: x,
-        save_details: bool = True,
-    ) -> None:
-        metric_fn = HD95EmptyAsDiagonalMetric(include_background, definition, spacing, reduction)
-        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)

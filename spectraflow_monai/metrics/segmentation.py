@@ -1,67 +1,43 @@
-"""The SpectraFlow evaluation protocol: per-image mIoU, mDSC, recall, precision and HD95, averaged over a set.
+"""The SpectraFlow evaluation protocol over a set: per-image rows with names, averaged, with CSV and Markdown reports.
 
 SpectraFlow (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for Medical Image
 Segmentation", Sec. "Datasets and Metrics") computes every metric per image at 224x224 and averages over the
-evaluation set; overlap metrics are reported in percent and HD95 in pixels. The pieces come from ``monai.metrics``
-(:func:`~monai.metrics.compute_dice`, :func:`~monai.metrics.compute_iou`,
-:func:`~monai.metrics.get_confusion_matrix`, :func:`~monai.metrics.compute_hausdorff_distance`); this module adds the
-bookkeeping (per-image rows with names, empty-mask conventions, both HD95 definitions, CSV and Markdown reports).
-
-Empty-mask conventions (argument ``empty`` of :class:`SegmentationMetricSuite`):
-
-==============================  ===================  =========  ===========
-case (per image and class)      ``"one"`` (default)  ``"nan"``  ``"monai"``
-==============================  ===================  =========  ===========
-both empty: Dice, IoU           1                    NaN        NaN
-both empty: precision, recall   1                    NaN        NaN
-gt empty, pred not: Dice, IoU   0                    0          NaN
-gt empty, pred not: recall      0                    NaN        NaN
-gt empty, pred not: precision   0                    0          0
-pred empty, gt not: Dice, IoU   0                    0          0
-pred empty, gt not: precision   0                    NaN        NaN
-pred empty, gt not: recall      0                    0          0
-either empty: HD95 (both defs)  NaN                  NaN        NaN
-==============================  ===================  =========  ===========
+evaluation set; overlap metrics are reported in percent and HD95 in pixels. The per-image values come from
+:func:`~spectraflow_monai.metrics.per_image.compute_segmentation_metrics` (``monai.metrics`` and the one
+surface-distance core of :mod:`spectraflow_monai.metrics.surface`; the empty-mask conventions are tabulated there);
+:class:`SegmentationMetricSuite` adds the bookkeeping (per-image rows with names, input forms, NaN-aware means, the
+reports of :mod:`spectraflow_monai.metrics.reports`).
 
 HD95 comes in two versions per definition. ``hd95_<definition>`` leaves every image with an empty mask out of the
 mean (``excluded``); the images with an empty prediction and a non-empty ground truth among them (missed structures)
 are counted as ``hd95_dropped``. Because dropping them can flatter a model that misses lesions,
-``hd95_<definition>_empty_as_diagonal`` scores those images with the image diagonal (``sqrt(H**2 + W**2)`` pixels,
-the volume diagonal in 3D, in spacing units when ``spacing`` is given; see
-:func:`~spectraflow_monai.metrics.surface.image_diagonal`); images with an empty ground truth stay undefined in both.
-
-``"one"`` scores a correct "nothing here" as perfect (the clinical reading) and every other undefined ratio (0/0) as
-0, so an empty prediction is never rewarded. ``"nan"`` leaves every 0/0 ratio undefined. ``"monai"`` reproduces
-MONAI's defaults (``ignore_empty=True``: Dice/IoU are NaN whenever the ground truth is empty; confusion-matrix ratios
-are NaN when their denominator is 0), i.e. the values MONAI's ``MeanDice``/``MeanIoUHandler``/``ConfusionMatrix``
-handlers average. NaN values are excluded from the means and counted in the summary (``excluded``). HD95 is
-undefined whenever either mask is empty under every convention; the TransUNet conventions for Synapse are in
-:func:`~spectraflow_monai.metrics.surface.transunet_case_metrics`.
+``hd95_<definition>_empty_as_diagonal`` scores those images with the image diagonal; images with an empty ground
+truth stay undefined in both. NaN values are excluded from the means and counted in the summary (``excluded``). The
+TransUNet conventions for Synapse are in :func:`~spectraflow_monai.metrics.surface.transunet_case_metrics`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from monai.metrics import compute_confusion_matrix_metric, compute_dice, compute_iou, get_confusion_matrix
 from monai.networks.utils import one_hot
 
-from spectraflow_monai.utils.files import write_text_atomic
-from spectraflow_monai.metrics.surface import (
-    HD95_DEFINITIONS,
-    HD95_SHORT_LABELS,
-    hd95_monai,
-    hd95_pooled,
-    image_diagonal,
+from spectraflow_monai.metrics.per_image import (
+    EMPTY_CONVENTIONS,
+    METRIC_KEYS,
+    binarize_prediction,
+    check_hd95_definitions,
+    compute_segmentation_metrics,
+    segmentation_metric_keys,
 )
+from spectraflow_monai.metrics.reports import SEGMENTATION_SUMMARY_NAMES, nanmean, segmentation_markdown, write_rows_csv
+from spectraflow_monai.metrics.surface import HD95_DEFINITIONS
+from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = [
     "EMPTY_CONVENTIONS",
@@ -70,38 +46,6 @@ __all__ = [
     "binarize_prediction",
     "evaluate_segmentation",
 ]
-
-EMPTY_CONVENTIONS = ("one", "nan", "monai")
-#: per-row metric keys, in CSV column order (HD95 keys are added for the selected definitions)
-METRIC_KEYS = ("iou", "dice", "recall", "precision")
-_SUMMARY_NAMES = {"iou": "mIoU", "dice": "mDSC", "recall": "recall", "precision": "precision"}
-_MARKDOWN_LABELS = {"mIoU": "mIoU", "mDSC": "mDSC", "recall": "Recall", "precision": "Precision"}
-
-
-def binarize_prediction(
-    logits: torch.Tensor | np.ndarray, sigmoid: bool = True, threshold: float = 0.5
-) -> torch.Tensor:
-    """Turn network outputs into the binary masks :class:`SegmentationMetricSuite` expects.
-
-    Args:
-        logits: (B, C, *spatial) network output. With C == 1 it is a foreground logit (or probability when
-            ``sigmoid=False``) and the result is ``act(logits) > threshold`` with shape (B, 1, *spatial). With C > 1
-            the result is the one-hot encoded argmax over channels, shape (B, C, *spatial).
-        sigmoid: apply a sigmoid before thresholding (single channel only). Defaults to ``True``.
-        threshold: foreground threshold for the single-channel case. Defaults to 0.5.
-
-    Returns:
-        A float tensor of 0/1 values.
-    """
-    x = torch.as_tensor(logits)
-    if x.ndim < 3:
-        raise ValueError(f"logits must have shape (B, C, *spatial), got {tuple(x.shape)}.")
-    if x.shape[1] == 1:
-        x = x.float()
-        if sigmoid:
-            x = torch.sigmoid(x)
-        return (x > threshold).float()
-    return one_hot(torch.argmax(x, dim=1, keepdim=True), num_classes=x.shape[1], dim=1)
 
 
 def _to_tensor(x: Any, name: str) -> torch.Tensor:
@@ -114,14 +58,6 @@ def _to_tensor(x: Any, name: str) -> torch.Tensor:
     return x.cpu().double()
 
 
-def _nanmean(values: Sequence[float]) -> tuple[float, int]:
-    """Mean of the finite values and the number of NaNs left out."""
-    arr = np.asarray(values, dtype=np.float64)
-    nan = np.isnan(arr)
-    kept = arr[~nan]
-    return (float(kept.mean()) if kept.size else float("nan")), int(nan.sum())
-
-
 class SegmentationMetricSuite:
     """Per-image segmentation metrics of the SpectraFlow protocol, built on ``monai.metrics``.
 
@@ -129,7 +65,7 @@ class SegmentationMetricSuite:
     selected definitions (see :mod:`spectraflow_monai.metrics.surface`), then averages over images: the SpectraFlow
     paper (Chen et al.) reports mIoU, mDSC, recall, precision in percent and HD95 in pixels, per image at 224x224.
     For multi-class input each class is averaged over images first, then the classes are averaged (the TransUNet
-    Synapse convention). Empty-mask conventions are described in the module docstring.
+    Synapse convention). The empty-mask conventions are tabulated in :mod:`spectraflow_monai.metrics.per_image`.
 
     Example::
 
@@ -159,12 +95,7 @@ class SegmentationMetricSuite:
         class_names: Sequence[str] | None = None,
         spacing: float | Sequence[float] | None = None,
     ) -> None:
-        defs = (hd95,) if isinstance(hd95, str) else tuple(hd95 or ())
-        for d in defs:
-            if d not in HD95_DEFINITIONS:
-                raise ValueError(f"hd95 must be a subset of {tuple(HD95_DEFINITIONS)}, got {hd95!r}.")
-        if len(set(defs)) != len(defs):
-            raise ValueError(f"hd95 must not repeat a definition, got {hd95!r}.")
+        defs = check_hd95_definitions(hd95)
         if empty not in EMPTY_CONVENTIONS:
             raise ValueError(f"empty must be one of {EMPTY_CONVENTIONS}, got {empty!r}.")
         if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
@@ -184,11 +115,7 @@ class SegmentationMetricSuite:
     def metric_keys(self) -> tuple[str, ...]:
         """Per-row metric keys: ``iou, dice, recall, precision``, ``hd95_<definition>`` (missed structures dropped)
         then ``hd95_<definition>_empty_as_diagonal`` (missed structures score the image diagonal)."""
-        return (
-            METRIC_KEYS
-            + tuple(f"hd95_{d}" for d in self.hd95)
-            + tuple(f"hd95_{d}_empty_as_diagonal" for d in self.hd95)
-        )
+        return segmentation_metric_keys(self.hd95)
 
     def reset(self) -> None:
         """Forget all recorded images."""
@@ -255,14 +182,6 @@ class SegmentationMetricSuite:
             raise ValueError(f"name must have {batch} entries (one per image), got {len(names)}.")
         return names
 
-    def _apply_empty(self, value: float, den_empty: bool, both_empty: bool) -> float:
-        """Convention for a ratio whose denominator is empty (0/0)."""
-        if not den_empty:
-            return value
-        if self.empty == "one":
-            return 1.0 if both_empty else 0.0
-        return float("nan")
-
     def update(
         self,
         pred: torch.Tensor | np.ndarray,
@@ -289,44 +208,13 @@ class SegmentationMetricSuite:
             self._units = "spacing units"
         batch, n_cls = p.shape[:2]
         names = self._names(name, batch, self._count)
-        diagonal = image_diagonal(p.shape[2:], spacing)
-
-        cm = get_confusion_matrix(p, g, include_background=True)  # (B, C, 4): tp, fp, tn, fn
-        precision = compute_confusion_matrix_metric("precision", cm)
-        recall = compute_confusion_matrix_metric("recall", cm)
-        ignore_empty = self.empty == "monai"
-        dice = compute_dice(p, g, include_background=True, ignore_empty=ignore_empty)
-        iou = compute_iou(p, g, include_background=True, ignore_empty=ignore_empty)
-
+        values = compute_segmentation_metrics(p, g, self.hd95, self.empty, spacing)
         rows = []
-        for b in range(batch):
-            for c in range(n_cls):
-                tp, fp, _, fn = (float(v) for v in cm[b, c])
-                gt_area, pred_area = tp + fn, tp + fp
-                gt_empty, pred_empty = gt_area == 0, pred_area == 0
-                both = gt_empty and pred_empty
-                row: dict[str, Any] = {
-                    "name": names[b],
-                    "class": class_names[c],
-                    "gt_area": int(gt_area),
-                    "pred_area": int(pred_area),
-                    "dice": float(dice[b, c]),
-                    "iou": float(iou[b, c]),
-                    "precision": float(precision[b, c]),
-                    "recall": float(recall[b, c]),
-                }
-                if self.empty != "monai":
-                    row["dice"] = self._apply_empty(row["dice"], both, both)
-                    row["iou"] = self._apply_empty(row["iou"], both, both)
-                    row["precision"] = self._apply_empty(row["precision"], pred_empty, both)
-                    row["recall"] = self._apply_empty(row["recall"], gt_empty, both)
-                for d in self.hd95:
-                    fn_hd = hd95_monai if d == "monai" else hd95_pooled
-                    row[f"hd95_{d}"] = float("nan") if (gt_empty or pred_empty) else fn_hd(p[b, c], g[b, c], spacing)
-                for d in self.hd95:  # a missed structure scores the image diagonal
-                    missed = pred_empty and not gt_empty
-                    row[f"hd95_{d}_empty_as_diagonal"] = diagonal if missed else row[f"hd95_{d}"]
-                rows.append(row)
+        for b, c in np.ndindex(batch, n_cls):
+            row: dict[str, Any] = {"name": names[b], "class": class_names[c]}
+            row.update({k: int(values[k][b, c]) for k in ("gt_area", "pred_area")})
+            row.update({k: float(values[k][b, c]) for k in self.metric_keys})
+            rows.append(row)
         self._rows.extend(rows)
         self._count += batch
         return rows
@@ -343,8 +231,8 @@ class SegmentationMetricSuite:
         out: dict[str, Any] = {}
         excluded: dict[str, int] = {}
         for key in self.metric_keys:
-            name = _SUMMARY_NAMES.get(key, key)
-            out[name], excluded[name] = _nanmean([r[key] for r in rows])
+            name = SEGMENTATION_SUMMARY_NAMES.get(key, key)
+            out[name], excluded[name] = nanmean([r[key] for r in rows])
         out["excluded"] = excluded
         out["hd95_dropped"] = sum(1 for r in rows if r["pred_area"] == 0 < r["gt_area"])
         return out
@@ -371,8 +259,8 @@ class SegmentationMetricSuite:
             per_class = {c: self._aggregate([r for r in self._rows if r["class"] == c]) for c in classes}
             out = {}
             for key in self.metric_keys:
-                name = _SUMMARY_NAMES.get(key, key)
-                out[name], _ = _nanmean([per_class[c][name] for c in classes])
+                name = SEGMENTATION_SUMMARY_NAMES.get(key, key)
+                out[name], _ = nanmean([per_class[c][name] for c in classes])
             out["excluded"] = {
                 k: sum(per_class[c]["excluded"][k] for c in classes) for k in per_class[classes[0]]["excluded"]
             }
@@ -386,60 +274,13 @@ class SegmentationMetricSuite:
 
     def to_csv(self, path: str | os.PathLike) -> str:
         """Write the per-image rows to ``path`` (CSV with a header, written atomically) and return the path."""
-        fields = ["name", "class", "gt_area", "pred_area", *self.metric_keys]
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        for r in self._rows:
-            writer.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]) for k in fields})
-        write_text_atomic(path, buffer.getvalue())
-        return os.fspath(path)
+        return write_rows_csv(path, self._rows, ["name", "class", "gt_area", "pred_area", *self.metric_keys])
 
     def summary_markdown(self, summary: Mapping[str, Any] | None = None) -> str:
         """A Markdown table ``Metric | Value``: overlap metrics in %, HD95 in pixels, each HD95 row naming its
         definition; followed by the image count, the empty-mask convention, exclusions and, for multi-class input,
         a per-class table."""
-        s = dict(summary) if summary is not None else self.summary()
-
-        def pct(v: float) -> str:
-            return "nan" if math.isnan(v) else f"{100.0 * v:.2f}"
-
-        def dist(v: float) -> str:
-            return "nan" if math.isnan(v) else f"{v:.2f}"
-
-        units = s.get("units", "pixels")
-        lines = ["| Metric | Value |", "| --- | --- |"]
-        for key, label in _MARKDOWN_LABELS.items():
-            lines.append(f"| {label} (%) | {pct(s[key])} |")
-        for d in self.hd95:
-            lines.append(f"| HD95, {d}: {HD95_SHORT_LABELS[d]} ({units}) | {dist(s[f'hd95_{d}'])} |")
-        for d in self.hd95:
-            value = dist(s[f"hd95_{d}_empty_as_diagonal"])
-            lines.append(f"| HD95, {d}, empty prediction = image diagonal ({units}) | {value} |")
-        lines.append("")
-        lines.append(f"Images: {s['num_images']}. Empty-mask convention: `{s['empty']}`.")
-        for d in self.hd95:
-            lines.append(
-                f"HD95 [{d}]: {s['excluded'][f'hd95_{d}']} image(s) excluded (prediction or ground truth empty)."
-            )
-        if self.hd95:
-            lines.append(
-                f"HD95 dropped: {s['hd95_dropped']} image(s) with an empty prediction and a non-empty ground truth, "
-                "left out of the HD95 rows above and scored as the image diagonal in the 'empty prediction' rows."
-            )
-        nan_overlap = {k: v for k, v in s["excluded"].items() if not k.startswith("hd95") and v}
-        if nan_overlap:
-            lines.append(f"Undefined (NaN) values excluded from the means: {nan_overlap}.")
-        if "per_class" in s:
-            head = ["Class", *(f"{_MARKDOWN_LABELS[k]} (%)" for k in _MARKDOWN_LABELS)]
-            head += [f"HD95 [{d}] ({units})" for d in self.hd95]
-            head += [f"HD95 [{d}, empty = diagonal] ({units})" for d in self.hd95]
-            lines += ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-            for c, m in s["per_class"].items():
-                cells = [c, *(pct(m[k]) for k in _MARKDOWN_LABELS), *(dist(m[f"hd95_{d}"]) for d in self.hd95)]
-                cells += [dist(m[f"hd95_{d}_empty_as_diagonal"]) for d in self.hd95]
-                lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+        return segmentation_markdown(summary if summary is not None else self.summary(), self.hd95)
 
     def save(
         self,

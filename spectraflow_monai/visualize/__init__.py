@@ -1,30 +1,21 @@
-"""Figures and reports for SpectraFlow runs (Chen et al.): training curves, prediction overlays, Markdown reports."""
+"""Figures and reports for SpectraFlow runs (Chen et al.): training curves, prediction overlays, Markdown reports.
 
-from __future__ import annotations
+- :mod:`.curves`: :func:`read_scalars`, :func:`plot_training_curves` (TensorBoard scalars, one panel per tag);
+- :mod:`.overlays`: :func:`overlay_arrays`, :func:`plot_overlays` (ground-truth and predicted contours);
+- :mod:`.predictions`: :func:`find_prediction` and the per-image Dice of an evaluation folder;
+- :mod:`.report`: :func:`write_report` (``report.md``); its command line is :mod:`.cli` (``spectraflow report``).
+"""
 
-import importlib
-from typing import Any
+from .curves import plot_training_curves, read_scalars
+from .overlays import overlay_arrays, plot_overlays
+from .predictions import find_prediction
+from .report import write_report
 
-__all__: list[str] = []
-
-# report.py is also a command line module (python -m spectraflow_monai.visualize.report): its names are resolved
-# lazily so that running it does not import it twice (runpy warns when the package imported it beforehand).
-_LAZY_EXPORTS = {
-    "overlay_arrays": ".report",
-    "plot_overlays": ".report",
-    "plot_training_curves": ".report",
-    "read_scalars": ".report",
-    "write_report": ".report",
-}
-__all__ += ["overlay_arrays", "plot_overlays", "plot_training_curves", "read_scalars", "write_report"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY_EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_EXPORTS))
+__all__ = [
+    "find_prediction",
+    "overlay_arrays",
+    "plot_overlays",
+    "plot_training_curves",
+    "read_scalars",
+    "write_report",
+]

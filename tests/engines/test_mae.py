@@ -7,7 +7,8 @@ import torch
 from ignite.engine import Events
 from parameterized import parameterized
 
-from spectraflow_monai.engines import EncoderExportHandler, MAEPretrainer, encode_visible, random_masking
+from spectraflow_monai.engines import MAEPretrainer, encode_visible, random_masking
+from spectraflow_monai.handlers import EncoderExportHandler
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder, SpectraFlowNet
 
 torch.set_num_threads(1)

@@ -62,7 +62,7 @@ def test_loss_terms_handler_metrics_and_ramp():
     per_epoch: list[dict] = []
     engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: per_epoch.append(dict(e.state.metrics)))
     engine.run([0.0, 0.5, -0.5], max_epochs=3)
-    assert [m["boundary_beta"] for m in per_epoch] == pytest.approx([0.0, 0.25, 0.5])  # the ramp, as loss.attach
+    assert [m["boundary_beta"] for m in per_epoch] == pytest.approx([0.0, 0.25, 0.5])  # the ramp, as BoundaryWeightRamp
     assert "train_loss_boundary" not in per_epoch[0]  # beta = 0 in epoch 1: the term was not computed
     for epoch in (2, 3):
         metrics, rows = per_epoch[epoch - 1], [t for e, _, t in seen if e == epoch]
@@ -71,16 +71,17 @@ def test_loss_terms_handler_metrics_and_ramp():
             assert metrics[f"train_loss_{name}"] == pytest.approx(sum(r[name] for r in rows) / 3, rel=1e-6)
 
 
-def test_boundary_weight_ramp_matches_loss_attach():
+def test_boundary_weight_ramp_is_the_only_ramp():
     betas = {}
-    for how in ("handler", "loss"):
+    for how in ("ramp", "terms"):
         loss_fn = DiceBCEBoundaryLoss(beta=0.0, beta_max=1.0, ramp_epochs=4)
+        assert not hasattr(loss_fn, "attach")  # the loss does not attach itself to a trainer
         seen: list = []
         engine = Engine(lambda e, b: seen.append(loss_fn.beta))
-        (BoundaryWeightRamp(loss_fn) if how == "handler" else loss_fn).attach(engine)
+        (BoundaryWeightRamp(loss_fn) if how == "ramp" else LossTermsHandler(loss_fn)).attach(engine)
         engine.run([0], max_epochs=6)
         betas[how] = seen
-    assert betas["handler"] == betas["loss"] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
+    assert betas["ramp"] == betas["terms"] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
 
 
 def test_handler_argument_checks():

@@ -94,13 +94,16 @@ def test_ramp_schedule():
     assert const.beta == pytest.approx(0.03)
 
 
-def test_attach_to_ignite_engine():
+def test_ramp_through_handler_on_ignite_engine():
     from ignite.engine import Engine
 
+    from spectraflow_monai.handlers import BoundaryWeightRamp
+
     loss = DiceBCEBoundaryLoss(beta=0.0, beta_max=1.0, ramp_epochs=4)
+    assert not hasattr(loss, "attach")  # the loss never attaches itself to a trainer: the handler ramps beta
     seen = []
     engine = Engine(lambda e, b: seen.append(loss.beta))
-    loss.attach(engine)
+    BoundaryWeightRamp(loss).attach(engine)
     engine.run([0], max_epochs=6)
     assert seen == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
 

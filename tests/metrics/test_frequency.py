@@ -5,10 +5,10 @@ import torch
 from ignite.engine import Engine
 from monai.handlers import from_engine
 
+from spectraflow_monai.handlers import FrequencyBandErrorHandler
 from spectraflow_monai.metrics import (
     DEFAULT_BAND_EDGES,
     FrequencyBandError,
-    FrequencyBandErrorHandler,
     compute_frequency_band_error,
     frequency_band_masks,
     radial_frequency,

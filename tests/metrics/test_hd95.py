@@ -5,7 +5,8 @@ import torch
 from ignite.engine import Engine
 from monai.handlers import HausdorffDistance, from_engine
 
-from spectraflow_monai.metrics import HD95EmptyAsDiagonal, HD95EmptyAsDiagonalMetric, hd95_monai, image_diagonal
+from spectraflow_monai.handlers import HD95EmptyAsDiagonal
+from spectraflow_monai.metrics import HD95EmptyAsDiagonalMetric, hd95_monai, image_diagonal
 
 
 def square(r0, r1, c0, c1, size=(10, 12)):

@@ -14,7 +14,7 @@ import pytest
 import timm
 import torch
 
-from spectraflow_monai.engines.pretrainer import save_encoder_export
+from spectraflow_monai.handlers import save_encoder_export
 from spectraflow_monai.networks import DINOv2Encoder, SpectraFlowNet
 from spectraflow_monai.networks import utils as weights
 from spectraflow_monai.networks.utils import initialize_encoder, load_encoder_weights, resolve_encoder_init

@@ -24,11 +24,10 @@ import torch
 from monai.handlers.utils import from_engine
 from monai.utils import IgniteInfo, min_version, optional_import
 
-from spectraflow_monai.metrics.handler import name_from_path
+from spectraflow_monai.handlers.metric_suite import EvaluationReportHandler, name_from_path
+from spectraflow_monai.metrics.volume_table import VolumeMetricTable
 from spectraflow_monai.utils.files import write_text_atomic
-from spectraflow_monai.metrics.volume import VolumeMetricTable
 
-Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
 if TYPE_CHECKING:
     from ignite.engine import Engine
 else:
@@ -68,7 +67,7 @@ def _per_item(x: Any, what: str) -> list[torch.Tensor | np.ndarray]:
     )
 
 
-class VolumeMetricsHandler:
+class VolumeMetricsHandler(EvaluationReportHandler):
     """Per-organ DSC / HD95 of each evaluated volume; the SpectraFlow (Chen et al.) Synapse table at epoch end.
 
     Events: ``EPOCH_STARTED`` starts a new table, ``ITERATION_COMPLETED`` scores every volume of
@@ -123,8 +122,7 @@ class VolumeMetricsHandler:
         json_name: str | None = "synapse_summary.json",
         metric_prefix: str | None = "",
     ) -> None:
-        if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
-            raise ValueError(f"output_dir must be a non-empty path, got {output_dir!r}.")
+        super().__init__(output_dir, output_transform, batch_transform, name_key, json_name, metric_prefix)
         if isinstance(spacing, str) and spacing != "meta":
             raise ValueError(f"spacing must be 'meta', None, a number or a sequence of numbers, got {spacing!r}.")
         if spacing is not None and not isinstance(spacing, str):
@@ -132,22 +130,10 @@ class VolumeMetricsHandler:
             if sp.ndim != 1 or not np.all(np.isfinite(sp)) or np.any(sp <= 0):
                 raise ValueError(f"spacing must be positive, got {spacing!r}.")
         VolumeMetricTable(num_classes, organ_names, order)  # validates num_classes / organ_names / order
-        self.output_dir = os.fspath(output_dir)
-        self.output_transform = output_transform
-        self.batch_transform = batch_transform
         self.spacing = spacing
-        self.name_key = name_key
         self.num_classes, self.organ_names, self.order = num_classes, organ_names, order
-        self.csv_name, self.markdown_name, self.json_name = csv_name, markdown_name, json_name
-        self.metric_prefix = metric_prefix
+        self.csv_name, self.markdown_name = csv_name, markdown_name
         self.table = VolumeMetricTable(num_classes, organ_names, order)
-        self.last_summary: dict[str, Any] | None = None
-
-    def attach(self, engine: Engine) -> None:
-        """Register the handler's events on ``engine``."""
-        engine.add_event_handler(Events.EPOCH_STARTED, self.epoch_started)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self.iteration_completed)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self.epoch_completed)
 
     def epoch_started(self, engine: Engine) -> None:
         """Start a new table."""
@@ -225,14 +211,6 @@ class VolumeMetricsHandler:
         summary["cases"] = self.table.cases
         if self.json_name is not None:
             write_text_atomic(os.path.join(self.output_dir, self.json_name), json.dumps(summary, indent=1) + "\n")
-        self.last_summary = summary
-        engine.logger.info(
-            "Synapse organ-wise metrics (%d volume(s)), reports in %s:\n%s",
-            len(self.table),
-            self.output_dir,
-            self.table.to_markdown(summary),
-        )
-        if self.metric_prefix is not None:
-            for key, value in summary["mean"].items():
-                engine.state.metrics[f"{self.metric_prefix}mean_{key}"] = value
-            engine.state.metrics[f"{self.metric_prefix}hd95_dropped"] = summary["hd95_dropped"]
+        values = {**{f"mean_{k}": v for k, v in summary["mean"].items()}, "hd95_dropped": summary["hd95_dropped"]}
+        title = f"Synapse organ-wise metrics ({len(self.table)} volume(s))"
+        self.publish(engine, summary, title, self.table.to_markdown(summary), values)

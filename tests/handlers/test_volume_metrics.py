@@ -12,7 +12,7 @@ import torch
 from ignite.engine import Engine
 from monai.data import MetaTensor
 
-from spectraflow_monai.metrics import VolumeMetricsHandler, spacing_from_affine
+from spectraflow_monai.handlers import VolumeMetricsHandler, spacing_from_affine
 
 SPACING = (0.8, 0.9, 2.5)
 SHAPE = (16, 12, 8)

@@ -6,7 +6,8 @@ import torch
 from ignite.engine import Engine
 from monai.data import MetaTensor
 
-from spectraflow_monai.metrics import MetricSuiteHandler, SegmentationMetricSuite, name_from_path
+from spectraflow_monai.handlers import MetricSuiteHandler, name_from_path
+from spectraflow_monai.metrics import SegmentationMetricSuite
 
 
 def square(r0, r1, c0, c1, size=10):

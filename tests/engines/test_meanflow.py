@@ -1,4 +1,4 @@
-"""Tests of the SpectraFlow Stage-1 trainer (MeanFlowPretrainer), its encoder export and LR schedule helpers."""
+"""Tests of the SpectraFlow Stage-1 trainer (MeanFlowPretrainer) and its latent normalisation."""
 
 from __future__ import annotations
 
@@ -16,12 +16,8 @@ from monai.data import DataLoader, Dataset
 from monai.handlers import CheckpointLoader, CheckpointSaver, LrScheduleHandler, StatsHandler
 from parameterized import parameterized
 
-from spectraflow_monai.engines import (
-    EncoderExportHandler,
-    MeanFlowPretrainer,
-    linear_lr_schedule,
-    normalize_latent,
-)
+from spectraflow_monai.engines import MeanFlowPretrainer, normalize_latent
+from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.networks.encoders.dinov2 import DINOv2Encoder
 from spectraflow_monai.networks.nets.meanflow_head import MeanFlowHead
 
@@ -239,36 +235,6 @@ class TestMeanFlowPretrainer:
         assert trainer.ema_encoder is None and "ema" not in trainer.checkpoint_dict()
         trainer.run()
 
-    def test_encoder_export(self, tmp_path):
-        encoder, head = _modules()
-        path = tmp_path / "export" / "encoder_ema.pt"
-        epoch_files = []
-        trainer = MeanFlowPretrainer(
-            "cpu",
-            2,
-            _data(2),
-            encoder,
-            head,
-            _optimizer(encoder, head),
-            train_handlers=[EncoderExportHandler(path=path)],
-        )
-        trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: epoch_files.append(path.is_file()))
-        trainer.run()
-        assert epoch_files == [True, True]
-        assert sorted(os.listdir(path.parent)) == ["encoder_ema.pt"]  # no temporary files left behind
-        loaded = DINOv2Encoder(**ENC_KW, pretrained=str(path)).eval()
-        x = torch.randn(2, 3, 28, 28)
-        with torch.no_grad():
-            a, b, live = loaded(x), trainer.ema_encoder.eval()(x), encoder.eval()(x)
-        assert torch.allclose(a.final, b.final, atol=1e-6) and torch.allclose(a.pooled, b.pooled, atol=1e-6)
-        assert not torch.allclose(a.final, live.final, atol=1e-6)  # the EMA, not the live encoder, was exported
-        # explicit module (the live encoder)
-        path2 = tmp_path / "live.pt"
-        handler = EncoderExportHandler(encoder, path2, epoch_level=False)
-        handler(trainer)
-        sd = torch.load(path2, weights_only=True)
-        assert all(torch.equal(sd[k], v) for k, v in encoder.vit.state_dict().items())
-
     def test_resume_matches_uninterrupted_run(self, tmp_path):
         def build(max_epochs, handlers):
             encoder, head = _modules(seed=0)
@@ -422,73 +388,6 @@ class TestMeanFlowPretrainer:
 
 
 class TestHelpers:
-    def test_linear_lr_schedule(self):
-        p = torch.nn.Parameter(torch.zeros(1))
-        opt = torch.optim.AdamW([p], lr=0.5)
-        sched = linear_lr_schedule(opt, total_steps=10)
-        lrs = [opt.param_groups[0]["lr"]]
-        for _ in range(12):
-            opt.step()
-            sched.step()
-            lrs.append(opt.param_groups[0]["lr"])
-        expected = [1e-5 + (1e-6 - 1e-5) * min(k, 10) / 10 for k in range(13)]
-        assert lrs == pytest.approx(expected, rel=1e-6)
-
-    @staticmethod
-    def _schedule_after(steps, total_steps, start_lr=1e-3, end_lr=1e-4):
-        p = torch.nn.Parameter(torch.zeros(1))
-        opt = torch.optim.SGD([p], lr=0.1)
-        sched = linear_lr_schedule(opt, total_steps=total_steps, start_lr=start_lr, end_lr=end_lr)
-        for _ in range(steps):
-            opt.step()
-            sched.step()
-        return opt, sched
-
-    def test_linear_lr_schedule_same_schedule_resumes_exactly(self):
-        opt, sched = self._schedule_after(4, total_steps=10)
-        state, opt_state = sched.state_dict(), opt.state_dict()
-        new_opt, new_sched = self._schedule_after(0, total_steps=10)
-        new_opt.load_state_dict(opt_state)
-        new_sched.load_state_dict(state)
-        for _ in range(3):
-            for o, s in ((opt, sched), (new_opt, new_sched)):
-                o.step()
-                s.step()
-        assert new_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"]  # bit-for-bit
-        assert new_sched.state_dict() == sched.state_dict()
-
-    @parameterized.expand([(20, 1e-3, 1e-4), (6, 1e-3, 1e-4), (3, 1e-3, 1e-4), (20, 2e-3, 1e-5)])
-    def test_linear_lr_schedule_resume_with_new_schedule(self, new_total, new_start, new_end):
-        # 4 steps of a 10-step schedule, then resumed with another length / other rates: the rate continues on the
-        # newly configured straight line from step 4, not on the checkpoint's
-        opt, sched = self._schedule_after(4, total_steps=10)
-        state, opt_state = sched.state_dict(), opt.state_dict()
-        new_opt, new_sched = self._schedule_after(0, total_steps=new_total, start_lr=new_start, end_lr=new_end)
-        new_opt.load_state_dict(opt_state)
-        with pytest.warns(UserWarning, match=f"total_iters 10 -> {new_total}"):
-            new_sched.load_state_dict(state)
-        assert new_sched.last_epoch == 4
-        lrs = [new_opt.param_groups[0]["lr"]]
-        for _ in range(new_total + 2):
-            new_opt.step()
-            new_sched.step()
-            lrs.append(new_opt.param_groups[0]["lr"])
-        expected = [new_start + (new_end - new_start) * min(k, new_total) / new_total for k in range(4, new_total + 7)]
-        assert lrs == pytest.approx(expected, rel=1e-6)
-        assert new_sched.get_last_lr()[0] == pytest.approx(expected[-1], rel=1e-6)
-
-    @parameterized.expand(
-        [
-            ({"total_steps": 0}, "total_steps.*0"),
-            ({"total_steps": 5, "start_lr": 1e-5, "end_lr": 1e-4}, "end_lr.*0.0001"),
-            ({"total_steps": 5, "start_lr": -1.0}, "start_lr.*-1.0"),
-        ]
-    )
-    def test_linear_lr_schedule_errors(self, kwargs, match):
-        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-        with pytest.raises(ValueError, match=match):
-            linear_lr_schedule(opt, **kwargs)
-
     def test_normalize_latent(self):
         z = torch.randn(2, 6, 3, 4) * 5 + 2
         out = normalize_latent(z)
@@ -500,9 +399,3 @@ class TestHelpers:
         assert torch.allclose(out.mean(1), torch.zeros(2, 3, 4), atol=1e-5)
         with pytest.raises(ValueError, match=r"\(B, C, h, w\)"):
             normalize_latent(torch.randn(2, 6, 3))
-
-    def test_export_handler_errors(self):
-        with pytest.raises(ValueError, match="interval"):
-            EncoderExportHandler(path="x.pt", interval=0)
-        with pytest.raises(ValueError, match="encoder must be None"):
-            EncoderExportHandler("not-a-module", "x.pt")

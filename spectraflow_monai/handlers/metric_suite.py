@@ -1,5 +1,8 @@
 """An ignite handler that feeds :class:`~spectraflow_monai.metrics.SegmentationMetricSuite` during evaluation.
 
+The metric (per-image values, the suite, its reports) lives in :mod:`spectraflow_monai.metrics`; this module only
+attaches it to an ignite engine, as MONAI keeps ``monai.metrics`` and ``monai.handlers`` apart.
+
 It complements MONAI's metric handlers (``MeanDice``, ``MeanIoUHandler``, ``ConfusionMatrix``, ``HausdorffDistance``,
 which give the curves): at the end of each evaluation epoch it writes the per-image ``metrics.csv``, the Markdown
 ``summary.md`` table of the SpectraFlow protocol (Chen et al.) and ``summary.json``, and logs the table.
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
 else:
     Engine, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Engine")
 
-__all__ = ["MetricSuiteHandler", "name_from_path"]
+__all__ = ["EvaluationReportHandler", "MetricSuiteHandler", "name_from_path"]
 
 _EXTENSIONS = (".nii.gz", ".nii", ".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy", ".npz", ".h5", ".nrrd")
 
@@ -56,7 +59,66 @@ def _item_name(item: Any, name_key: str, meta_keys: Sequence[str]) -> Any:
     return None
 
 
-class MetricSuiteHandler:
+class EvaluationReportHandler:
+    """Base of the handlers that score every iteration of an evaluation and write reports at the epoch end.
+
+    Subclasses implement ``epoch_started`` (start empty), ``iteration_completed`` (score
+    ``output_transform(engine.state.output)``) and ``epoch_completed`` (write the reports into ``output_dir``).
+
+    Args:
+        output_dir: folder for the reports (created when missing).
+        output_transform: maps ``engine.state.output`` to ``(pred, label)``.
+        batch_transform: maps ``engine.state.batch`` to what names are read from.
+        name_key: key of the image / case name.
+        json_name: JSON summary file name, ``None`` to skip.
+        metric_prefix: prefix of the values put into ``engine.state.metrics``, ``None`` to put none.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        output_transform: Callable,
+        batch_transform: Callable,
+        name_key: str,
+        json_name: str | None,
+        metric_prefix: str | None,
+    ) -> None:
+        if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
+            raise ValueError(f"output_dir must be a non-empty path, got {output_dir!r}.")
+        self.output_dir = os.fspath(output_dir)
+        self.output_transform = output_transform
+        self.batch_transform = batch_transform
+        self.name_key = name_key
+        self.json_name = json_name
+        self.metric_prefix = metric_prefix
+        self.last_summary: dict[str, Any] | None = None
+
+    def attach(self, engine: Engine) -> None:
+        """Register the handler's events on ``engine``."""
+        engine.add_event_handler(Events.EPOCH_STARTED, self.epoch_started)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.iteration_completed)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.epoch_completed)
+
+    def publish(self, engine: Engine, summary: dict[str, Any], title: str, markdown: str, values: Mapping) -> None:
+        """Keep ``summary`` in :attr:`last_summary`, log ``title`` and the ``markdown`` table, and put ``values``
+        into ``engine.state.metrics`` under ``metric_prefix`` (unless it is ``None``)."""
+        self.last_summary = summary
+        engine.logger.info("%s, reports in %s:\n%s", title, self.output_dir, markdown)
+        if self.metric_prefix is not None:
+            for key, value in values.items():
+                engine.state.metrics[f"{self.metric_prefix}{key}"] = value
+
+    def epoch_started(self, engine: Engine) -> None:
+        raise NotImplementedError
+
+    def iteration_completed(self, engine: Engine) -> None:
+        raise NotImplementedError
+
+    def epoch_completed(self, engine: Engine) -> None:
+        raise NotImplementedError
+
+
+class MetricSuiteHandler(EvaluationReportHandler):
     """Collect per-image SpectraFlow metrics during an ignite evaluation and write the reports at epoch end.
 
     Events: ``EPOCH_STARTED`` resets the suite, ``ITERATION_COMPLETED`` scores ``output_transform(engine.state.output)``
@@ -100,25 +162,12 @@ class MetricSuiteHandler:
         json_name: str | None = "summary.json",
         metric_prefix: str | None = None,
     ) -> None:
-        if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
-            raise ValueError(f"output_dir must be a non-empty path, got {output_dir!r}.")
+        super().__init__(output_dir, output_transform, batch_transform, name_key, json_name, metric_prefix)
         if suite is not None and not isinstance(suite, SegmentationMetricSuite):
             raise ValueError(f"suite must be a SegmentationMetricSuite, got {type(suite).__name__}.")
-        self.output_dir = os.fspath(output_dir)
         self.suite = suite if suite is not None else SegmentationMetricSuite()
-        self.output_transform = output_transform
-        self.batch_transform = batch_transform
-        self.name_key = name_key
         self.meta_keys = tuple(meta_keys)
-        self.csv_name, self.summary_name, self.json_name = csv_name, summary_name, json_name
-        self.metric_prefix = metric_prefix
-        self.last_summary: dict[str, Any] | None = None
-
-    def attach(self, engine: Engine) -> None:
-        """Register the handler's events on ``engine``."""
-        engine.add_event_handler(Events.EPOCH_STARTED, self.epoch_started)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self.iteration_completed)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self.epoch_completed)
+        self.csv_name, self.summary_name = csv_name, summary_name
 
     def epoch_started(self, engine: Engine) -> None:
         """Reset the suite."""
@@ -161,14 +210,6 @@ class MetricSuiteHandler:
     def epoch_completed(self, engine: Engine) -> None:
         """Write the reports, log the table and optionally publish the summary in ``engine.state.metrics``."""
         summary = self.suite.save(self.output_dir, self.csv_name, self.summary_name, self.json_name)
-        self.last_summary = summary
-        engine.logger.info(
-            "SpectraFlow metric suite (%d images), reports in %s:\n%s",
-            len(self.suite),
-            self.output_dir,
-            self.suite.summary_markdown(summary),
-        )
-        if self.metric_prefix is not None:
-            for key, value in summary.items():
-                if isinstance(value, float) or key == "hd95_dropped":
-                    engine.state.metrics[f"{self.metric_prefix}{key}"] = value
+        values = {k: v for k, v in summary.items() if isinstance(v, float) or k == "hd95_dropped"}
+        title = f"SpectraFlow metric suite ({len(self.suite)} images)"
+        self.publish(engine, summary, title, self.suite.summary_markdown(summary), values)

@@ -1,0 +1,136 @@
+"""Training curves of SpectraFlow runs from their TensorBoard event files, one panel per scalar tag.
+
+Training writes TensorBoard event files with MONAI's ``TensorBoardStatsHandler`` (Stage-2 into ``logs/``, Stage-1
+into ``logs/stage1/``); :func:`read_scalars` reads them back and :func:`plot_training_curves` draws every tag, the
+headline curves (:data:`HEADLINE_TAGS`) first. matplotlib (Agg canvas, no pyplot state) and TensorBoard are imported
+inside the functions that use them; the PNG is written atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from spectraflow_monai.visualize.utils import save_figure, shorten
+
+__all__ = ["HEADLINE_TAGS", "plot_training_curves", "read_scalars"]
+
+logger = logging.getLogger(__name__)
+
+#: tags plotted first in their folder's block: Stage-1's unweighted MeanFlow error, Stage-2's training loss
+HEADLINE_TAGS = ("meanflow_error", "train_loss")
+
+
+def read_scalars(log_dir: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """All scalar series of a TensorBoard log folder (the event files directly inside it, not its sub-folders).
+
+    Args:
+        log_dir: folder written by a ``SummaryWriter`` (e.g. MONAI's ``TensorBoardStatsHandler``), or one event file.
+
+    Returns:
+        ``{tag: (steps, values)}``, sorted by tag; empty when the folder holds no scalars.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    path = os.fspath(log_dir)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"log_dir '{path}' does not exist.")
+    acc = EventAccumulator(path, size_guidance={SCALARS: 0})
+    acc.Reload()
+    out = {}
+    for tag in sorted(acc.Tags().get("scalars", [])):
+        events = acc.Scalars(tag)
+        out[tag] = (np.array([e.step for e in events]), np.array([e.value for e in events], dtype=np.float64))
+    return out
+
+
+def _ema(values: np.ndarray, weight: float = 0.9) -> np.ndarray:
+    """Debiased exponential moving average (TensorBoard's smoothing)."""
+    out, last, num = np.empty_like(values), 0.0, 0
+    for i, v in enumerate(values):
+        num += 1
+        last = last * weight + (1.0 - weight) * v
+        out[i] = last / (1.0 - weight**num)
+    return out
+
+
+def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | os.PathLike) -> list[str]:
+    """One PNG with a panel per scalar tag, grouped by log folder (a row block per folder, e.g. Stage-1, Stage-2).
+
+    The tags are listed from the event files (never assumed): MONAI's ``TensorBoardStatsHandler`` writes e.g.
+    ``train_loss``, ``train_loss_dice``, ``train_loss_bce``, ``train_loss_boundary``, ``boundary_beta``,
+    ``val_mean_dice``, ``val_mean_iou``, ``val_hd95`` for Stage-2 and ``meanflow_error`` (the headline),
+    ``loss_meanflow_weighted``, ``loss_dispersive``, ``dispersive_weighted``, ``loss`` for the SpectraFlow Stage-1
+    pretraining; the tags of ``HEADLINE_TAGS`` lead their block, the others follow in name order. Non-finite
+    values (an undefined HD95) are left out of a panel and counted in its title; long series also get a smoothed
+    line. Folders that do not exist
+    or hold no scalars are skipped with a logged warning and named at the bottom of the figure.
+
+    Args:
+        log_dirs: ``{label: folder}``, e.g. ``{"Stage-1": "logs/stage1", "Stage-2": "logs"}``.
+        path: output PNG file (written atomically).
+
+    Returns:
+        The plotted series as ``"<label>/<tag>"``, in panel order; empty (and nothing written) when no folder holds
+        a scalar.
+    """
+    if not isinstance(log_dirs, Mapping):
+        raise ValueError(f"log_dirs must be a mapping {{label: folder}}, got {type(log_dirs).__name__}.")
+    groups: list[tuple[str, dict[str, tuple[np.ndarray, np.ndarray]]]] = []
+    skipped: list[str] = []
+    for label, folder in log_dirs.items():
+        folder = os.fspath(folder)
+        if not os.path.exists(folder):
+            logger.warning("training curves: log folder '%s' (%s) does not exist, skipped.", folder, label)
+            skipped.append(f"{label} (not found)")
+            continue
+        scalars = read_scalars(folder)
+        if not scalars:
+            logger.warning("training curves: no scalars in '%s' (%s), skipped.", folder, label)
+            skipped.append(f"{label} (no scalars)")
+            continue
+        headline = [t for t in HEADLINE_TAGS if t in scalars]  # the curve to read first leads its block
+        groups.append((str(label), {t: scalars[t] for t in headline + [t for t in scalars if t not in headline]}))
+    if not groups:
+        logger.warning("training curves: nothing to plot, '%s' not written.", os.fspath(path))
+        return []
+
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    ncols = min(3, max(len(s) for _, s in groups))
+    rows = [math.ceil(len(s) / ncols) for _, s in groups]
+    fig = Figure(figsize=(4.2 * ncols, 3.0 * sum(rows) + (0.3 if skipped else 0.0)), layout="constrained")
+    axes = fig.subplots(sum(rows), ncols, squeeze=False)
+    plotted: list[str] = []
+    row0 = 0
+    for (label, scalars), nrow in zip(groups, rows):
+        for i, (tag, (steps, values)) in enumerate(scalars.items()):
+            ax = axes[row0 + i // ncols][i % ncols]
+            ok = np.isfinite(values)
+            s, v = steps[ok], values[ok]
+            title = f"{label}: {tag}" + (f" ({int((~ok).sum())} non-finite)" if (~ok).any() else "")
+            if len(v) >= 50:
+                ax.plot(s, v, color="tab:blue", alpha=0.3, linewidth=0.8)
+                ax.plot(s, _ema(v), color="tab:blue", linewidth=1.5)
+            elif len(v) > 0:
+                ax.plot(s, v, color="tab:blue", linewidth=1.5, marker="o", markersize=3)
+            else:
+                ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(shorten(title, 44), fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            plotted.append(f"{label}/{tag}")
+        for j in range(len(scalars), nrow * ncols):
+            axes[row0 + j // ncols][j % ncols].set_visible(False)
+        row0 += nrow
+    if skipped:
+        fig.supxlabel("Skipped: " + ", ".join(skipped), fontsize=8)
+    save_figure(fig, path)
+    return plotted

@@ -1,0 +1,70 @@
+"""Tests of the training curves: TensorBoard scalars read back and plotted, headline tags first, errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from spectraflow_monai.visualize import curves as cv
+from tests.visualize.helpers import png
+
+
+def test_read_scalars(run_dir):
+    root, _ = run_dir
+    s = cv.read_scalars(root / "logs")
+    assert sorted(s) == ["train_loss", "val_hd95", "val_mean_dice"]  # stage1/ is a sub-folder: not included
+    steps, values = s["train_loss"]
+    np.testing.assert_array_equal(steps, np.arange(1, 61))
+    np.testing.assert_allclose(values, 1.0 / np.arange(1, 61), rtol=1e-6)
+    assert np.isnan(s["val_hd95"][1][1])
+    assert cv.read_scalars(root / "logs_empty") == {}
+
+
+def test_plot_training_curves(run_dir, tmp_path, caplog):
+    root, _ = run_dir
+    out = tmp_path / "curves.png"
+    log_dirs = {"Stage-1": root / "logs" / "stage1", "Stage-2": str(root / "logs"), "Stage-0": root / "nope",
+                "Empty": root / "logs_empty"}
+    with caplog.at_level(logging.WARNING, logger=cv.__name__):
+        tags = cv.plot_training_curves(log_dirs, out)
+    assert tags == ["Stage-1/loss", "Stage-1/mse", "Stage-2/train_loss", "Stage-2/val_hd95", "Stage-2/val_mean_dice"]
+    assert "nope" in caplog.text and "logs_empty" in caplog.text
+    png(out)
+    assert os.listdir(tmp_path) == ["curves.png"]
+
+
+def test_plot_training_curves_nothing(run_dir, tmp_path):
+    root, _ = run_dir
+    assert cv.plot_training_curves({"A": root / "nope", "B": root / "logs_empty"}, tmp_path / "c.png") == []
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_ema():
+    np.testing.assert_allclose(cv._ema(np.array([2.0, 2.0, 2.0])), [2.0, 2.0, 2.0])
+    # debiased: second value = (0.1 * 0.9 * 1 + 0.1 * 3) / (1 - 0.81)
+    np.testing.assert_allclose(cv._ema(np.array([1.0, 3.0]))[1], (0.09 + 0.3) / 0.19)
+
+
+def test_plot_training_curves_headline_first(tmp_path):
+    """Stage-1's unweighted MeanFlow error leads its block, ahead of the tags that sort before it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=str(tmp_path / "stage1"))
+    for step in range(3):
+        for tag in ("dispersive_weighted", "loss", "loss_meanflow_weighted", "meanflow_error"):
+            w.add_scalar(tag, 1.0 + step, step)
+    w.close()
+    tags = cv.plot_training_curves({"Stage-1": tmp_path / "stage1"}, tmp_path / "curves.png")
+    assert tags == ["Stage-1/meanflow_error", "Stage-1/dispersive_weighted", "Stage-1/loss",
+                    "Stage-1/loss_meanflow_weighted"]  # fmt: skip
+
+
+def test_plot_training_curves_bad_args(run_dir, tmp_path):
+    root, _ = run_dir
+    with pytest.raises(ValueError, match="log_dirs must be a mapping"):
+        cv.plot_training_curves([str(root / "logs")], tmp_path / "c.png")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        cv.read_scalars(root / "nope")
