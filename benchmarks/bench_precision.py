@@ -38,7 +38,6 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 import yaml
-
 from bench_inference import fill_skipped_init  # same folder
 from bench_stage1 import _sync
 
@@ -124,7 +123,7 @@ def part_agreement(args, bf16) -> None:
     from monai.bundle import ConfigParser
     from monai.data import DataLoader, Dataset
 
-    from spectraflow_monai.data import build_datalist
+    from spectraflow_monai.apps.seg2d import build_datalist
 
     parser = ConfigParser()
     parser.read_config([os.path.join(BUNDLE_2D, "configs", c) for c in ("train.yaml", "evaluate.yaml")])
@@ -246,10 +245,10 @@ def part_stage1(args, bf16) -> None:
 
 # ----------------------------------------------------------------------------------------------- (d) slice-wise 3D
 def part_slices(args, bf16) -> None:
+    from bench_synapse import NUM_CLASSES, postprocess, preprocess
     from monai.inferers import SliceInferer
 
-    from bench_synapse import NUM_CLASSES, postprocess, preprocess
-    from spectraflow_monai.data import synthetic_ct_volume
+    from spectraflow_monai.apps.synapse import synthetic_ct_volume
     from spectraflow_monai.utils import AutocastInferer
 
     shape = tuple(args.shape)

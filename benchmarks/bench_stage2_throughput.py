@@ -55,7 +55,8 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
         "max_epochs": 1,
         "precision": precision,
         "progress_bar": False,
-        "train#handlers": ["@train#loss"],  # the boundary-weight ramp; no validation, no logging
+        # the boundary-weight ramp only: no validation, no logging
+        "train#handlers": [{"_target_": "spectraflow_monai.handlers.BoundaryWeightRamp", "loss": "@train#loss"}],
         "train#trainer#epoch_length": args.warmup + args.iters,
     }
     if "encoder_init" in parser:  # the encoder weights do not change the throughput: no file or download needed
@@ -126,7 +127,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="stage2_throughput_") as root:
         if args.tiny:
-            from spectraflow_monai.data import generate_synthetic_dataset
+            from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
 
             args.dataset, args.dataset_dir = "synthetic", os.path.join(root, "data")
             generate_synthetic_dataset(args.dataset_dir, num_train=4, num_val=2, size=112, seed=0)

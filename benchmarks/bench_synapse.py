@@ -6,7 +6,7 @@ Usage::
     OMP_NUM_THREADS=2 python benchmarks/bench_synapse.py --threads 2 --skip-inference --metric-runs 5  # metrics only
 
 (1) Slice-wise inference. One synthetic abdominal CT volume of 512x512x100 voxels
-(:func:`spectraflow_monai.data.synthetic_ct_volume`) goes through the preprocessing of the bundle's
+(:func:`spectraflow_monai.apps.synapse.synthetic_ct_volume`) goes through the preprocessing of the bundle's
 ``inference.yaml`` (HU window [-125, 275] -> [0, 1], every axial slice resized to 224x224, 3 channels, ImageNet
 normalisation) and is segmented with ``monai.inferers.SliceInferer(spatial_dim=2, roi_size=(224, 224))`` by two
 models, timed in interleaved rounds on the same 100 slices:
@@ -38,7 +38,6 @@ import time
 import numpy as np
 import torch
 import torch.nn as nn
-
 from bench_inference import fill_skipped_init
 
 NUM_CLASSES = 9
@@ -115,7 +114,7 @@ def preprocess(volume_hu: np.ndarray, size: int) -> torch.Tensor:
     """(H, W, D) HU -> (1, 3, size, size, D): window, per-slice resize (bilinear), 3 channels, ImageNet norm."""
     from monai.transforms import Resize
 
-    from spectraflow_monai.transforms import CTWindow
+    from spectraflow_monai.apps.synapse import CTWindow
 
     x = torch.as_tensor(CTWindow()(torch.from_numpy(volume_hu.astype(np.float32))))[None]
     x = Resize((size, size, -1), mode="bilinear")(x).as_tensor()
@@ -144,7 +143,7 @@ def main() -> None:
 
     from monai.inferers import SliceInferer
 
-    from spectraflow_monai.data import map_btcv_labels, synthetic_ct_volume
+    from spectraflow_monai.apps.synapse import map_btcv_labels, synthetic_ct_volume
     from spectraflow_monai.metrics import organ_metrics
     from spectraflow_monai.networks import SpectraFlowNet
 

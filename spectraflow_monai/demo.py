@@ -112,7 +112,7 @@ def run_demo(
     """
     import torch
 
-    from spectraflow_monai.data import generate_synthetic_dataset
+    from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
     from spectraflow_monai.utils import resolve_precision
 
     if image_size % 14:
@@ -173,7 +173,7 @@ def run_demo(
     )
     times["evaluate"] = _run_configs(bundle, ["train.yaml", "evaluate.yaml"], common, "Evaluation (paper protocol)")
 
-    from spectraflow_monai.data import build_datalist
+    from spectraflow_monai.apps.seg2d import build_datalist
     from spectraflow_monai.visualize.report import write_report
 
     eval_dir = root / "eval"

@@ -44,7 +44,7 @@ def test_bench_precision_trained_model_agreement(tmp_path):
     """Part (b) of bench_precision.py on a toy dataset and a toy 2D bundle model."""
     import torch
 
-    from spectraflow_monai.data import generate_synthetic_dataset
+    from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
     from spectraflow_monai.networks import SpectraFlowNet
 
     generate_synthetic_dataset(tmp_path / "data", num_train=2, num_val=2, size=28, seed=0)

@@ -2,7 +2,7 @@
 
 SpectraFlow (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for Medical Image
 Segmentation") is evaluated on Kvasir-SEG, ISIC-2016 and GlaS; the ``spectraflow_2d_segmentation`` bundle reads those
-as presets (:mod:`spectraflow_monai.data.datasets2d`) and, through :func:`build_datalist`, any set of 2D images with
+as presets (:mod:`spectraflow_monai.apps.seg2d.presets`) and, through :func:`build_datalist`, any set of 2D images with
 masks:
 
 - ``data_list_file_path``: a Decathlon-style JSON (as the MONAI model zoo's ``--data_list_file_path``)::
@@ -40,21 +40,17 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from spectraflow_monai.data.datasets2d import DATASET_PRESETS, canonical_dataset_name, low_data_subset
 from spectraflow_monai.data.label_mode import LabelMode, label_mode
+from spectraflow_monai.data.subsets import holdout, low_data_subset
 from spectraflow_monai.data.validation import DatasetError, check_pairs, list_images
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
     "DATA_SOURCES",
     "MASK_SUFFIXES",
-    "build_datalist",
-    "canonical_source_name",
     "decathlon_datalist",
     "folder_datalist",
-    "holdout",
+    "OWN_DATA_KWARGS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,7 +65,7 @@ FOLDER_LAYOUT = (
 )
 _SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val"}
 _SPLITS.update({"test": "test", "all": "all"})
-_OWN_KWARGS = ("label_threshold", "check_images", "check_masks")
+OWN_DATA_KWARGS = ("label_threshold", "check_images", "check_masks")
 
 
 def _check_split(split: Any) -> str:
@@ -77,13 +73,6 @@ def _check_split(split: Any) -> str:
     if s is None:
         raise SettingError(f"split must be 'train', 'val', 'test' or 'all', got {split!r}.")
     return s
-
-
-def _check_val_fraction(val_fraction: Any) -> float:
-    ok = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
-    if not ok or not 0.0 < float(val_fraction) < 1.0:
-        raise SettingError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}.")
-    return float(val_fraction)
 
 
 def _check_dir(dataset_dir: Any, what: str) -> str:
@@ -95,32 +84,6 @@ def _check_dir(dataset_dir: Any, what: str) -> str:
     if not os.path.isdir(path):
         raise DatasetError(f"dataset_dir {path!r} is a file, not a folder ({what}).")
     return path
-
-
-def holdout(
-    entries: Sequence[Mapping[str, Any]], val_fraction: float, seed: int = 0, key: str = "name"
-) -> tuple[list[dict], list[dict]]:
-    """Split ``entries`` into (kept, held out) for validation.
-
-    ``round(val_fraction * N)`` entries (at least 1, at most N - 1) are held out: the entries are sorted by
-    ``key`` and permuted with ``numpy.random.RandomState(seed)``, so the split depends on the names and the seed
-    only, not on the list order. Both parts keep the input order.
-
-    Raises:
-        SettingError: ``val_fraction`` is not in (0, 1).
-        DatasetError: fewer than 2 entries (nothing would be left to train on).
-    """
-    val_fraction = _check_val_fraction(val_fraction)
-    n = len(entries)
-    if n < 2:
-        raise DatasetError(
-            f"cannot hold out a validation image from {n} training image(s): give at least 2, or a validation list."
-        )
-    k = min(n - 1, max(1, int(np.floor(val_fraction * n + 0.5))))
-    order = sorted(range(n), key=lambda i: (str(entries[i].get(key, "")), i))
-    held = {order[j] for j in np.random.RandomState(seed).permutation(n)[:k]}
-    kept = [dict(e) for i, e in enumerate(entries) if i not in held]
-    return kept, [dict(e) for i, e in enumerate(entries) if i in held]
 
 
 def _name(path: str) -> str:
@@ -358,67 +321,4 @@ def folder_datalist(
     return _finish(chosen, split, what, fraction, seed, mode, label_threshold, check_images, check_masks)
 
 
-def canonical_source_name(dataset: str, data_list_file_path: Any = None) -> str:
-    """``"datalist"`` when ``data_list_file_path`` is set, ``"folder"``, else the preset key of ``dataset``."""
-    if data_list_file_path:
-        return "datalist"
-    if str(dataset).lower() in DATA_SOURCES:
-        return str(dataset).lower()
-    return canonical_dataset_name(dataset)
-
-
-def build_datalist(
-    dataset: str,
-    dataset_dir: str | os.PathLike | None,
-    split: str = "train",
-    fraction: float = 1.0,
-    seed: int = 0,
-    data_list_file_path: str | os.PathLike | None = None,
-    val_fraction: float = 0.2,
-    label_classes: Any = None,
-    **preset_kwargs: Any,
-) -> list[dict]:
-    """The datalist of every 2D source (the one entry point of the ``spectraflow_2d_segmentation`` bundle).
-
-    Args:
-        dataset: ``"folder"``, a preset (``"kvasir"``, ``"isic2016"``, ``"glas"``, ``"synthetic"``) or
-            ``"datalist"``; ignored when ``data_list_file_path`` is given (logged).
-        dataset_dir: the data folder (JSON: the base of relative paths, None: the JSON's folder).
-        split: ``"train"``, ``"val"``, ``"test"`` or ``"all"`` (presets: ``"test"`` = ``"val"``). Defaults to
-            ``"train"``.
-        fraction: kept fraction of the training split (low-data runs). Defaults to 1.0.
-        seed: seed of the hold-out and of ``fraction``. Defaults to 0.
-        data_list_file_path: a Decathlon-style datalist JSON; when set it is the source. Defaults to None.
-        val_fraction: share of the training entries held out for validation when the source has no validation
-            list (JSON, folder). Defaults to 0.2.
-        label_classes: None: binary masks; else the classes of the label maps (:func:`label_mode`); presets are
-            binary. Defaults to None.
-        preset_kwargs: source arguments: ``check_images``, ``check_masks``, ``label_threshold`` (own data),
-            ``mask_suffix`` (folder), the preset arguments (``split_dir``, ``generate``, ...).
-
-    Raises:
-        SettingError: an unknown source or argument. DatasetError: see the sources.
-    """
-    if data_list_file_path:
-        bad = sorted(set(preset_kwargs) - set(_OWN_KWARGS))
-        if bad:
-            raise SettingError(
-                f"datalist_kwargs {bad} do not apply to a datalist JSON (accepted: {list(_OWN_KWARGS)})."
-            )
-        if str(dataset).lower() not in ("datalist", "synthetic"):
-            logger.info("data_list_file_path is set: the datalist JSON is the data source, not dataset %r", dataset)
-        return decathlon_datalist(
-            data_list_file_path, dataset_dir, split, fraction, seed, val_fraction, label_classes, **preset_kwargs
-        )
-    source = str(dataset).lower()
-    if source == "datalist":
-        raise SettingError("dataset 'datalist' needs data_list_file_path (the datalist JSON), got None.")
-    if source == "folder":
-        bad = sorted(set(preset_kwargs) - {*_OWN_KWARGS, "mask_suffix"})
-        if bad:
-            raise SettingError(f"datalist_kwargs {bad} do not apply to dataset 'folder'.")
-        return folder_datalist(dataset_dir, split, fraction, seed, val_fraction, label_classes, **preset_kwargs)
-    key = canonical_source_name(dataset)
-    if label_classes is not None:
-        raise SettingError(f"label_classes must be null for the binary preset {key!r}, got {label_classes!r}.")
-    return DATASET_PRESETS[key](dataset_dir, split=split, fraction=fraction, seed=seed, **preset_kwargs)
+#END

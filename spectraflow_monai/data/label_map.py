@@ -2,7 +2,7 @@
 
 SpectraFlow's Synapse experiment (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation
 for Medical Image Segmentation") learns 8 organs of the 13 BTCV labels (TransUNet's mapping,
-:data:`spectraflow_monai.data.BTCV_TO_SYNAPSE`). Other label volumes (a Decathlon data set, labels drawn in MONAI
+:data:`spectraflow_monai.apps.synapse.BTCV_TO_SYNAPSE`). Other label volumes (a Decathlon data set, labels drawn in MONAI
 Label) carry their own values; a *label map* ``{source value: class index}`` says which class each value becomes:
 
 - :func:`check_label_map` validates a map (from a bundle setting, YAML or the command line) against ``num_classes``;

@@ -1,6 +1,6 @@
 """Checks that a 2D segmentation dataset on disk is complete and readable before any training starts.
 
-The datalist builders of :mod:`spectraflow_monai.data.datasets2d` call these checks, so that a wrong path, a missing
+The datalist builders of :mod:`spectraflow_monai.apps.seg2d.presets` call these checks, so that a wrong path, a missing
 mask, a corrupt file or a non-binary mask fails at once with a :class:`DatasetError` that names the file(s) and the
 problem, instead of an obscure error in a data-loader worker hours later.
 
@@ -343,7 +343,7 @@ def validate_datalist(
     ``label_threshold`` 1, so that its foreground is not read as background.
 
     Args:
-        datalist: entries as produced by the builders of :mod:`spectraflow_monai.data.datasets2d` (updated in place).
+        datalist: entries as produced by the builders of :mod:`spectraflow_monai.apps.seg2d.presets` (updated in place).
         what: description of the split for messages (e.g. the split file).
         check_images: fully decode images and masks (truncated files, NaN / infinite pixels) and compare their
             sizes. Defaults to ``True``.

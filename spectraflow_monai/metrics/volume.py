@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spectraflow_monai.data.synapse import SYNAPSE_ORGANS
+from spectraflow_monai.apps.synapse.constants import SYNAPSE_ORGANS
 from spectraflow_monai.metrics.reports import ORGAN_DISPLAY_NAMES
 from spectraflow_monai.metrics.surface import (
     check_spacing,
@@ -153,7 +153,7 @@ def organ_metrics(
             spacing (voxels). TransUNet's ``hd95_transunet`` is always in voxels. Defaults to None.
         num_classes: number of classes including background 0. Defaults to 9 (Synapse).
         organ_names: names of the classes ``1..num_classes-1`` (or of all classes, background first); defaults to
-            :data:`spectraflow_monai.data.SYNAPSE_ORGANS` for 9 classes and ``class_<i>`` otherwise.
+            :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS` for 9 classes and ``class_<i>`` otherwise.
         fast: when both masks of an organ are non-empty, extract the surfaces once and compute both HD95
             definitions from them. False computes each definition with its own call of
             :func:`~spectraflow_monai.metrics.surface.hd95_by_definition` (the same core; a check, not faster).

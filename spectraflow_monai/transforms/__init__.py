@@ -1,15 +1,5 @@
-from .label import BinarizeLabel, BinarizeLabelD, BinarizeLabeld, BinarizeLabelDict, LabelClasses, LabelClassesd
-from .ct import (
-    CTWindow,
-    CTWindowd,
-    LoadSynapseH5d,
-    LoadSynapseSliced,
-    MapBTCVLabels,
-    MapBTCVLabelsd,
-    load_slice_npz,
-)
-from .label_map import MapLabels, MapLabelsd
 from .finite import NONFINITE_MODES, CheckFinite, CheckFinited, check_finite, count_nonfinite
+from .label import BinarizeLabel, BinarizeLabelD, BinarizeLabeld, BinarizeLabelDict, LabelClasses, LabelClassesd
 from .mixed_domain import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -33,9 +23,6 @@ __all__: list[str] = [
 
 __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelDict", "LabelClasses", "LabelClassesd"]
 
-__all__ += ["CTWindow", "CTWindowd", "LoadSynapseSliced", "MapBTCVLabels", "MapBTCVLabelsd", "load_slice_npz"]
-__all__ += ["LoadSynapseH5d"]
-__all__ += ["MapLabels", "MapLabelsd"]
 __all__ += ["NONFINITE_MODES", "CheckFinite", "CheckFinited", "check_finite", "count_nonfinite"]
 __all__ += ["MixedDomainCollate", "num_masks"]
 

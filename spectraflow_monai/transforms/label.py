@@ -3,7 +3,7 @@
 The 2D benchmarks of SpectraFlow (Chen et al.) are binary: polyp, skin lesion or gland versus background. Their masks
 are stored differently: Kvasir-SEG as RGB JPEGs with compression noise (foreground = grey level >= 128, not > 0),
 ISIC-2016 as 0/255 PNGs, GlaS as instance label maps (foreground = label > 0, i.e. >= 1). The datalists of
-:mod:`spectraflow_monai.data.datasets2d` record the right threshold per entry (``label_threshold``), which
+:mod:`spectraflow_monai.apps.seg2d.presets` record the right threshold per entry (``label_threshold``), which
 :class:`BinarizeLabeld` reads, so one transform chain serves every preset.
 
 With ``check_values=True`` (as in the 2D bundle) a mask binarised at a grey level (threshold above 1) is checked
@@ -158,7 +158,7 @@ class BinarizeLabeld(MapTransform):
     Args:
         keys: keys of the label images to binarise.
         threshold: fixed threshold; ``None`` reads it from ``data[threshold_key]`` (as written by the datalists of
-            :mod:`spectraflow_monai.data.datasets2d`). Defaults to ``None``.
+            :mod:`spectraflow_monai.apps.seg2d.presets`). Defaults to ``None``.
         threshold_key: key of the per-sample threshold. Defaults to ``"label_threshold"``.
         channel_reduction: see :class:`BinarizeLabel`. Defaults to ``"mean"``.
         dtype: output dtype. Defaults to ``torch.float32``.

@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow report") ->
         if args.datalist:
             datalist = _load_datalist(args.datalist, args.datalist_key)
         elif args.dataset:
-            from spectraflow_monai.data import build_datalist
+            from spectraflow_monai.apps.seg2d import build_datalist
 
             datalist = build_datalist(args.dataset, args.dataset_dir, args.split)
         log_dirs = dict(args.log_dir) if args.log_dir else None

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from spectraflow_monai.data import synthetic_ct_volume
+from spectraflow_monai.apps.synapse import synthetic_ct_volume
 from tests.bundles.helpers import error_text, load_weights, parse_config
 
 REPO = Path(__file__).resolve().parents[2]

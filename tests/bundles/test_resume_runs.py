@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectraflow_monai.data.synthetic2d import generate_synthetic_dataset
+from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
 from tests.bundles.helpers import kill_when_file_appears, load_weights, run_bundle_process, start_bundle
 
 BUNDLE = Path(__file__).resolve().parents[2] / "bundles" / "spectraflow_2d_segmentation"

@@ -25,14 +25,14 @@ import torch
 from monai.bundle.scripts import verify_metadata, verify_net_in_out
 from monai.utils import set_determinism
 
-from spectraflow_monai.data import DatasetError, build_synapse_datalist, generate_synthetic_ct, synthetic_ct_volume
+from spectraflow_monai.apps.synapse import build_synapse_datalist, generate_synthetic_ct, synthetic_ct_volume
+from spectraflow_monai.data import DatasetError
+from spectraflow_monai.metrics import PAPER_ORGAN_ORDER, organ_metrics
+from tests.bundles.helpers import assert_evaluation_skips_encoder_weights, run_bundle
 from tests.bundles.helpers import error_text as _error_text
 from tests.bundles.helpers import load_weights as _load
-from tests.bundles.helpers import assert_evaluation_skips_encoder_weights
 from tests.bundles.helpers import parse_config as _parse
-from tests.bundles.helpers import run_bundle
 from tests.bundles.helpers import torchrun_bundle as _torchrun
-from spectraflow_monai.metrics import PAPER_ORGAN_ORDER, organ_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "bundles" / "spectraflow_synapse_segmentation"
@@ -158,7 +158,7 @@ def test_datalists_of_both_layouts(trained, transunet_root, tmp_path):
 
 @pytest.mark.parametrize("dataset", ["synthetic", "btcv", "transunet"])
 def test_default_validation_cases_are_held_out_training_cases(dataset):
-    from spectraflow_monai.data import SYNAPSE_TEST_CASES, SYNAPSE_TRAIN_CASES
+    from spectraflow_monai.apps.synapse import SYNAPSE_TEST_CASES, SYNAPSE_TRAIN_CASES
 
     parser = _parse(TRAIN, dataset=dataset)
     val = parser.get_parsed_content("val_cases")
@@ -192,7 +192,7 @@ def test_label_mapping_and_window_of_cached_slices(trained, tmp_path):
 
 def test_slices_are_extracted_once(trained, monkeypatch):
     """A later run lists the cached slices without reading a volume (an epoch never re-reads whole volumes)."""
-    import spectraflow_monai.data.synapse as synapse
+    import spectraflow_monai.apps.synapse.cache as synapse
 
     def fail(*args, **kwargs):
         raise AssertionError("a volume was read again although its slices are cached")
@@ -440,7 +440,7 @@ def test_bad_raw_input_is_named(tmp_path, problem, match):
 
 
 def test_bad_transunet_label_is_named(transunet_root, tmp_path):
-    from spectraflow_monai.transforms import LoadSynapseH5d, LoadSynapseSliced
+    from spectraflow_monai.apps.synapse import LoadSynapseH5d, LoadSynapseSliced
 
     src = np.load(transunet_root / "train_npz" / "case0005_slice004.npz")
     path = tmp_path / "case0005_slice004.npz"

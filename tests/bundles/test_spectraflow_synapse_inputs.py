@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from spectraflow_monai.data import synthetic_ct_volume
+from spectraflow_monai.apps.synapse import synthetic_ct_volume
 from tests.bundles.helpers import error_text, parse_config, run_bundle
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bundles" / "spectraflow_synapse_segmentation" / "configs"

@@ -12,15 +12,8 @@ import torch
 from monai.data import MetaTensor
 from PIL import Image
 
-from spectraflow_monai.data import (
-    DatasetError,
-    build_datalist,
-    canonical_source_name,
-    decathlon_datalist,
-    folder_datalist,
-    holdout,
-    label_mode,
-)
+from spectraflow_monai.apps.seg2d import build_datalist, canonical_source_name
+from spectraflow_monai.data import DatasetError, decathlon_datalist, folder_datalist, holdout, label_mode
 from spectraflow_monai.transforms import LabelClassesd
 from spectraflow_monai.utils.errors import DataError, SettingError
 

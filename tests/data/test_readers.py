@@ -134,7 +134,7 @@ def test_validation_reads_tiffs_pillow_cannot(tmp_path):
 @pytest.mark.skipif(not os.path.isdir(KVASIR_REAL), reason="real Kvasir-SEG not available")
 def test_real_kvasir_reads_as_before():
     """Kvasir-SEG (8-bit JPEG images and masks): the reader gives the old PILReader + /255 pipeline's values."""
-    from spectraflow_monai.data import kvasir_seg_datalist
+    from spectraflow_monai.apps.seg2d import kvasir_seg_datalist
     from spectraflow_monai.transforms import BinarizeLabeld
 
     entries = kvasir_seg_datalist(KVASIR_REAL, "val", fraction=0.03, check_images=False, check_masks=False)

@@ -40,8 +40,9 @@ from monai.bundle import ConfigParser  # noqa: E402
 from monai.bundle import run as bundle_run  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from spectraflow_monai.data import map_btcv_labels, synthetic_ct_volume  # noqa: E402
-from spectraflow_monai.data.synthetic2d import synthesize_pair  # noqa: E402
+from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
+from spectraflow_monai.apps.synapse import map_btcv_labels
+from spectraflow_monai.apps.synapse import synthetic_ct_volume  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 APP_MAIN = REPO / "bundles" / "monailabel_app" / "main.py"

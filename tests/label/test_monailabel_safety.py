@@ -18,7 +18,7 @@ pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/mon
 
 from PIL import Image  # noqa: E402
 
-from spectraflow_monai.data.synthetic2d import synthesize_pair  # noqa: E402
+from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
 
 from .test_monailabel_app import (  # noqa: E402,F401  (fixtures used by name)
     IMAGE_2D_SHAPE,
@@ -30,10 +30,10 @@ from .test_monailabel_app import (  # noqa: E402,F401  (fixtures used by name)
     _make_bundles,
     _quiet_app,
     _status,
+    _write_studies,
     app,
     app_main,
     served,
-    _write_studies,
 )
 
 _PAYLOAD = "$__import__('pathlib').Path({!r}).touch() or 1"

@@ -15,7 +15,6 @@ import re
 from typing import Any, Callable
 
 from monai.bundle import ConfigParser
-
 from monailabel.tasks.train.bundle import BundleTrainTask
 from monailabel.utils.others.generic import device_map
 
@@ -343,13 +342,13 @@ class SpectraFlowTrainTask(BundleTrainTask):
 
         The datastore holds label maps (0 background, 1..N classes). A slice-wise bundle (its metadata has
         ``volume_data_format``: 3D volumes in, a 2D network) trains on cached axial slices, extracted once per
-        volume with :func:`spectraflow_monai.data.extract_slices` (labels kept as they are, they are already the
+        volume with :func:`spectraflow_monai.apps.synapse.extract_slices` (labels kept as they are, they are already the
         bundle's classes); a 2D bundle reads the images directly, with foreground = label >= 1.
         """
         if not datalist:
             return datalist
         if self.volume_input:
-            from spectraflow_monai.data import extract_slices
+            from spectraflow_monai.apps.synapse import extract_slices
 
             image_size = int(self._config_value("image_size", 224))
             entries = [{"image": d["image"], "label": d["label"], "case": _image_id(d["image"])} for d in datalist]

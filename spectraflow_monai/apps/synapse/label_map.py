@@ -19,8 +19,8 @@ from monai.data import MetaTensor
 from monai.transforms import MapTransform, Transform
 from monai.utils import convert_to_dst_type
 
+from spectraflow_monai.apps.synapse.readers import map_btcv_labels
 from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_label_map
-from spectraflow_monai.data.synapse import map_btcv_labels
 
 __all__ = ["MapLabels", "MapLabelsd"]
 
@@ -34,7 +34,7 @@ class MapLabels(Transform):
 
     Args:
         label_map: ``{source value: class}`` (int keys or digit strings), checked against ``num_classes``; None:
-            :func:`spectraflow_monai.data.map_btcv_labels` (values outside 0..13 are errors). Defaults to None.
+            :func:`spectraflow_monai.apps.synapse.map_btcv_labels` (values outside 0..13 are errors). Defaults to None.
         num_classes: number of classes including background, bounds the classes of ``label_map``. Defaults to 256.
         unmapped: ``"error"`` or ``"background"``. Defaults to ``"error"``.
     """

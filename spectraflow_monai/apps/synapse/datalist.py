@@ -12,7 +12,7 @@ read any set of NIfTI volumes listed the way the Medical Segmentation Decathlon 
 
 Relative paths are resolved against ``dataset_dir`` (default: the JSON's folder), as MONAI does. Case ids are the
 file names without ``.nii.gz`` / ``.nii``. :func:`decathlon_synapse_datalist` returns the same datalist contract as
-the presets of :func:`spectraflow_monai.data.build_synapse_datalist` (which calls it when ``data_list_file_path``
+the presets of :func:`spectraflow_monai.apps.synapse.build_synapse_datalist` (which calls it when ``data_list_file_path``
 is given): volumes ``{"image", "label", "case"}``, or cached axial slices ``{"image", "label", "case", "slice"}``.
 Splits: ``"train"`` (``training`` minus the validation hold-out), ``"val"`` (the ``validation`` list, else the
 hold-out: ``round(val_fraction * N)`` training volumes, at least 1, drawn with ``numpy.random.RandomState(seed)``
@@ -31,13 +31,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spectraflow_monai.apps.synapse.cache import extract_slices
+from spectraflow_monai.apps.synapse.constants import SYNAPSE_ORGANS, format_case_id
+from spectraflow_monai.apps.synapse.readers import check_volume_pair
 from spectraflow_monai.data.label_map import (
     LABEL_MAP_UNMAPPED,
     check_class_names,
     check_label_map,
     identity_label_map,
 )
-from spectraflow_monai.data.synapse import SYNAPSE_ORGANS, check_volume_pair, extract_slices, format_case_id
+from spectraflow_monai.data.subsets import holdout, low_data_subset
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 
@@ -193,7 +196,7 @@ def holdout_split(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split ``entries`` into (kept, held out): ``round(fraction * N)`` held out (at least 1, at most N - 1).
 
-    The one hold-out of every data source, :func:`spectraflow_monai.data.datalist.holdout`, keyed on the case id:
+    The one hold-out of every data source, :func:`spectraflow_monai.data.subsets.holdout`, keyed on the case id:
     the entries are sorted by ``key`` and permuted with ``numpy.random.RandomState(seed)``, so the split depends on
     the ids and the seed only, not on the list order; both parts keep the input order.
 
@@ -201,7 +204,6 @@ def holdout_split(
         SettingError: ``fraction`` is not in (0, 1).
         DatasetError: fewer than 2 entries (nothing could be left for training).
     """
-    from spectraflow_monai.data.datalist import holdout  # lazy: the 2D datalist module is not needed otherwise
 
     return holdout(entries, fraction, seed, key=key)
 
@@ -214,7 +216,6 @@ def case_fraction(
     Uses :func:`spectraflow_monai.data.low_data_subset` on the sorted case ids (``round(fraction * cases)``, at least
     one; for one seed 10 % lies within 20 % within 50 %); logs the kept cases when ``fraction < 1``.
     """
-    from spectraflow_monai.data.datasets2d import low_data_subset
 
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
         raise SettingError(f"data_fraction must be a number in (0, 1], got {fraction!r}.")
@@ -239,7 +240,7 @@ def resolve_label_map(label_map: Any, data_list_file_path: Any, num_classes: Any
 
 def synapse_class_names(num_classes: int, data_list_file_path: Any = None) -> list[str]:
     """Default ``class_names`` of the Synapse bundle: the 9 Synapse classes (background + 8 organs,
-    :data:`spectraflow_monai.data.SYNAPSE_ORGANS`) when ``num_classes`` is 9 and the data are not a datalist JSON,
+    :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS`) when ``num_classes`` is 9 and the data are not a datalist JSON,
     else ``background, class_1, ..., class_<num_classes-1>``."""
 
     if not data_list_file_path and num_classes == len(SYNAPSE_ORGANS):
@@ -343,7 +344,7 @@ def decathlon_synapse_datalist(
             the ``validation`` list / the seeded hold-out. Defaults to None (all).
         exclude_cases: training case ids held out of ``"train"`` (instead of the ``validation`` list / the seeded
             hold-out). Defaults to None.
-        slices: True: one entry per cached axial slice (:func:`spectraflow_monai.data.extract_slices`, windowed,
+        slices: True: one entry per cached axial slice (:func:`spectraflow_monai.apps.synapse.extract_slices`, windowed,
             labels mapped with ``label_map``, resized to ``spatial_size``); False: volumes, header-checked (3D, label
             shape and affine equal to the image's). Defaults to False.
         cache_dir: the slice cache folder (``slices=True``). Defaults to None.
@@ -441,7 +442,7 @@ def check_own_data_settings(
     data_fraction: Any = None,
 ) -> dict[str, Any]:
     """Check the data-source settings of the Synapse bundle (called by
-    :func:`spectraflow_monai.data.check_synapse_settings`); settings left at None are not checked.
+    :func:`spectraflow_monai.apps.synapse.check_synapse_settings`); settings left at None are not checked.
 
     Raises:
         SettingError / DatasetError: (``ValueError`` s) naming the setting (or the file) and the problem: a JSON

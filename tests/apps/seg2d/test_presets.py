@@ -6,21 +6,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from spectraflow_monai.data import (
+from spectraflow_monai.apps.seg2d import (
     KVASIR_SPLIT_DIR,
-    DatasetError,
     build_datalist,
     glas_datalist,
     isic2016_datalist,
     kvasir_seg_datalist,
-    low_data_subset,
 )
+from spectraflow_monai.data import DatasetError, low_data_subset
 from spectraflow_monai.utils.errors import SettingError, find_input_error
 
 # the real Kvasir-SEG copy: $SPECTRAFLOW_KVASIR_DIR, else shared/data/kvasir-seg beside the repository
 KVASIR_REAL = os.environ.get(
     "SPECTRAFLOW_KVASIR_DIR",
-    os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "kvasir-seg"),
+    os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data", "kvasir-seg"),
 )
 
 
@@ -246,7 +245,7 @@ def test_empty_glas_test_split(tmp_path):
 
 
 def test_kvasir_without_splits_folder_uses_the_shipped_lists(tmp_path, monkeypatch):
-    import spectraflow_monai.data.datasets2d as datasets2d
+    import spectraflow_monai.apps.seg2d.presets as datasets2d
 
     assert sorted(os.listdir(KVASIR_SPLIT_DIR)) == ["train.txt", "val.txt"]
     shipped = {s: open(os.path.join(KVASIR_SPLIT_DIR, f"{s}.txt")).read().split() for s in ("train", "val")}

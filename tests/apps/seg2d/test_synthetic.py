@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from spectraflow_monai.data import generate_synthetic_dataset, synthetic_datalist
-from spectraflow_monai.data.synthetic2d import main, synthesize_pair
+from spectraflow_monai.apps.seg2d import generate_synthetic_dataset, synthesize_pair, synthetic_datalist
+from spectraflow_monai.apps.seg2d.synthetic import main
 
 
 def load(path):

@@ -23,14 +23,12 @@ validation sets, so ``"val"`` and ``"test"`` are aliases for every preset) and `
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
+from spectraflow_monai.data.subsets import low_data_subset
 from spectraflow_monai.data.validation import (
     DatasetError,
     check_folder,
@@ -43,12 +41,10 @@ from spectraflow_monai.utils.errors import SettingError
 __all__ = [
     "DATASET_PRESETS",
     "KVASIR_SPLIT_DIR",
-    "build_datalist",
     "canonical_dataset_name",
     "glas_datalist",
     "isic2016_datalist",
     "kvasir_seg_datalist",
-    "low_data_subset",
     "synthetic_datalist",
 ]
 
@@ -56,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 #: the 880/120 Kvasir-SEG split lists shipped with the package (used when the data set folder has no ``splits``).
 KVASIR_SPLIT_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "resources", "kvasir_seg_splits"
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "resources", "kvasir_seg_splits"
 )
 KVASIR_LAYOUT = (
     "<root>/Kvasir-SEG/images/<id>.jpg, <root>/Kvasir-SEG/masks/<id>.jpg (or <root>/images, <root>/masks), "
@@ -119,34 +115,6 @@ def _finish(
     if check_images or check_masks:
         validate_datalist(subset, what, check_images=check_images, check_masks=check_masks)
     return subset
-
-
-def low_data_subset(datalist: Sequence[Mapping[str, Any]], fraction: float, seed: int = 0) -> list[dict]:
-    """A deterministic, nested fraction of a datalist for the low-data experiments (10/20/50/100 %).
-
-    The entries are ordered by ``name`` (or ``image`` when absent), shuffled with ``numpy.random.RandomState(seed)``,
-    and the first ``round(fraction * N)`` (at least one) are kept, so for one seed the subsets are nested
-    (10 % within 20 % within 50 %) and independent of the input order. The result keeps the input order.
-
-    Args:
-        datalist: entries (dicts).
-        fraction: kept fraction in (0, 1].
-        seed: shuffling seed. Defaults to 0.
-
-    Returns:
-        A new list (shallow copies of the kept entries).
-    """
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
-        raise SettingError(f"fraction must be a number in (0, 1], got {fraction!r}.")
-    n = len(datalist)
-    if fraction >= 1.0 or n == 0:
-        return [dict(d) for d in datalist]
-    keys = [str(d.get("name", d.get("image", i))) for i, d in enumerate(datalist)]
-    order = sorted(range(n), key=lambda i: (keys[i], i))
-    perm = np.random.RandomState(seed).permutation(n)
-    k = max(1, int(math.floor(fraction * n + 0.5 - 1e-9)))
-    kept = {order[j] for j in perm[:k]}
-    return [dict(datalist[i]) for i in range(n) if i in kept]
 
 
 def _read_split_file(path: str, preset: str, layout: str) -> list[str]:
@@ -253,7 +221,7 @@ def synthetic_datalist(
     generate: bool = False,
     **generate_kwargs: Any,
 ) -> list[dict]:
-    """Datalist of the synthetic set written by :func:`spectraflow_monai.data.synthetic2d.generate_synthetic_dataset`.
+    """Datalist of the synthetic set written by :func:`spectraflow_monai.apps.seg2d.synthetic.generate_synthetic_dataset`.
 
     Layout: ``<root>/images/<id>.png``, ``<root>/masks/<id>.png`` (0/255), ``<root>/splits/{train,val}.txt``.
 
@@ -270,7 +238,7 @@ def synthetic_datalist(
     root = os.fspath(root)
     split = _split(split, "synthetic")
     if generate:
-        from spectraflow_monai.data.synthetic2d import generate_synthetic_dataset
+        from spectraflow_monai.apps.seg2d.synthetic import generate_synthetic_dataset
 
         generate_synthetic_dataset(root, **generate_kwargs)
     elif generate_kwargs:
@@ -279,7 +247,7 @@ def synthetic_datalist(
         root,
         "synthetic",
         SYNTHETIC_LAYOUT + " (create it with generate=True or "
-        "python -m spectraflow_monai.data.synthetic2d --root DIR)",
+        "spectraflow synthetic-2d --output DIR)",
     )
     return _folder_pair_datalist(
         root,
@@ -422,22 +390,3 @@ def canonical_dataset_name(dataset: str) -> str:
     if key not in DATASET_PRESETS:
         raise SettingError(f"dataset must be one of {sorted(DATASET_PRESETS)}, got {dataset!r}.")
     return key
-
-
-def build_datalist(
-    dataset: str, root: str | os.PathLike, split: str = "train", fraction: float = 1.0, seed: int = 0, **kwargs: Any
-) -> list[dict]:
-    """One entry point for the 2D presets (used by the ``spectraflow_2d_segmentation`` bundle).
-
-    Args:
-        dataset: ``"kvasir"``, ``"isic2016"``, ``"glas"`` or ``"synthetic"`` (aliases ``"kvasir-seg"``, ``"isic"``).
-        root: dataset root of that preset.
-        split: ``"train"``, ``"val"`` (alias ``"test"``) or ``"all"``. Defaults to ``"train"``.
-        fraction: kept fraction for low-data runs (:func:`low_data_subset`). Defaults to 1.0.
-        seed: seed of the subset. Defaults to 0.
-        kwargs: preset-specific arguments (``split_dir``, ``check_images``, ``check_masks``, ``generate``, ...).
-    """
-    key = _PRESET_ALIASES.get(str(dataset).lower(), str(dataset).lower())
-    if key not in DATASET_PRESETS:
-        raise SettingError(f"dataset must be one of {sorted(DATASET_PRESETS)}, got {dataset!r}.")
-    return DATASET_PRESETS[key](root, split=split, fraction=fraction, seed=seed, **kwargs)

@@ -9,7 +9,7 @@ and the network is trained on 2D axial slices.
 - :class:`CTWindow` / :class:`CTWindowd`: the HU window, a preset of :class:`monai.transforms.ScaleIntensityRange`.
 - :class:`MapBTCVLabels` / :class:`MapBTCVLabelsd`: BTCV label ids (0..13) to the 9 Synapse classes.
 - :class:`LoadSynapseSliced`: loads one axial slice stored as ``.npz`` (TransUNet's ``train_npz`` files or the slice
-  cache of :func:`spectraflow_monai.data.synapse.extract_slices`) as channel-first ``MetaTensor`` s.
+  cache of :func:`spectraflow_monai.apps.synapse.extract_slices`) as channel-first ``MetaTensor`` s.
 - :class:`LoadSynapseH5d`: loads one of TransUNet's ``test_vol_h5`` volumes as channel-first ``MetaTensor`` s
   ``(1, H, W, D)`` with unit spacing, for whole-volume evaluation.
 
@@ -32,7 +32,7 @@ from monai.data import MetaTensor
 from monai.transforms import MapTransform, ScaleIntensityRange, ScaleIntensityRanged, Transform
 from monai.utils import convert_to_dst_type
 
-from spectraflow_monai.data.synapse import check_synapse_labels, load_synapse_h5, map_btcv_labels
+from spectraflow_monai.apps.synapse.readers import check_synapse_labels, load_synapse_h5, map_btcv_labels
 
 __all__ = [
     "CTWindow",
@@ -124,7 +124,7 @@ class MapBTCVLabels(Transform):
     BTCV id -> Synapse class: 1 spleen -> 1, 2 right kidney -> 2, 3 left kidney -> 3, 4 gallbladder -> 4,
     6 liver -> 5, 7 stomach -> 6, 8 aorta -> 7, 11 pancreas -> 8; esophagus (5), inferior vena cava (9), portal
     and splenic veins (10) and the adrenal glands (12, 13) become background (TransUNet protocol, as used by
-    SpectraFlow, Chen et al.). See :func:`spectraflow_monai.data.synapse.map_btcv_labels`.
+    SpectraFlow, Chen et al.). See :func:`spectraflow_monai.apps.synapse.map_btcv_labels`.
 
     The input type, dtype and metadata are kept. Values outside 0..13 (or non-integral values) raise a
     ``ValueError`` naming the file (from the ``MetaTensor`` metadata) and the offending values.
@@ -195,7 +195,7 @@ class LoadSynapseSliced(MapTransform):
     """Load axial CT slices stored as ``.npz`` into channel-first ``MetaTensor`` s of shape ``(1, H, W)``.
 
     Works for TransUNet's preprocessed ``train_npz/caseXXXX_sliceNNN.npz`` files and for the slice cache written
-    by :func:`spectraflow_monai.data.synapse.extract_slices` (both store ``image`` and ``label`` arrays of shape
+    by :func:`spectraflow_monai.apps.synapse.extract_slices` (both store ``image`` and ``label`` arrays of shape
     ``(H, W)`` in one file; the image is already windowed to [0, 1] and the label mapped to the 9 Synapse
     classes). Each distinct path in a data dictionary is read once, so ``{"image": p, "label": p}`` opens ``p`` a
     single time. The metadata carries ``filename_or_obj``, ``case`` and ``slice`` (from the data dictionary, or

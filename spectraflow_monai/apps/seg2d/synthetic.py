@@ -6,7 +6,7 @@ colours, which one is brighter, texture strength, shading, blur, noise) while th
 network has to learn shape and boundary rather than a fixed colour, in the spirit of the structure-aware pretraining
 of SpectraFlow (Chen et al.).
 
-Layout written (read by :func:`spectraflow_monai.data.datasets2d.synthetic_datalist`)::
+Layout written (read by :func:`spectraflow_monai.apps.seg2d.presets.synthetic_datalist`)::
 
     <root>/images/synth_{train,val}_NNNN.png   RGB, size x size
     <root>/masks/synth_{train,val}_NNNN.png    8-bit, 0 = background, 255 = lesion (binarise at 128)
@@ -18,7 +18,7 @@ Generation is deterministic: image ``i`` of a split depends only on ``(seed, spl
 
 Command line::
 
-    python -m spectraflow_monai.data.synthetic2d --root DIR --num-train 80 --num-val 20
+    python -m spectraflow_monai.apps.seg2d.synthetic --root DIR --num-train 80 --num-val 20
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def generate_synthetic_dataset(
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry point (``python -m spectraflow_monai.data.synthetic2d``)."""
+    """Command-line entry point (``python -m spectraflow_monai.apps.seg2d.synthetic``)."""
     parser = argparse.ArgumentParser(description="Write a synthetic 2D lesion-segmentation set.")
     parser.add_argument("--root", required=True, help="output folder")
     parser.add_argument("--num-train", type=int, default=80)

@@ -13,23 +13,21 @@ import pytest
 import torch
 from monai.data import MetaTensor
 
-from spectraflow_monai.data import (
-    DatasetError,
-    apply_label_map,
+from spectraflow_monai.apps.synapse import (
     build_synapse_datalist,
-    check_class_names,
-    check_label_map,
+    case_fraction,
     check_synapse_settings,
     extract_slices,
+    generate_synthetic_ct,
     holdout_split,
+    nifti_case_id,
     read_decathlon_datalist,
     resolve_label_map,
     synapse_class_names,
     synapse_inference_datalist,
 )
-from spectraflow_monai.data.synapse_datalist import case_fraction, nifti_case_id
-from spectraflow_monai.data.synthetic_ct import generate_synthetic_ct
-from spectraflow_monai.transforms import MapLabelsd
+from spectraflow_monai.data import DatasetError, apply_label_map, check_class_names, check_label_map
+from spectraflow_monai.apps.synapse import MapLabelsd
 from spectraflow_monai.utils.errors import SettingError
 
 SHAPE, AFFINE = (16, 16, 4), np.diag([1.0, 1.0, 2.0, 1.0])

@@ -1,9 +1,9 @@
 """The Synapse bundle's data entry points: settings checked before any work, and one datalist call for every source.
 
 SpectraFlow (Chen et al.) reports its 3D experiment on Synapse multi-organ CT with TransUNet's protocol
-(:mod:`spectraflow_monai.data.synapse`: split, label map, readers, slice cache). :func:`build_synapse_datalist` is
+(:mod:`spectraflow_monai.apps.synapse`: split, label map, readers, slice cache). :func:`build_synapse_datalist` is
 what the ``spectraflow_synapse_segmentation`` bundle calls: the BTCV / TransUNet layouts and the synthetic phantom
-as presets, or a user's Decathlon datalist JSON (:mod:`spectraflow_monai.data.synapse_datalist`), all giving the same
+as presets, or a user's Decathlon datalist JSON (:mod:`spectraflow_monai.apps.synapse.datalist`), all giving the same
 datalist contract. :func:`check_synapse_settings` runs first in the bundle's ``initialize``.
 
 Layering (no import circle): protocol, readers and cache (``synapse``) <- own-data datalists (``synapse_datalist``)
@@ -23,23 +23,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from spectraflow_monai.data.synapse import (
-    _RAW_IMAGE,
+from spectraflow_monai.apps.synapse.cache import extract_slices
+from spectraflow_monai.apps.synapse.constants import (
+    RAW_IMAGE,
     SYNAPSE_BUNDLE_DATASETS,
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
-    _case_list,
-    check_volume_pair,
-    extract_slices,
     format_case_id,
-    synapse_datalist,
 )
-from spectraflow_monai.data.synapse_datalist import (
+from spectraflow_monai.apps.synapse.datalist import (
     case_fraction,
     check_own_data_settings,
     decathlon_synapse_datalist,
     resolve_label_map,
 )
+from spectraflow_monai.apps.synapse.layouts import _case_list, synapse_datalist
+from spectraflow_monai.apps.synapse.readers import check_volume_pair
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size
@@ -74,7 +73,7 @@ def check_synapse_settings(
         nonfinite_value: the replacement value of ``nonfinite: replace``, a finite number. Defaults to None.
         data_source: the own-data settings ``data_list_file_path``, ``dataset_dir``, ``label_map``,
             ``class_names``, ``unmapped_labels``, ``val_fraction``, ``data_fraction``, checked by
-            :func:`spectraflow_monai.data.synapse_datalist.check_own_data_settings` (a JSON path that is no file, a
+            :func:`spectraflow_monai.apps.synapse.datalist.check_own_data_settings` (a JSON path that is no file, a
             ``dataset_dir`` that is a file, a label map or class names that do not fit ``num_classes``, ...).
 
     Returns:
@@ -120,7 +119,7 @@ def check_synapse_settings(
 
 def _cases_on_disk(root: Path, split: str) -> list[str]:
     """The raw-layout case ids found under ``root`` that belong to TransUNet's ``split`` list."""
-    folder = root / os.path.dirname(_RAW_IMAGE)
+    folder = root / os.path.dirname(RAW_IMAGE)
     found = sorted(
         f"{int(m.group(1)):04d}" for m in map(_RAW_IMAGE_NAME.match, os.listdir(folder) if folder.is_dir() else []) if m
     )
@@ -131,7 +130,7 @@ def _cases_on_disk(root: Path, split: str) -> list[str]:
 def _generate_or_check_phantom(root: Path, generate: Mapping[str, Any]) -> None:
     """Write the phantom when ``root`` holds none; else make sure it is the one ``generate`` asks for."""
     # lazy: synthetic_ct imports this module
-    from spectraflow_monai.data.synthetic_ct import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
+    from spectraflow_monai.apps.synapse.phantom import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
 
     on_disk = _cases_on_disk(root, "train") + _cases_on_disk(root, "test")
     if not on_disk:
@@ -190,12 +189,12 @@ def build_synapse_datalist(
     - ``"btcv"``: the raw BTCV release (``RawData/Training/{img,label}``), the TransUNet 18 / 12 case split unless
       ``cases`` is given, BTCV labels mapped 13 -> 8 (:data:`BTCV_TO_SYNAPSE`).
     - ``"transunet"``: TransUNet's preprocessed files (``train_npz/`` slices, ``test_vol_h5/`` volumes; h5py).
-    - ``"synthetic"``: the phantom of :mod:`spectraflow_monai.data.synthetic_ct` in the raw layout, written into
+    - ``"synthetic"``: the phantom of :mod:`spectraflow_monai.apps.synapse.phantom` in the raw layout, written into
       ``root`` on first use when ``generate`` is a mapping (the arguments of
-      :func:`~spectraflow_monai.data.synthetic_ct.generate_synthetic_ct`; ``layout`` is always ``"raw"``); without
+      :func:`~spectraflow_monai.apps.synapse.phantom.generate_synthetic_ct`; ``layout`` is always ``"raw"``); without
       ``cases``, every case found on disk is used, split by TransUNet's lists.
     - your own volumes: when ``data_list_file_path`` names a Decathlon-style datalist JSON, it is the source and
-      ``dataset`` is not used (logged): see :func:`spectraflow_monai.data.synapse_datalist.decathlon_synapse_datalist`
+      ``dataset`` is not used (logged): see :func:`spectraflow_monai.apps.synapse.datalist.decathlon_synapse_datalist`
       (``root`` is the base of its relative paths, ``label_map`` defaults to the identity over ``num_classes``).
 
     Every source gives the same contract: volumes ``{"image", "label", "case"}`` or cached slices
@@ -211,7 +210,7 @@ def build_synapse_datalist(
         slices: False: one entry per volume (``{"image", "label", "case"}``; raw NIfTI pairs are checked from their
             headers: 3D, same shape and affine); True: one entry per axial slice ``.npz``
             (``{"image", "label", "case", "slice"}``, load with
-            :class:`spectraflow_monai.transforms.LoadSynapseSliced`): raw volumes and TransUNet test volumes are
+            :class:`spectraflow_monai.apps.synapse.LoadSynapseSliced`): raw volumes and TransUNet test volumes are
             read once into the slice cache ``cache_dir`` with :func:`extract_slices` (reused by later calls),
             TransUNet's ``train_npz`` slices are listed as they are. Defaults to False.
         cache_dir: the slice cache folder; required when a volume has to be sliced. Defaults to None.
@@ -331,8 +330,8 @@ def _build_synapse_datalist(
             if not cases:
                 raise DatasetError(
                     f"no synthetic case of the {split} split (TransUNet's list) under {str(root)!r}: expected "
-                    f"{str(root / os.path.dirname(_RAW_IMAGE))}/imgXXXX.nii.gz; generate the phantom with "
-                    "python -m spectraflow_monai.data.synthetic_ct --root <dir>."
+                    f"{str(root / os.path.dirname(RAW_IMAGE))}/imgXXXX.nii.gz; generate the phantom with "
+                    "python -m spectraflow_monai.apps.synapse.phantom --root <dir>."
                 )
     if exclude_cases:
         excluded = set(_case_list(exclude_cases, split))

@@ -8,7 +8,7 @@ import torch
 from monai.data import DataLoader, Dataset, MetaTensor
 from monai.transforms import Compose, RepeatChanneld
 
-from spectraflow_monai.transforms import (
+from spectraflow_monai.apps.synapse import (
     CTWindow,
     CTWindowd,
     LoadSynapseSliced,

@@ -19,7 +19,7 @@ Every case is generated from ``(seed, case id)`` only, so a case looks the same 
 
 Command line::
 
-    python -m spectraflow_monai.data.synthetic_ct --root DIR [--cases 5 6 7 40 1 2] [--layout raw|transunet|both]
+    python -m spectraflow_monai.apps.synapse.phantom --root DIR [--cases 5 6 7 40 1 2] [--layout raw|transunet|both]
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from spectraflow_monai.data.synapse import SYNAPSE_TEST_CASES, format_case_id, map_btcv_labels
+from spectraflow_monai.apps.synapse.constants import SYNAPSE_TEST_CASES, format_case_id
+from spectraflow_monai.apps.synapse.readers import map_btcv_labels
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = [
@@ -265,7 +266,7 @@ def generate_synthetic_ct(
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line entry point: ``python -m spectraflow_monai.data.synthetic_ct --root DIR``."""
+    """Command line entry point: ``python -m spectraflow_monai.apps.synapse.phantom --root DIR``."""
     parser = argparse.ArgumentParser(description="Write the synthetic Synapse-like CT phantom.")
     parser.add_argument("--root", required=True, help="output folder")
     parser.add_argument("--cases", nargs="+", default=None, help="case ids (default: 5 6 7 40 1 2)")

@@ -13,21 +13,22 @@ import numpy as np
 import pytest
 import torch
 
-from spectraflow_monai.data import DatasetError
-from spectraflow_monai.data.synapse import (
+from spectraflow_monai.apps.synapse import (
     BTCV_TO_SYNAPSE,
     SYNAPSE_ORGANS,
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
+    build_synapse_datalist,
     check_volume_pair,
     extract_slices,
     format_case_id,
+    generate_synthetic_ct,
     load_synapse_h5,
     map_btcv_labels,
     synapse_datalist,
+    synthetic_ct_volume,
 )
-from spectraflow_monai.data.synapse_bundle import build_synapse_datalist
-from spectraflow_monai.data.synthetic_ct import generate_synthetic_ct, synthetic_ct_volume
+from spectraflow_monai.data import DatasetError
 
 TINY = (32, 32, 8)
 CASES = [5, 6, 1]
@@ -488,7 +489,7 @@ def test_extract_slices_names_a_transunet_volume_with_nan(tu_root, tmp_path):
     ],
 )
 def test_check_synapse_settings_names_the_setting(kwargs, match):
-    from spectraflow_monai.data import check_synapse_settings
+    from spectraflow_monai.apps.synapse import check_synapse_settings
     from spectraflow_monai.utils.errors import SettingError
 
     with pytest.raises(SettingError, match=match):
@@ -496,7 +497,7 @@ def test_check_synapse_settings_names_the_setting(kwargs, match):
 
 
 def test_check_synapse_settings_normalises():
-    from spectraflow_monai.data import check_synapse_settings
+    from spectraflow_monai.apps.synapse import check_synapse_settings
 
     out = check_synapse_settings(np.int64(56), "BTCV", 9, (-125, 275), "replace", -1000)
     assert out == {

@@ -8,8 +8,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from spectraflow_monai.data.synapse import BTCV_TO_SYNAPSE
-from spectraflow_monai.data.synthetic_ct import generate_synthetic_ct, main, synthetic_ct_volume
+from spectraflow_monai.apps.synapse import BTCV_TO_SYNAPSE, generate_synthetic_ct, main, synthetic_ct_volume
 
 TINY = (32, 32, 8)
 ORGAN_IDS = set(BTCV_TO_SYNAPSE)  # BTCV ids of the 8 Synapse organs

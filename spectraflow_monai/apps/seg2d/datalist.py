@@ -1,0 +1,83 @@
+"""The datalist entry point of the ``spectraflow_2d_segmentation`` bundle: own data (a Decathlon JSON, folder pairs)
+or a preset (Kvasir-SEG, ISIC-2016, GlaS, synthetic), one contract for all (:mod:`spectraflow_monai.data.datalist`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from spectraflow_monai.apps.seg2d.presets import DATASET_PRESETS, canonical_dataset_name
+from spectraflow_monai.data.datalist import DATA_SOURCES, OWN_DATA_KWARGS, decathlon_datalist, folder_datalist
+from spectraflow_monai.utils.errors import SettingError
+
+__all__ = ["build_datalist", "canonical_source_name"]
+
+logger = logging.getLogger(__name__)
+
+
+def canonical_source_name(dataset: str, data_list_file_path: Any = None) -> str:
+    """``"datalist"`` when ``data_list_file_path`` is set, ``"folder"``, else the preset key of ``dataset``."""
+    if data_list_file_path:
+        return "datalist"
+    if str(dataset).lower() in DATA_SOURCES:
+        return str(dataset).lower()
+    return canonical_dataset_name(dataset)
+
+
+def build_datalist(
+    dataset: str,
+    dataset_dir: str | os.PathLike | None,
+    split: str = "train",
+    fraction: float = 1.0,
+    seed: int = 0,
+    data_list_file_path: str | os.PathLike | None = None,
+    val_fraction: float = 0.2,
+    label_classes: Any = None,
+    **preset_kwargs: Any,
+) -> list[dict]:
+    """The datalist of every 2D source (the one entry point of the ``spectraflow_2d_segmentation`` bundle).
+
+    Args:
+        dataset: ``"folder"``, a preset (``"kvasir"``, ``"isic2016"``, ``"glas"``, ``"synthetic"``) or
+            ``"datalist"``; ignored when ``data_list_file_path`` is given (logged).
+        dataset_dir: the data folder (JSON: the base of relative paths, None: the JSON's folder).
+        split: ``"train"``, ``"val"``, ``"test"`` or ``"all"`` (presets: ``"test"`` = ``"val"``). Defaults to
+            ``"train"``.
+        fraction: kept fraction of the training split (low-data runs). Defaults to 1.0.
+        seed: seed of the hold-out and of ``fraction``. Defaults to 0.
+        data_list_file_path: a Decathlon-style datalist JSON; when set it is the source. Defaults to None.
+        val_fraction: share of the training entries held out for validation when the source has no validation
+            list (JSON, folder). Defaults to 0.2.
+        label_classes: None: binary masks; else the classes of the label maps (:func:`label_mode`); presets are
+            binary. Defaults to None.
+        preset_kwargs: source arguments: ``check_images``, ``check_masks``, ``label_threshold`` (own data),
+            ``mask_suffix`` (folder), the preset arguments (``split_dir``, ``generate``, ...).
+
+    Raises:
+        SettingError: an unknown source or argument. DatasetError: see the sources.
+    """
+    if data_list_file_path:
+        bad = sorted(set(preset_kwargs) - set(OWN_DATA_KWARGS))
+        if bad:
+            raise SettingError(
+                f"datalist_kwargs {bad} do not apply to a datalist JSON (accepted: {list(OWN_DATA_KWARGS)})."
+            )
+        if str(dataset).lower() not in ("datalist", "synthetic"):
+            logger.info("data_list_file_path is set: the datalist JSON is the data source, not dataset %r", dataset)
+        return decathlon_datalist(
+            data_list_file_path, dataset_dir, split, fraction, seed, val_fraction, label_classes, **preset_kwargs
+        )
+    source = str(dataset).lower()
+    if source == "datalist":
+        raise SettingError("dataset 'datalist' needs data_list_file_path (the datalist JSON), got None.")
+    if source == "folder":
+        bad = sorted(set(preset_kwargs) - {*OWN_DATA_KWARGS, "mask_suffix"})
+        if bad:
+            raise SettingError(f"datalist_kwargs {bad} do not apply to dataset 'folder'.")
+        return folder_datalist(dataset_dir, split, fraction, seed, val_fraction, label_classes, **preset_kwargs)
+    key = canonical_source_name(dataset)
+    if label_classes is not None:
+        raise SettingError(f"label_classes must be null for the binary preset {key!r}, got {label_classes!r}.")
+    return DATASET_PRESETS[key](dataset_dir, split=split, fraction=fraction, seed=seed, **preset_kwargs)

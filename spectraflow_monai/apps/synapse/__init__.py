@@ -1,0 +1,156 @@
+"""Synapse multi-organ CT (BTCV) data for the 3D experiment of SpectraFlow.
+
+SpectraFlow (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for Medical Image
+Segmentation") reports organ-wise DSC on the Synapse multi-organ CT data set (MICCAI 2015 "Multi-Atlas Labeling
+Beyond the Cranial Vault", BTCV) following the protocol of TransUNet (Chen et al., arXiv:2102.04306):
+
+- 30 labelled abdominal CT volumes, 18 for training (:data:`SYNAPSE_TRAIN_CASES`) and 12 for testing
+  (:data:`SYNAPSE_TEST_CASES`);
+- CT numbers clipped to [-125, 275] HU and rescaled to [0, 1];
+- the 13 BTCV organ labels reduced to 8 (:data:`BTCV_TO_SYNAPSE`; channel names :data:`SYNAPSE_ORGANS`);
+- training on 2D axial slices, evaluation on the 3D volumes.
+
+Two on-disk layouts are understood by :func:`~spectraflow_monai.apps.synapse.layouts.synapse_datalist`:
+
+``raw`` (the BTCV release)::
+
+    <root>/RawData/Training/img/img0001.nii.gz
+    <root>/RawData/Training/label/label0001.nii.gz
+
+``transunet`` (TransUNet's preprocessed release; already windowed and label-mapped)::
+
+    <root>/train_npz/case0005_slice000.npz       keys image, label; (H, W)
+    <root>/test_vol_h5/case0001.npy.h5           keys image, label; (D, H, W); needs h5py
+
+:func:`extract_slices` turns raw volumes (and TransUNet's test volumes) into a cache of TransUNet-like ``.npz``
+slices (read once, reused on later calls), loaded by :class:`spectraflow_monai.apps.synapse.LoadSynapseSliced`.
+:func:`build_synapse_datalist` is the entry point of the ``spectraflow_synapse_segmentation`` bundle (data set
+presets, the synthetic phantom generated on first use, volume checks, the slice cache).
+
+Modules, bottom to top (each imports only those below it): ``constants`` (protocol constants), ``readers`` (NIfTI /
+h5 readers, label mapping and checks), ``layouts`` (datalists of the two layouts), ``cache`` (the slice cache),
+``transforms`` (CT window, label mapping, slice / h5 loading), ``phantom`` (the synthetic CT stand-in),
+``datalist`` (a Decathlon datalist JSON of one's own volumes), ``bundle`` (the bundle's entry points).
+"""
+
+from .bundle import build_synapse_datalist, check_synapse_settings
+from .cache import extract_slices
+from .constants import (
+    AFFINE_TOL,
+    BTCV_LABEL_NAMES,
+    BTCV_LUT,
+    BTCV_TO_SYNAPSE,
+    CASE_ID,
+    INDEX_NAME,
+    INDEX_VERSION,
+    NIFTI_SUFFIX,
+    NUM_BTCV_LABELS,
+    RAW_IMAGE,
+    RAW_LABEL,
+    SYNAPSE_BUNDLE_DATASETS,
+    SYNAPSE_ORGANS,
+    SYNAPSE_TEST_CASES,
+    SYNAPSE_TRAIN_CASES,
+    TU_SLICE,
+    TU_TEST,
+    TU_TRAIN_DIR,
+    format_case_id,
+)
+from .datalist import (
+    DECATHLON_LISTS,
+    case_fraction,
+    check_own_data_settings,
+    decathlon_synapse_datalist,
+    holdout_split,
+    nifti_case_id,
+    read_decathlon_datalist,
+    resolve_label_map,
+    synapse_class_names,
+    synapse_inference_datalist,
+)
+from .layouts import synapse_datalist
+from .phantom import (
+    DEFAULT_SYNTHETIC_CASES,
+    PHANTOM_MANIFEST,
+    generate_synthetic_ct,
+    main,
+    phantom_parameters,
+    synthetic_ct_volume,
+)
+from .readers import (
+    check_loaded_pair,
+    check_synapse_labels,
+    check_volume_pair,
+    import_nibabel,
+    load_nifti,
+    load_synapse_h5,
+    map_btcv_labels,
+)
+from .label_map import MapLabels, MapLabelsd
+from .transforms import (
+    CTWindow,
+    CTWindowd,
+    LoadSynapseH5d,
+    LoadSynapseSliced,
+    MapBTCVLabels,
+    MapBTCVLabelsd,
+    load_slice_npz,
+)
+
+__all__ = [
+    "MapLabels",
+    "MapLabelsd",
+    "AFFINE_TOL",
+    "BTCV_LABEL_NAMES",
+    "BTCV_LUT",
+    "BTCV_TO_SYNAPSE",
+    "CASE_ID",
+    "INDEX_NAME",
+    "INDEX_VERSION",
+    "NIFTI_SUFFIX",
+    "NUM_BTCV_LABELS",
+    "RAW_IMAGE",
+    "RAW_LABEL",
+    "SYNAPSE_BUNDLE_DATASETS",
+    "SYNAPSE_ORGANS",
+    "SYNAPSE_TEST_CASES",
+    "SYNAPSE_TRAIN_CASES",
+    "TU_SLICE",
+    "TU_TEST",
+    "TU_TRAIN_DIR",
+    "format_case_id",
+    "check_loaded_pair",
+    "check_synapse_labels",
+    "check_volume_pair",
+    "import_nibabel",
+    "load_nifti",
+    "load_synapse_h5",
+    "map_btcv_labels",
+    "synapse_datalist",
+    "extract_slices",
+    "CTWindow",
+    "CTWindowd",
+    "MapBTCVLabels",
+    "MapBTCVLabelsd",
+    "LoadSynapseSliced",
+    "LoadSynapseH5d",
+    "load_slice_npz",
+    "DEFAULT_SYNTHETIC_CASES",
+    "PHANTOM_MANIFEST",
+    "phantom_parameters",
+    "synthetic_ct_volume",
+    "generate_synthetic_ct",
+    "main",
+    "DECATHLON_LISTS",
+    "nifti_case_id",
+    "read_decathlon_datalist",
+    "holdout_split",
+    "case_fraction",
+    "resolve_label_map",
+    "synapse_class_names",
+    "decathlon_synapse_datalist",
+    "synapse_inference_datalist",
+    "check_own_data_settings",
+    "build_synapse_datalist",
+    "check_synapse_settings",
+]

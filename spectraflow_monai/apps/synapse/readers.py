@@ -1,0 +1,226 @@
+"""Readers and checks of Synapse / BTCV volumes: NIfTI and TransUNet h5 files, label mapping, image/label pairs.
+
+Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from spectraflow_monai.apps.synapse.constants import (
+    AFFINE_TOL,
+    BTCV_LUT,
+    NUM_BTCV_LABELS,
+    SYNAPSE_ORGANS,
+)
+from spectraflow_monai.data.validation import DatasetError
+
+__all__ = ["check_loaded_pair", "check_synapse_labels", "check_volume_pair", "import_nibabel", "load_nifti", "load_synapse_h5", "map_btcv_labels"]
+
+def map_btcv_labels(label: Any, case: str | None = None, dtype: Any = None) -> Any:
+    """Map BTCV label ids (0..13) to the 9 Synapse classes with a look-up table (:data:`BTCV_TO_SYNAPSE`).
+
+    1 spleen -> 1, 2 right kidney -> 2, 3 left kidney -> 3, 4 gallbladder -> 4, 6 liver -> 5, 7 stomach -> 6,
+    8 aorta -> 7, 11 pancreas -> 8, all other ids -> 0 (TransUNet protocol used by SpectraFlow, Chen et al.).
+
+    Args:
+        label: integer-valued ``np.ndarray`` or ``torch.Tensor`` of any shape.
+        case: case id or file name used in error messages. Defaults to None.
+        dtype: output dtype (numpy or torch, matching the input type); None keeps the input dtype.
+            Defaults to None.
+
+    Raises:
+        ValueError: ``label`` holds values outside 0..13 or non-integral values (the message names ``case`` and
+            the offending values).
+    """
+    where = f" of case {case}" if case is not None else ""
+    if isinstance(label, torch.Tensor):
+        lab = label.as_tensor() if hasattr(label, "as_tensor") else label
+        idx = lab.round().long() if lab.is_floating_point() else lab.long()
+        bad = (idx < 0) | (idx >= NUM_BTCV_LABELS)
+        if lab.is_floating_point():
+            bad |= idx.to(lab.dtype) != lab
+        if bool(bad.any()):
+            vals = torch.unique(lab[bad]).cpu().numpy()
+            raise ValueError(f"BTCV label{where} has values outside 0..13 or non-integral values: {_fmt(vals)}.")
+        out = torch.as_tensor(BTCV_LUT, device=lab.device)[idx]
+        return out.to(dtype if dtype is not None else label.dtype)
+    arr = np.asarray(label)
+    if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating) or arr.dtype == bool):
+        raise ValueError(f"BTCV label{where} must be a numeric array, got dtype {arr.dtype}.")
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        bad_range = lo < 0 or hi >= NUM_BTCV_LABELS
+        bad_frac = np.issubdtype(arr.dtype, np.floating) and not np.array_equal(arr, np.rint(arr))
+        if bad_range or bad_frac:
+            bad = (arr < 0) | (arr >= NUM_BTCV_LABELS) | (arr != np.rint(arr))
+            raise ValueError(
+                f"BTCV label{where} has values outside 0..13 or non-integral values: {_fmt(np.unique(arr[bad]))}."
+            )
+    out_np = BTCV_LUT[arr.astype(np.intp, copy=False)]
+    return out_np.astype(dtype if dtype is not None else arr.dtype, copy=False)
+
+
+def check_synapse_labels(label: Any, num_classes: int = len(SYNAPSE_ORGANS), where: str | None = None) -> Any:
+    """Check that ``label`` holds integer class ids in ``[0, num_classes)``; return it unchanged.
+
+    Used for label maps that are already in Synapse classes (TransUNet's ``train_npz`` / ``test_vol_h5`` files),
+    where a value outside 0..8 would otherwise fail later inside a one-hot conversion without naming the file.
+
+    Args:
+        label: ``np.ndarray`` or ``torch.Tensor`` of any shape.
+        num_classes: number of classes including background. Defaults to 9 (Synapse).
+        where: case id or file name used in error messages (e.g. ``"case 0001 (.../case0001.npy.h5)"``).
+            Defaults to None.
+
+    Raises:
+        ValueError: values outside ``[0, num_classes)`` or non-integral values; the message names ``where`` and
+            the offending values.
+    """
+    if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}.")
+    arr = label
+    if isinstance(arr, torch.Tensor):
+        arr = (arr.as_tensor() if hasattr(arr, "as_tensor") else arr).detach().cpu().numpy()
+    arr = np.asarray(arr)
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"label{' of ' + where if where else ''} must be a numeric array, got dtype {arr.dtype}.")
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        frac = np.issubdtype(arr.dtype, np.floating) and not np.array_equal(arr, np.rint(arr))
+        if lo < 0 or hi >= num_classes or frac:
+            bad = np.unique(arr[(arr < 0) | (arr >= num_classes) | (arr != np.rint(arr))])
+            raise ValueError(
+                f"label{' of ' + where if where else ''} has values outside the expected classes 0..{num_classes - 1} "
+                f"or non-integral values: {_fmt(bad)}."
+            )
+    return label
+
+
+def _fmt(values: np.ndarray, limit: int = 10) -> str:
+    vals = [v.item() for v in np.asarray(values).ravel()[:limit]]
+    more = f" ... ({values.size - limit} more)" if values.size > limit else ""
+    return f"{vals}{more}"
+
+
+def import_nibabel() -> Any:
+    import nibabel  # a core dependency, imported where used to keep the module light
+
+    return nibabel
+
+
+def load_nifti(path: str | os.PathLike, case: str | None, what: str) -> Any:
+    nib = import_nibabel()
+    path = os.fspath(path)
+    where = f"case {case}: " if case is not None else ""
+    if not os.path.isfile(path):
+        raise DatasetError(f"{where}{what} file {path!r} does not exist.")
+    try:
+        return nib.load(path)
+    except Exception as e:  # nibabel raises ImageFileError, OSError, EOFError, ...
+        raise DatasetError(f"{where}{what} file {path!r} is not a readable NIfTI image: {e}") from e
+
+
+def _volume_shape(img: Any, path: str, case: str | None, what: str) -> tuple[int, ...]:
+    shape = tuple(int(s) for s in img.shape)
+    while len(shape) > 3 and shape[-1] == 1:  # (H, W, D, 1) is a volume
+        shape = shape[:-1]
+    where = f"case {case}: " if case is not None else ""
+    if len(shape) != 3 or min(shape) < 2:
+        raise DatasetError(
+            f"{where}{what} file {path!r} is 2D or not a volume (shape {tuple(img.shape)}); expected a 3D volume "
+            "(H, W, D) with at least 2 voxels along each axis."
+        )
+    return shape
+
+
+def check_volume_pair(
+    image_path: str | os.PathLike, label_path: str | os.PathLike | None, case: str | None = None
+) -> dict[str, Any]:
+    """Check that a CT volume and its label map are 3D and share shape and affine (reads headers only).
+
+    Args:
+        image_path: the image NIfTI file.
+        label_path: the label NIfTI file, or None to check the image alone.
+        case: case id used in error messages. Defaults to None.
+
+    Returns:
+        ``{"shape": (H, W, D), "spacing": (sx, sy, sz), "affine": 4x4 array}`` of the image.
+
+    Raises:
+        DatasetError (a ``ValueError``): a file is missing or unreadable, is 2D, or the label's shape or
+            affine (tolerance 1e-3) differs from the image's; the message names the case, the files and the
+            problem.
+    """
+    img = load_nifti(image_path, case, "image")
+    lbl = load_nifti(label_path, case, "label") if label_path is not None else None
+    return check_loaded_pair(img, lbl, image_path, label_path, case)
+
+
+def check_loaded_pair(
+    img: Any, lbl: Any, image_path: str | os.PathLike, label_path: str | os.PathLike | None, case: str | None
+) -> dict[str, Any]:
+    where = f"case {case}: " if case is not None else ""
+    shape = _volume_shape(img, os.fspath(image_path), case, "image")
+    affine = np.asarray(img.affine, dtype=np.float64)
+    if lbl is not None and label_path is not None:
+        lshape = _volume_shape(lbl, os.fspath(label_path), case, "label")
+        if lshape != shape:
+            raise DatasetError(
+                f"{where}label {os.fspath(label_path)!r} has shape {lshape} but image {os.fspath(image_path)!r} "
+                f"has shape {shape}."
+            )
+        laffine = np.asarray(lbl.affine, dtype=np.float64)
+        diff = float(np.abs(laffine - affine).max())
+        if diff > AFFINE_TOL:
+            raise DatasetError(
+                f"{where}label {os.fspath(label_path)!r} and image {os.fspath(image_path)!r} have different affines "
+                f"(max abs difference {diff:.4g} > {AFFINE_TOL}):\nimage\n{affine}\nlabel\n{laffine}"
+            )
+    spacing = tuple(float(z) for z in img.header.get_zooms()[:3])
+    return {"shape": shape, "spacing": spacing, "affine": affine}
+
+
+def load_synapse_h5(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read a TransUNet test volume ``test_vol_h5/caseXXXX.npy.h5``.
+
+    The file stores ``image`` (windowed to [0, 1]) and ``label`` (Synapse classes) as ``(D, H, W)``; they are
+    returned as ``(H, W, D)`` so that the axial axis is last, as for RAS NIfTI volumes (use
+    ``monai.inferers.SliceInferer(spatial_dim=2)`` after adding channel and batch dimensions).
+
+    Args:
+        path: the ``.h5`` file.
+
+    Raises:
+        ImportError: h5py is not installed (``pip install spectraflow_monai[h5]``).
+        DatasetError: the file is missing, unreadable, or lacks the ``image`` / ``label`` datasets.
+    """
+    try:
+        import h5py
+    except ImportError as e:
+        raise ImportError(
+            "reading TransUNet's test_vol_h5 files needs h5py: pip install spectraflow_monai[h5] (or pip install h5py)."
+        ) from e
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DatasetError(f"TransUNet volume {path!r} does not exist.")
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [k for k in ("image", "label") if k not in f]
+            if missing:
+                raise DatasetError(f"TransUNet volume {path!r} lacks dataset(s) {missing} (has {sorted(f)}).")
+            image, label = np.asarray(f["image"][()]), np.asarray(f["label"][()])
+    except OSError as e:
+        raise DatasetError(f"TransUNet volume {path!r} is not a readable HDF5 file: {e}") from e
+    if image.ndim != 3 or image.shape != label.shape:
+        raise DatasetError(
+            f"TransUNet volume {path!r}: image and label must both be (D, H, W), got {image.shape} and {label.shape}."
+        )
+    return {"image": np.moveaxis(image, 0, -1), "label": np.moveaxis(label, 0, -1)}
+
+
+# ----------------------------------------------------------------------------------------------------- slice cache
