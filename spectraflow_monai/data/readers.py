@@ -32,9 +32,19 @@ import numpy as np
 from monai.data import ImageReader
 from monai.utils import MetaKeys, ensure_tuple
 
-from spectraflow_monai.utils.errors import DataError
+from spectraflow_monai.utils.errors import DataError, DatasetError
 
-__all__ = ["READER_EXTENSIONS", "READ_KINDS", "Image2DReader", "read_2d", "to_rgb_float"]
+__all__ = [
+    "READER_EXTENSIONS",
+    "READ_KINDS",
+    "Image2DReader",
+    "check_finite",
+    "check_image_readable",
+    "decode_image",
+    "read_2d",
+    "tiff_fallback",
+    "to_rgb_float",
+]
 
 #: file extensions :class:`Image2DReader` reads.
 READER_EXTENSIONS: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")
@@ -223,3 +233,87 @@ class Image2DReader(ImageReader):
             raise DataError(f"files {[p for p, _ in items]} have different shapes {sorted(shapes)}; cannot stack.")
         meta[MetaKeys.ORIGINAL_CHANNEL_DIM] = 0  # several files: stacked as channels, as MONAI's readers do
         return np.stack(arrays, axis=0), meta
+
+
+def decode_image(path: str) -> Any:
+    """Open ``path`` with PIL, ``verify()`` it (headers, PNG chunk CRCs), then fully decode it; return the image.
+
+    Raises:
+        DatasetError: naming the file when it is missing, unreadable or truncated, or holds NaN / infinite pixels.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            fmt = im.format
+            im.verify()
+        if fmt == "JPEG":
+            with open(path, "rb") as f:
+                f.seek(max(os.path.getsize(path) - 64, 0))
+                if b"\xff\xd9" not in f.read():
+                    raise DatasetError(f"unreadable image {path!r}: truncated JPEG (no end-of-image marker).")
+        im = Image.open(path)
+        try:
+            im.load()  # decodes every pixel: a truncated BMP/TIFF/JPEG passes verify() but fails here
+        except Exception:
+            im.close()
+            raise
+    except DatasetError:
+        raise
+    except Exception as e:  # PIL raises many types (UnidentifiedImageError, SyntaxError, OSError, ...)
+        raise DatasetError(f"unreadable image {path!r}: {type(e).__name__}: {e}") from e
+    if im.mode == "F":  # floating-point pixels (e.g. 32-bit TIFF)
+        try:
+            check_finite(np.asarray(im), path)
+        except DatasetError:
+            im.close()
+            raise
+    return im
+
+
+def check_finite(array: Any, path: str | os.PathLike) -> None:
+    """Raise :class:`DatasetError` naming ``path`` when ``array`` holds NaN or infinite values."""
+    arr = np.asarray(array)
+    if not np.issubdtype(arr.dtype, np.floating) or bool(np.isfinite(arr).all()):
+        return
+    n_nan, n_inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+    raise DatasetError(
+        f"non-finite pixels in {os.fspath(path)!r}: {n_nan} NaN and {n_inf} infinite value(s) out of {arr.size}; "
+        "replace them (e.g. with 0) before using the file."
+    )
+
+
+def check_image_readable(path: str | os.PathLike) -> tuple[int, int]:
+    """Verify that ``path`` is a readable image and return its (width, height).
+
+    The file is ``verify()``-ed (headers, PNG chunk CRCs, the JPEG end-of-image marker) and then fully decoded, so
+    truncated files of every format are caught; floating-point images (e.g. 32-bit TIFF) must hold only finite
+    values.
+
+    Raises:
+        DatasetError: naming the file when it is missing, unreadable, truncated, or holds NaN / infinite pixels.
+    """
+    path = os.fspath(path)
+    arr = tiff_fallback(path)
+    if arr is not None:
+        check_finite(arr, path)
+        return arr.shape[1], arr.shape[0]
+    im = decode_image(path)
+    size = im.size
+    im.close()
+    return size
+
+
+def tiff_fallback(path: str) -> Any:
+    """The pixels of a TIFF that Pillow cannot open or decode, read with tifffile; None for every other file (and
+    for TIFFs Pillow reads). Raises :class:`DatasetError` naming the file when neither can read it."""
+    if os.path.splitext(path)[1].lower() not in (".tif", ".tiff") or not os.path.isfile(path):
+        return None
+    try:
+        _pil_array(path, "label")
+        return None
+    except Exception:
+        try:
+            return read_2d(path, "label")
+        except DataError as e:
+            raise DatasetError(str(e)) from e

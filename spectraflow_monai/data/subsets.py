@@ -21,6 +21,7 @@ __all__ = ["check_val_fraction", "holdout", "low_data_subset"]
 
 
 def check_val_fraction(val_fraction: Any) -> float:
+    """``val_fraction`` as a float; SettingError naming the value unless it is a number in (0, 1)."""
     ok = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool)
     if not ok or not 0.0 < float(val_fraction) < 1.0:
         raise SettingError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}.")

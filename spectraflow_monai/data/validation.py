@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from spectraflow_monai.utils.errors import DataError
+from spectraflow_monai.data.readers import check_finite, check_image_readable, decode_image, tiff_fallback
+from spectraflow_monai.utils.errors import DatasetError
 
 __all__ = [
     "DatasetError",
@@ -56,13 +57,6 @@ __all__ = [
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")
 _MAX_LISTED = 10
-
-
-class DatasetError(DataError):
-    """A dataset on disk is missing, incomplete or corrupt; the message names the file(s) and the problem.
-
-    A :class:`spectraflow_monai.utils.errors.DataError` (so a ``ValueError``): bundle runs end with a one-line
-    ``error: ...`` report of it."""
 
 
 def _listing(paths: Sequence[str], total: int | None = None) -> str:
@@ -123,92 +117,6 @@ def check_pairs(images: Mapping[str, str], masks: Mapping[str, str], preset: str
         raise DatasetError(f"{preset}: " + "; ".join(problems) + ".")
 
 
-def _decode(path: str) -> Any:
-    """Open ``path`` with PIL, ``verify()`` it (headers, PNG chunk CRCs), then fully decode it; return the image.
-
-    Raises:
-        DatasetError: naming the file when it is missing, unreadable or truncated, or holds NaN / infinite pixels.
-    """
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            fmt = im.format
-            im.verify()
-        if fmt == "JPEG":
-            with open(path, "rb") as f:
-                f.seek(max(os.path.getsize(path) - 64, 0))
-                if b"\xff\xd9" not in f.read():
-                    raise DatasetError(f"unreadable image {path!r}: truncated JPEG (no end-of-image marker).")
-        im = Image.open(path)
-        try:
-            im.load()  # decodes every pixel: a truncated BMP/TIFF/JPEG passes verify() but fails here
-        except Exception:
-            im.close()
-            raise
-    except DatasetError:
-        raise
-    except Exception as e:  # PIL raises many types (UnidentifiedImageError, SyntaxError, OSError, ...)
-        raise DatasetError(f"unreadable image {path!r}: {type(e).__name__}: {e}") from e
-    if im.mode == "F":  # floating-point pixels (e.g. 32-bit TIFF)
-        try:
-            check_finite(np.asarray(im), path)
-        except DatasetError:
-            im.close()
-            raise
-    return im
-
-
-def check_finite(array: Any, path: str | os.PathLike) -> None:
-    """Raise :class:`DatasetError` naming ``path`` when ``array`` holds NaN or infinite values."""
-    arr = np.asarray(array)
-    if not np.issubdtype(arr.dtype, np.floating) or bool(np.isfinite(arr).all()):
-        return
-    n_nan, n_inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
-    raise DatasetError(
-        f"non-finite pixels in {os.fspath(path)!r}: {n_nan} NaN and {n_inf} infinite value(s) out of {arr.size}; "
-        "replace them (e.g. with 0) before using the file."
-    )
-
-
-def check_image_readable(path: str | os.PathLike) -> tuple[int, int]:
-    """Verify that ``path`` is a readable image and return its (width, height).
-
-    The file is ``verify()``-ed (headers, PNG chunk CRCs, the JPEG end-of-image marker) and then fully decoded, so
-    truncated files of every format are caught; floating-point images (e.g. 32-bit TIFF) must hold only finite
-    values.
-
-    Raises:
-        DatasetError: naming the file when it is missing, unreadable, truncated, or holds NaN / infinite pixels.
-    """
-    path = os.fspath(path)
-    arr = _tiff_fallback(path)
-    if arr is not None:
-        check_finite(arr, path)
-        return arr.shape[1], arr.shape[0]
-    im = _decode(path)
-    size = im.size
-    im.close()
-    return size
-
-
-def _tiff_fallback(path: str) -> Any:
-    """The pixels of a TIFF that Pillow cannot open or decode, read with tifffile; None for every other file (and
-    for TIFFs Pillow reads). Raises :class:`DatasetError` naming the file when neither can read it."""
-    if os.path.splitext(path)[1].lower() not in (".tif", ".tiff") or not os.path.isfile(path):
-        return None
-    from spectraflow_monai.data.readers import _pil_array, read_2d
-
-    try:
-        _pil_array(path, "label")
-        return None
-    except Exception:
-        try:
-            return read_2d(path, "label")
-        except DataError as e:
-            raise DatasetError(str(e)) from e
-
-
 def _values_text(arr: np.ndarray, limit: int = 12) -> str:
     values = np.unique(arr)
     shown = ", ".join(f"{v:g}" if isinstance(v, (float, np.floating)) else str(v) for v in values[:limit].tolist())
@@ -265,7 +173,7 @@ def _mask_info(path: str, label_threshold: float, max_grey_fraction: float) -> t
     """(threshold, (width, height)) of the mask at ``path``, decoded once; see :func:`check_binary_mask`."""
     from PIL import ImageChops
 
-    arr = _tiff_fallback(path)
+    arr = tiff_fallback(path)
     if arr is not None:  # a TIFF only tifffile reads: the same rules on its array
         check_finite(arr, path)
         size = (arr.shape[1], arr.shape[0])
@@ -281,7 +189,7 @@ def _mask_info(path: str, label_threshold: float, max_grey_fraction: float) -> t
             return label_threshold, size
         return binary_mask_threshold(arr, path, max_grey_fraction), size
     try:
-        im = _decode(path)
+        im = decode_image(path)
     except DatasetError as e:
         raise DatasetError(str(e).replace("unreadable image", "unreadable mask", 1)) from e
     with im:

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 __all__ = [
+    "DatasetError",
     "DataError",
     "SettingError",
     "TrainingError",
@@ -30,6 +31,13 @@ __all__ = [
 
 class DataError(ValueError):
     """A data file is missing, unreadable or unusable; the message names the file(s) and the problem."""
+
+
+class DatasetError(DataError):
+    """A dataset on disk is missing, incomplete or corrupt; the message names the file(s) and the problem.
+
+    A :class:`spectraflow_monai.utils.errors.DataError` (so a ``ValueError``): bundle runs end with a one-line
+    ``error: ...`` report of it."""
 
 
 class SettingError(ValueError):

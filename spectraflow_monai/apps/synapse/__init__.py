@@ -59,15 +59,13 @@ from .constants import (
 from .datalist import (
     DECATHLON_LISTS,
     case_fraction,
-    check_own_data_settings,
     decathlon_synapse_datalist,
     holdout_split,
     nifti_case_id,
     read_decathlon_datalist,
-    resolve_label_map,
-    synapse_class_names,
     synapse_inference_datalist,
 )
+from .label_map import MapLabels, MapLabelsd
 from .layouts import synapse_datalist
 from .phantom import (
     DEFAULT_SYNTHETIC_CASES,
@@ -86,7 +84,7 @@ from .readers import (
     load_synapse_h5,
     map_btcv_labels,
 )
-from .label_map import MapLabels, MapLabelsd
+from .settings import check_datalist_base, check_own_data_settings, resolve_label_map, synapse_class_names
 from .transforms import (
     CTWindow,
     CTWindowd,
@@ -98,6 +96,10 @@ from .transforms import (
 )
 
 __all__ = [
+    "check_own_data_settings",
+    "resolve_label_map",
+    "synapse_class_names",
+    "check_datalist_base",
     "MapLabels",
     "MapLabelsd",
     "AFFINE_TOL",

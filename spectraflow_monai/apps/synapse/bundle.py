@@ -31,14 +31,10 @@ from spectraflow_monai.apps.synapse.constants import (
     SYNAPSE_TRAIN_CASES,
     format_case_id,
 )
-from spectraflow_monai.apps.synapse.datalist import (
-    case_fraction,
-    check_own_data_settings,
-    decathlon_synapse_datalist,
-    resolve_label_map,
-)
+from spectraflow_monai.apps.synapse.datalist import case_fraction, decathlon_synapse_datalist
 from spectraflow_monai.apps.synapse.layouts import _case_list, synapse_datalist
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
+from spectraflow_monai.apps.synapse.settings import check_own_data_settings, resolve_label_map
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size

@@ -15,21 +15,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.transforms import ScaleIntensityRange
 
 from spectraflow_monai.apps.synapse.constants import INDEX_NAME, INDEX_VERSION, NIFTI_SUFFIX, format_case_id
 from spectraflow_monai.apps.synapse.readers import (
-    check_loaded_pair,
-    check_synapse_labels,
-    import_nibabel,
-    load_nifti,
-    load_synapse_h5,
-    map_btcv_labels,
+    is_h5,
+    read_h5_volume,
+    read_nifti_volume,
 )
-from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_label_map
+from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, check_label_map
 from spectraflow_monai.data.validation import DatasetError
-from spectraflow_monai.transforms.finite import check_finite, check_nonfinite_args
-from spectraflow_monai.utils.errors import DataError
+from spectraflow_monai.transforms.finite import check_nonfinite_args
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = ["extract_slices"]
@@ -130,89 +125,14 @@ def _resize_slices(vol: np.ndarray, size: tuple[int, int], mode: str) -> np.ndar
     return np.moveaxis(t[:, 0].numpy(), 0, -1)
 
 
-def _is_h5(path: str | os.PathLike) -> bool:
-    return os.fspath(path).lower().endswith(".h5")
-
-
-def _finite_image(image: np.ndarray, path: str, case: str, params: Mapping[str, Any], default: float) -> np.ndarray:
-    """Apply the ``nonfinite`` setting of ``params`` to a volume just read (before the HU window hides ``inf``)."""
-
-    mode, value = "error", default
-    if params.get("nonfinite") is not None:
-        mode = params["nonfinite"]["mode"]
-        value = default if params["nonfinite"]["value"] is None else params["nonfinite"]["value"]
-    try:
-        return check_finite(image, path, mode=mode, value=value)
-    except DataError as e:
-        raise DatasetError(f"case {case}: {e}") from e
-
-
-def _read_h5_volume(
-    image_path: str, label_path: str | None, case: str, params: Mapping[str, Any]
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Read a TransUNet ``test_vol_h5`` volume (already windowed to [0, 1] and mapped to the Synapse classes)."""
-    if label_path is not None and os.path.abspath(label_path) != os.path.abspath(image_path):
-        raise ValueError(
-            f"case {case}: a TransUNet .h5 volume holds its own label; 'label' must be the same file as 'image' "
-            f"({image_path!r}), got {label_path!r}."
-        )
-    data = load_synapse_h5(image_path)
-    image = _finite_image(data["image"].astype(np.float32, copy=False), image_path, case, params, 0.0)
-    label = None
-    if label_path is not None:
-        label = check_synapse_labels(data["label"], where=f"case {case} ({image_path})").astype(np.uint8)
-    return image, label
-
-
-def _read_nifti_volume(
-    image_path: str, label_path: str | None, case: str, params: Mapping[str, Any]
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Read a raw BTCV NIfTI pair: RAS+ (``canonical``), HU window to [0, 1], BTCV ids mapped (``map_labels``)."""
-    nib = import_nibabel()
-    img = load_nifti(image_path, case, "image")  # headers only; the data is read once below
-    lbl = load_nifti(label_path, case, "label") if label_path is not None else None
-    check_loaded_pair(img, lbl, image_path, label_path, case)
-    try:
-        if params["canonical"]:
-            img = nib.as_closest_canonical(img)
-        image = np.asarray(img.get_fdata(dtype=np.float32))
-    except Exception as e:  # truncated / corrupt data: zlib, EOF, OS errors
-        raise DatasetError(f"case {case}: cannot read the image data of {image_path!r}: {e}") from e
-    image = _finite_image(image.reshape(image.shape[:3]), image_path, case, params, params["window"][0])
-    # the HU window to [0, 1]: what transforms.CTWindow does (MONAI's ScaleIntensityRange, clipped); the transform
-    # itself is not imported here, because transforms.ct builds on this module
-    low, high = params["window"]
-    image = np.asarray(ScaleIntensityRange(low, high, 0.0, 1.0, clip=True, dtype=np.float32)(image))
-    label = None
-    if lbl is not None:
-        try:
-            if params["canonical"]:
-                lbl = nib.as_closest_canonical(lbl)
-            label = np.asanyarray(lbl.dataobj)
-        except Exception as e:
-            raise DatasetError(f"case {case}: cannot read the label data of {label_path!r}: {e}") from e
-        label = label.reshape(label.shape[:3])
-        if params.get("label_map") is not None:  # a label map of the user's data (recorded in the cache index)
-            where = f"of case {case} ({label_path})"
-            try:
-                label = apply_label_map(label, params["label_map"], params.get("unmapped", "error"), where=where)
-            except DataError as e:
-                raise DatasetError(str(e)) from e
-        elif params["map_labels"]:
-            label = map_btcv_labels(label, case=f"{case} ({label_path})", dtype=np.uint8)
-        else:  # stored as they are: integers that fit the uint8 cache
-            label = check_synapse_labels(label, num_classes=256, where=f"case {case} ({label_path})").astype(np.uint8)
-    return image, label
-
-
 def _extract_volume(entry: Mapping[str, Any], case: str, cache: Path, params: Mapping[str, Any]) -> dict[str, Any]:
     """Write the slices of one volume; return its index record (paths relative to ``cache``)."""
     image_path = os.fspath(entry["image"])
     label_path = os.fspath(entry["label"]) if entry.get("label") is not None else None
-    if _is_h5(image_path):
-        image, label = _read_h5_volume(image_path, label_path, case, params)
+    if is_h5(image_path):
+        image, label = read_h5_volume(image_path, label_path, case, params)
     else:
-        image, label = _read_nifti_volume(image_path, label_path, case, params)
+        image, label = read_nifti_volume(image_path, label_path, case, params)
     if params["spatial_size"] is not None:
         size = tuple(params["spatial_size"])
         image = _resize_slices(image, size, "bilinear")

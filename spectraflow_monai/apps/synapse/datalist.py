@@ -32,13 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.apps.synapse.cache import extract_slices
-from spectraflow_monai.apps.synapse.constants import SYNAPSE_ORGANS, format_case_id
+from spectraflow_monai.apps.synapse.constants import format_case_id
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
+from spectraflow_monai.apps.synapse.settings import check_datalist_base, resolve_label_map
 from spectraflow_monai.data.label_map import (
     LABEL_MAP_UNMAPPED,
-    check_class_names,
-    check_label_map,
-    identity_label_map,
 )
 from spectraflow_monai.data.subsets import holdout, low_data_subset
 from spectraflow_monai.data.validation import DatasetError
@@ -50,11 +48,8 @@ __all__ = [
     "read_decathlon_datalist",
     "holdout_split",
     "case_fraction",
-    "resolve_label_map",
-    "synapse_class_names",
     "decathlon_synapse_datalist",
     "synapse_inference_datalist",
-    "check_own_data_settings",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,31 +64,6 @@ def nifti_case_id(path: str | os.PathLike) -> str:
     name = os.path.basename(os.fspath(path))
     stem = _NIFTI.sub("", name)
     return stem if stem != name else os.path.splitext(name)[0]
-
-
-def _check_base(data_list_file_path: Any, dataset_dir: Any) -> tuple[Path, Path]:
-    if not isinstance(data_list_file_path, (str, os.PathLike)) or not os.fspath(data_list_file_path):
-        raise SettingError(
-            f"data_list_file_path must be the path of a datalist JSON file, got {data_list_file_path!r}."
-        )
-    path = Path(data_list_file_path)
-    if not path.exists():
-        raise DatasetError(f"datalist {str(path)!r} does not exist.")
-    if not path.is_file():
-        raise DatasetError(f"datalist {str(path)!r} is not a file (a folder?); give the path of the JSON file.")
-    if dataset_dir is None or (isinstance(dataset_dir, str) and not dataset_dir):
-        return path, path.parent
-    if not isinstance(dataset_dir, (str, os.PathLike)):
-        raise SettingError(f"dataset_dir must be a folder path or null, got {dataset_dir!r}.")
-    base = Path(dataset_dir)
-    if not base.exists():
-        raise DatasetError(f"dataset_dir {str(base)!r} (the base of the paths in {str(path)!r}) does not exist.")
-    if not base.is_dir():
-        raise DatasetError(
-            f"dataset_dir {str(base)!r} is a file, not a folder: it must be the folder the relative paths of "
-            f"{str(path)!r} start from."
-        )
-    return path, base
 
 
 def read_decathlon_datalist(
@@ -119,7 +89,7 @@ def read_decathlon_datalist(
     """
     from monai.data import load_decathlon_datalist
 
-    path, base = _check_base(data_list_file_path, dataset_dir)
+    path, base = check_datalist_base(data_list_file_path, dataset_dir)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -228,24 +198,6 @@ def case_fraction(
         sorted(kept),
     )  # fmt: skip
     return [dict(e) for e in entries if str(e["case"]) in kept]
-
-
-def resolve_label_map(label_map: Any, data_list_file_path: Any, num_classes: Any) -> dict[int, int] | None:
-    """The label map a run uses: ``label_map`` checked against ``num_classes``; when it is None, the identity over
-    ``0..num_classes-1`` for a Decathlon datalist and None (the BTCV -> 8 organ map of the presets) otherwise."""
-    if label_map is None:
-        return identity_label_map(num_classes) if data_list_file_path else None
-    return check_label_map(label_map, num_classes)
-
-
-def synapse_class_names(num_classes: int, data_list_file_path: Any = None) -> list[str]:
-    """Default ``class_names`` of the Synapse bundle: the 9 Synapse classes (background + 8 organs,
-    :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS`) when ``num_classes`` is 9 and the data are not a datalist JSON,
-    else ``background, class_1, ..., class_<num_classes-1>``."""
-
-    if not data_list_file_path and num_classes == len(SYNAPSE_ORGANS):
-        return list(SYNAPSE_ORGANS)
-    return ["background", *(f"class_{i}" for i in range(1, int(num_classes)))]
 
 
 def _select(entries: list[dict[str, Any]], cases: Any, path: Path, what: str) -> list[dict[str, Any]]:
@@ -429,43 +381,3 @@ def synapse_inference_datalist(
     if not files:
         raise DatasetError(f"no image matches {input_pattern!r} in {os.fspath(input_dir)!r}.")
     return [{"image": f} for f in files]
-
-
-def check_own_data_settings(
-    data_list_file_path: Any = None,
-    dataset_dir: Any = None,
-    label_map: Any = None,
-    num_classes: Any = None,
-    class_names: Any = None,
-    unmapped_labels: Any = None,
-    val_fraction: Any = None,
-    data_fraction: Any = None,
-) -> dict[str, Any]:
-    """Check the data-source settings of the Synapse bundle (called by
-    :func:`spectraflow_monai.apps.synapse.check_synapse_settings`); settings left at None are not checked.
-
-    Raises:
-        SettingError / DatasetError: (``ValueError`` s) naming the setting (or the file) and the problem: a JSON
-            path that is no file, a ``dataset_dir`` that is a file, a label map with a class outside
-            ``num_classes``, class names of the wrong count, a fraction out of range.
-    """
-    out: dict[str, Any] = {}
-    if data_list_file_path:
-        _check_base(data_list_file_path, dataset_dir)
-        out["data_list_file_path"] = os.fspath(data_list_file_path)
-    n = 9 if num_classes is None else num_classes
-    if label_map is not None:
-        out["label_map"] = check_label_map(label_map, n)
-    if class_names is not None:
-        out["class_names"] = check_class_names(class_names, n)
-    if unmapped_labels is not None and unmapped_labels not in LABEL_MAP_UNMAPPED:
-        raise SettingError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {unmapped_labels!r}.")
-    if val_fraction is not None:
-        ok = isinstance(val_fraction, (int, float)) and not isinstance(val_fraction, bool) and 0 < val_fraction < 1
-        if not ok:
-            raise SettingError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}.")
-    if data_fraction is not None:
-        ok = isinstance(data_fraction, (int, float)) and not isinstance(data_fraction, bool)
-        if not ok or not 0 < data_fraction <= 1:
-            raise SettingError(f"data_fraction must be a number in (0, 1], got {data_fraction!r}.")
-    return out
