@@ -23,34 +23,13 @@ from spectraflow_monai.networks.blocks.frequency import (
     _fft_dtype,
     rfft2_band_index,
 )
-from spectraflow_monai.networks.blocks.kernel_modulation import (
-    KernelSpatialModulationGlobal,
-    KernelSpatialModulationLocal,
-    StarReLU,
-)
+from spectraflow_monai.networks.blocks.kernel_modulation import KernelSpatialModulationGlobal, KernelSpatialModulationLocal
 
-__all__ = [
-    "FDConv2d",
-    "FrequencyBandModulation",
-    "KernelSpatialModulationGlobal",
-    "KernelSpatialModulationLocal",
-    "StarReLU",
-]
+__all__ = ["FDConv2d"]
 
 _SUPPORTED_KERNEL_SIZES = (1, 3)
-_CONV_ARGS = (
-    "in_channels",
-    "out_channels",
-    "kernel_size",
-    "stride",
-    "padding",
-    "dilation",
-    "groups",
-    "bias",
-    "padding_mode",
-    "device",
-    "dtype",
-)
+_CONV_ARGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias")
+_CONV_ARGS += ("padding_mode", "device", "dtype")
 
 
 class FDConv2d(nn.Conv2d):

@@ -13,7 +13,7 @@ from parameterized import parameterized
 
 from spectraflow_monai.networks import FDConv2d as FDConv2dFromNetworks
 from spectraflow_monai.networks.blocks import FDConv2d
-from spectraflow_monai.networks.blocks.fdconv import FrequencyBandModulation
+from spectraflow_monai.networks.blocks.frequency import FrequencyBandModulation
 from spectraflow_monai.networks.blocks.frequency import rfft2_frequency_order
 
 
