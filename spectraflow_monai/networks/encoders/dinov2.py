@@ -264,6 +264,9 @@ class DINOv2Encoder(nn.Module):
         penultimate = self.depth - 2
         skip = pooled = None
 
+        # The taps equal timm's ``forward_intermediates`` (skip: block ``skip_index`` un-normed; final: last block
+        # normed; tested), but this loop runs the frozen leading blocks under no_grad, so Stage-2 with 11 of 12
+        # blocks frozen stores no activations for them; ``forward_intermediates`` has no such switch.
         with torch.no_grad() if n_frozen >= 0 else nullcontext():
             tokens = vit.patch_embed(x)
             tokens = vit._pos_embed(tokens)

@@ -402,3 +402,17 @@ def test_bad_checkpoints(tmp_path):
     absent = tmp_path / "absent.pth"
     with pytest.raises(FileNotFoundError, match=re.escape(str(absent))):
         DINOv2Encoder(pretrained=absent, model_kwargs=SMALL)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
+def test_feature_taps_equal_timm_forward_intermediates(name):
+    """The encoder's own block loop (kept for the no-grad frozen prefix) taps what timm's forward_intermediates does."""
+    enc = DINOv2Encoder(name, img_size=56, skip_index=1, model_kwargs={"depth": 4}).eval()
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        feats = enc(x)
+        raw = enc.vit.forward_intermediates(x, indices=[1, 2, 3], norm=False, intermediates_only=True)
+        normed = enc.vit.forward_intermediates(x, indices=[3], norm=True, intermediates_only=True)
+    torch.testing.assert_close(feats.skip, raw[0])
+    torch.testing.assert_close(feats.pooled, raw[1].mean(dim=(2, 3)))
+    torch.testing.assert_close(feats.final, normed[0])
