@@ -1,9 +1,9 @@
 """The embedded demo: Stage-1 -> Stage-2 -> evaluation -> report on the synthetic 2D dataset, through the bundle.
 
-``python -m spectraflow_monai demo --output runs/demo`` runs the ``spectraflow_2d_segmentation`` bundle's configs with
+``spectraflow demo --output runs/demo`` runs the ``spectraflow_2d_segmentation`` bundle's configs with
 ``monai.bundle.run`` exactly as a user would run them by hand (the commands are printed), on a synthetic lesion
 dataset generated on the fly. The defaults take about 6 minutes on 2 CPU cores; every option is listed by
-``python -m spectraflow_monai demo --help``.
+``spectraflow demo --help``.
 """
 
 from __future__ import annotations
@@ -17,24 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["find_bundle", "main", "run_demo"]
+from spectraflow_monai.utils.bundles import bundle_path
+
+__all__ = ["main", "run_demo"]
 
 logger = logging.getLogger("spectraflow_monai.demo")
-
-
-def find_bundle(name: str = "spectraflow_2d_segmentation") -> Path:
-    """The folder of a bundle shipped with this repository (``<repo>/bundles/<name>``).
-
-    Raises:
-        FileNotFoundError: naming the expected folder when the package is not used from a clone of the repository.
-    """
-    path = Path(__file__).resolve().parents[1] / "bundles" / name
-    if not (path / "configs" / "metadata.json").is_file():
-        raise FileNotFoundError(
-            f"bundle {name!r} not found at {path}: install the package from a clone of the repository "
-            "(pip install -e .) so that its bundles/ folder is available."
-        )
-    return path
 
 
 def _command(configs: list[str], overrides: dict[str, Any]) -> str:
@@ -131,7 +118,7 @@ def run_demo(
         torch.set_num_threads(int(threads))
     root = Path(output).resolve()
     data_dir = root / "data"
-    bundle = find_bundle()
+    bundle = bundle_path("spectraflow_2d_segmentation")
     times: dict[str, float] = {}
 
     print(f"=== Synthetic dataset: {num_train} train + {num_val} val images in {data_dir}", flush=True)
@@ -200,12 +187,12 @@ def run_demo(
     return {"summary": summary, "report": report, "times": times, "precision": resolved.name}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m spectraflow_monai demo``: see :func:`run_demo`."""
+def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
+    """``spectraflow demo`` (or ``python -m spectraflow_monai demo``): see :func:`run_demo`."""
     from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
     parser = argparse.ArgumentParser(
-        prog="python -m spectraflow_monai demo",
+        prog=prog,
         description="Run SpectraFlow Stage-1 -> Stage-2 -> evaluation -> report on a generated synthetic dataset.",
     )
     parser.add_argument("--output", default="runs/demo", help="output folder (bundle_root of the run)")

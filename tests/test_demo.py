@@ -4,13 +4,7 @@ import pytest
 import torch
 
 from spectraflow_monai import __main__ as cli
-from spectraflow_monai.demo import find_bundle, run_demo
-
-
-def test_find_bundle():
-    assert (find_bundle() / "configs" / "train.yaml").is_file()
-    with pytest.raises(FileNotFoundError, match="no_such_bundle"):
-        find_bundle("no_such_bundle")
+from spectraflow_monai.demo import run_demo
 
 
 def test_demo_end_to_end(tmp_path):

@@ -18,7 +18,7 @@ Generation is deterministic: image ``i`` of a split depends only on ``(seed, spl
 
 Command line::
 
-    python -m spectraflow_monai.apps.seg2d.synthetic --root DIR --num-train 80 --num-val 20
+    spectraflow synthetic-2d --output DIR --num-train 80 --num-val 20
 """
 
 from __future__ import annotations
@@ -200,17 +200,21 @@ def generate_synthetic_dataset(
     return {**info, "root": root, "skipped": False}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry point (``python -m spectraflow_monai.apps.seg2d.synthetic``)."""
-    parser = argparse.ArgumentParser(description="Write a synthetic 2D lesion-segmentation set.")
-    parser.add_argument("--root", required=True, help="output folder")
-    parser.add_argument("--num-train", type=int, default=80)
-    parser.add_argument("--num-val", type=int, default=20)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--overwrite", action="store_true")
+def main(argv: list[str] | None = None, prog: str = "spectraflow synthetic-2d") -> dict[str, Any]:
+    """Command-line entry point: ``spectraflow synthetic-2d --output DIR [options]``."""
+    parser = argparse.ArgumentParser(prog=prog, description="Write a synthetic 2D lesion-segmentation set.")
+    parser.add_argument("--output", "--root", dest="output", required=True, metavar="DIR",
+                        help="output folder (--root is the former name)")
+    parser.add_argument("--num-train", type=int, default=80, help="training images (default 80)")
+    parser.add_argument("--num-val", type=int, default=20, help="validation images (default 20)")
+    parser.add_argument("--image-size", "--size", dest="image_size", type=int, default=224,
+                        help="image side in pixels (default 224; --size is the former name)")
+    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    parser.add_argument("--overwrite", action="store_true", help="rewrite a set already there")
     args = parser.parse_args(argv)
-    info = generate_synthetic_dataset(args.root, args.num_train, args.num_val, args.size, args.seed, args.overwrite)
+    info = generate_synthetic_dataset(
+        args.output, args.num_train, args.num_val, args.image_size, args.seed, args.overwrite
+    )
     state = "already there" if info["skipped"] else "written"
     print(
         f"synthetic set {state}: {info['root']} ({info['num_train']} train, {info['num_val']} val, "

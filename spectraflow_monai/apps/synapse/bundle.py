@@ -327,7 +327,7 @@ def _build_synapse_datalist(
                 raise DatasetError(
                     f"no synthetic case of the {split} split (TransUNet's list) under {str(root)!r}: expected "
                     f"{str(root / os.path.dirname(RAW_IMAGE))}/imgXXXX.nii.gz; generate the phantom with "
-                    "python -m spectraflow_monai.apps.synapse.phantom --root <dir>."
+                    "spectraflow synthetic-ct --output <dir>."
                 )
     if exclude_cases:
         excluded = set(_case_list(exclude_cases, split))

@@ -19,7 +19,7 @@ Every case is generated from ``(seed, case id)`` only, so a case looks the same 
 
 Command line::
 
-    python -m spectraflow_monai.apps.synapse.phantom --root DIR [--cases 5 6 7 40 1 2] [--layout raw|transunet|both]
+    spectraflow synthetic-ct --output DIR [--cases 5 6 7 40 1 2] [--layout raw|transunet|both]
 """
 
 from __future__ import annotations
@@ -265,19 +265,21 @@ def generate_synthetic_ct(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line entry point: ``python -m spectraflow_monai.apps.synapse.phantom --root DIR``."""
-    parser = argparse.ArgumentParser(description="Write the synthetic Synapse-like CT phantom.")
-    parser.add_argument("--root", required=True, help="output folder")
+def main(argv: Sequence[str] | None = None, prog: str = "spectraflow synthetic-ct") -> dict[str, Any]:
+    """Command line entry point: ``spectraflow synthetic-ct --output DIR [options]``."""
+    parser = argparse.ArgumentParser(prog=prog, description="Write the synthetic Synapse-like CT phantom.")
+    parser.add_argument("--output", "--root", dest="output", required=True, metavar="DIR",
+                        help="output folder (--root is the former name)")
     parser.add_argument("--cases", nargs="+", default=None, help="case ids (default: 5 6 7 40 1 2)")
     parser.add_argument("--shape", nargs=3, type=int, default=[96, 96, 24], metavar=("H", "W", "D"))
     parser.add_argument("--spacing", nargs=3, type=float, default=[0.8, 0.8, 2.5], metavar=("SX", "SY", "SZ"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--layout", choices=("raw", "transunet", "both"), default="raw")
-    parser.add_argument("--noise-std", type=float, default=12.0)
+    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    parser.add_argument("--layout", choices=("raw", "transunet", "both"), default="raw",
+                        help="on-disk layout: raw (BTCV release), transunet (npz/h5), both (default raw)")
+    parser.add_argument("--noise-std", type=float, default=12.0, help="image noise in HU (default 12)")
     args = parser.parse_args(argv)
     info = generate_synthetic_ct(
-        args.root,
+        args.output,
         cases=args.cases,
         shape=args.shape,
         spacing=args.spacing,
