@@ -12,6 +12,14 @@ import torch
 from monai.bundle import ConfigParser
 from monai.bundle import run as bundle_run
 
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = str(REPO / "bundles" / "schema" / "meta_schema_20240725.json")
+
+
+def config_paths(bundle: str) -> dict[str, str]:
+    """Paths of ``bundles/<bundle>/configs/*`` by file stem (``train``, ``evaluate``, ``metadata``, ...)."""
+    return {p.stem: str(p) for p in (REPO / "bundles" / bundle / "configs").iterdir() if p.suffix in (".yaml", ".json")}
+
 
 def run_bundle(config_file, meta_file: str, **override) -> None:
     """``monai.bundle.run`` in this process (no logging config, so pytest's log capture is left alone)."""

@@ -24,23 +24,23 @@ from monai.utils import set_determinism
 from PIL import Image
 
 from spectraflow_monai.networks import DINOv2Encoder
+from tests.bundles.helpers import (
+    REPO,
+    SCHEMA,
+    assert_evaluation_skips_encoder_weights,
+    config_paths,
+    run_bundle,
+)
 from tests.bundles.helpers import error_text as _error_text
 from tests.bundles.helpers import load_weights as _load
-from tests.bundles.helpers import assert_evaluation_skips_encoder_weights
 from tests.bundles.helpers import parse_config as _parse
-from tests.bundles.helpers import run_bundle
 from tests.bundles.helpers import torchrun_bundle as _torchrun
 
-REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "bundles" / "spectraflow_2d_segmentation"
-CONFIGS = BUNDLE / "configs"
-TRAIN = str(CONFIGS / "train.yaml")
-STAGE1_CONFIG = str(CONFIGS / "train_stage1.yaml")
-EVALUATE = str(CONFIGS / "evaluate.yaml")
-INFERENCE = str(CONFIGS / "inference.yaml")
-MULTI_GPU = str(CONFIGS / "multi_gpu_train.yaml")
-META = str(CONFIGS / "metadata.json")
-SCHEMA = str(REPO / "bundles" / "schema" / "meta_schema_20240725.json")
+_CONFIGS = config_paths("spectraflow_2d_segmentation")
+TRAIN, STAGE1_CONFIG, EVALUATE, INFERENCE, MULTI_GPU, META = (
+    _CONFIGS[k] for k in ("train", "train_stage1", "evaluate", "inference", "multi_gpu_train", "metadata")
+)
 
 IMAGE_SIZE = 56
 DEPTH = 2
@@ -85,14 +85,6 @@ def _scalars(log_dir: str) -> dict[str, list[int]]:
 
 def _run(config_file, **override) -> None:
     run_bundle(config_file, META, **override)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
-import torch
 from PIL import Image
 
 from spectraflow_monai.utils.errors import DataError, find_input_error
@@ -36,14 +35,6 @@ RUN = {
     "batch_size": 2,
     "val_batch_size": 2,
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _scene(i: int, classes: int = 2) -> tuple[np.ndarray, np.ndarray]:

@@ -25,24 +25,30 @@ import torch
 from monai.bundle.scripts import verify_metadata, verify_net_in_out
 from monai.utils import set_determinism
 
-from spectraflow_monai.apps.synapse import build_synapse_datalist, generate_synthetic_ct, synthetic_ct_volume
+from spectraflow_monai.apps.synapse import (
+    build_synapse_datalist,
+    generate_synthetic_ct,
+    synthetic_ct_volume,
+)
 from spectraflow_monai.data import DatasetError
 from spectraflow_monai.metrics import PAPER_ORGAN_ORDER, organ_metrics
-from tests.bundles.helpers import assert_evaluation_skips_encoder_weights, run_bundle
+from tests.bundles.helpers import (
+    REPO,
+    SCHEMA,
+    assert_evaluation_skips_encoder_weights,
+    config_paths,
+    run_bundle,
+)
 from tests.bundles.helpers import error_text as _error_text
 from tests.bundles.helpers import load_weights as _load
 from tests.bundles.helpers import parse_config as _parse
 from tests.bundles.helpers import torchrun_bundle as _torchrun
 
-REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "bundles" / "spectraflow_synapse_segmentation"
-CONFIGS = BUNDLE / "configs"
-TRAIN = str(CONFIGS / "train.yaml")
-STAGE1_CONFIG = str(CONFIGS / "train_stage1.yaml")
-EVALUATE = str(CONFIGS / "evaluate.yaml")
-INFERENCE = str(CONFIGS / "inference.yaml")
-META = str(CONFIGS / "metadata.json")
-SCHEMA = str(REPO / "bundles" / "schema" / "meta_schema_20240725.json")
+_CONFIGS = config_paths("spectraflow_synapse_segmentation")
+TRAIN, STAGE1_CONFIG, EVALUATE, INFERENCE, META = (
+    _CONFIGS[k] for k in ("train", "train_stage1", "evaluate", "inference", "metadata")
+)
 
 IMAGE_SIZE = 56
 DEPTH = 2
@@ -78,14 +84,6 @@ def _save_nifti(path, array, affine) -> str:
 
 def _run(config_file, **override) -> None:
     run_bundle(config_file, META, **override)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,6 @@ AFFINE = np.diag([0.8, 0.8, 2.5, 1.0])
 pytestmark = pytest.mark.xdist_group("spectraflow_synapse_bundle")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _raw_case(root: Path, case: int, nan_patch: bool = False) -> str:
     """Write phantom case ``case`` in the raw layout; ``nan_patch`` puts 8 NaN voxels and 1 +inf into the image."""
     image, label = synthetic_ct_volume(case, shape=SHAPE)

@@ -23,15 +23,7 @@ IMAGE_SIZE, DEPTH, NUM_TRAIN, BATCH = 56, 2, 8, 4
 pytestmark = pytest.mark.xdist_group("spectraflow_2d_mae_bundle")
 
 
-@pytest.fixture()
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_mae_stage1_then_stage2(tmp_path, _one_thread):
+def test_mae_stage1_then_stage2(tmp_path):
     common = {
         "bundle_root": str(tmp_path),
         "dataset_dir": str(tmp_path / "data"),
