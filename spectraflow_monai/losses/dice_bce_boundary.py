@@ -9,10 +9,9 @@ MIDL 2019), whose weight can be ramped up over the first epochs as in Kervadec e
 from __future__ import annotations
 
 import torch
-from torch.nn.modules.loss import _Loss
-
 from monai.losses import BoundaryLoss, DiceCELoss
 from monai.networks.utils import one_hot
+from torch.nn.modules.loss import _Loss
 
 from spectraflow_monai.utils.precision import autocast_off
 

@@ -12,10 +12,10 @@ import math
 
 import torch
 import torch.nn.functional as F
+from monai.utils import LossReduction
 from torch.nn.modules.loss import _Loss
 
-from monai.utils import LossReduction
-
+from spectraflow_monai.losses.utils import check_reduction
 from spectraflow_monai.utils.precision import autocast_off
 
 __all__ = ["DispersiveLoss"]
@@ -108,11 +108,7 @@ class DispersiveLoss(_Loss):
         normalize: str | None = "dim",
         reduction: LossReduction | str = LossReduction.MEAN,
     ) -> None:
-        try:
-            reduction = LossReduction(reduction).value
-        except ValueError as e:
-            raise ValueError(f"reduction must be one of 'mean', 'sum', 'none', got {reduction!r}.") from e
-        super().__init__(reduction=reduction)
+        super().__init__(reduction=check_reduction(reduction))
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}.")
         if not tau > 0:

@@ -14,6 +14,8 @@ import torch
 from monai.utils import LossReduction
 from torch.nn.modules.loss import _Loss
 
+from spectraflow_monai.losses.utils import check_reduction
+
 __all__ = ["MAELoss", "patchify", "unpatchify"]
 
 
@@ -103,11 +105,7 @@ class MAELoss(_Loss):
         eps: float = 1e-6,
         reduction: LossReduction | str = LossReduction.MEAN,
     ) -> None:
-        try:
-            reduction = LossReduction(reduction).value
-        except ValueError as e:
-            raise ValueError(f"reduction must be one of 'mean', 'sum', 'none', got {reduction!r}.") from e
-        super().__init__(reduction=reduction)
+        super().__init__(reduction=check_reduction(reduction))
         if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
             raise ValueError(f"patch_size must be a positive int, got {patch_size!r}.")
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
