@@ -66,7 +66,7 @@ from .datalist import (
     synapse_inference_datalist,
 )
 from .label_map import MapLabels, MapLabelsd
-from .layouts import synapse_datalist
+from .layouts import case_list, synapse_datalist
 from .phantom import (
     DEFAULT_SYNTHETIC_CASES,
     PHANTOM_MANIFEST,
@@ -128,6 +128,7 @@ __all__ = [
     "load_nifti",
     "load_synapse_h5",
     "map_btcv_labels",
+    "case_list",
     "synapse_datalist",
     "extract_slices",
     "CTWindow",

@@ -32,10 +32,12 @@ from spectraflow_monai.apps.synapse.constants import (
     format_case_id,
 )
 from spectraflow_monai.apps.synapse.datalist import case_fraction, decathlon_synapse_datalist
-from spectraflow_monai.apps.synapse.layouts import _case_list, synapse_datalist
+from spectraflow_monai.apps.synapse.layouts import case_list, synapse_datalist
+from spectraflow_monai.apps.synapse.phantom import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
 from spectraflow_monai.apps.synapse.settings import check_own_data_settings, resolve_label_map
 from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size
 
@@ -78,8 +80,6 @@ def check_synapse_settings(
     Raises:
         SettingError: (a ``ValueError``) naming the setting and its value.
     """
-    from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args  # lazy: no import circle
-
     out: dict[str, Any] = {"image_size": check_image_size(image_size, "image_size")}
     if dataset is not None:
         if not isinstance(dataset, str) or dataset.lower() not in SYNAPSE_BUNDLE_DATASETS:
@@ -125,9 +125,6 @@ def _cases_on_disk(root: Path, split: str) -> list[str]:
 
 def _generate_or_check_phantom(root: Path, generate: Mapping[str, Any]) -> None:
     """Write the phantom when ``root`` holds none; else make sure it is the one ``generate`` asks for."""
-    # lazy: synthetic_ct imports this module
-    from spectraflow_monai.apps.synapse.phantom import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
-
     on_disk = _cases_on_disk(root, "train") + _cases_on_disk(root, "test")
     if not on_disk:
         logger.info("writing the synthetic CT phantom into %s", root)
@@ -330,8 +327,8 @@ def _build_synapse_datalist(
                     "spectraflow synthetic-ct --output <dir>."
                 )
     if exclude_cases:
-        excluded = set(_case_list(exclude_cases, split))
-        chosen = _case_list(cases, split)
+        excluded = set(case_list(exclude_cases, split))
+        chosen = case_list(cases, split)
         cases = [c for c in chosen if c not in excluded]
         if not cases:
             raise ValueError(

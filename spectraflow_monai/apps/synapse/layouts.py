@@ -22,9 +22,10 @@ from spectraflow_monai.apps.synapse.constants import (
 )
 from spectraflow_monai.data.validation import DatasetError
 
-__all__ = ["synapse_datalist"]
+__all__ = ["case_list", "synapse_datalist"]
 
-def _case_list(cases: Sequence[int | str] | None, split: str) -> list[str]:
+def case_list(cases: Sequence[int | str] | None, split: str) -> list[str]:
+    """The case ids of ``split`` (``cases``, else TransUNet's list of the split) in the protocol's 4-digit form."""
     if cases is None:
         cases = SYNAPSE_TRAIN_CASES if split == "train" else SYNAPSE_TEST_CASES
     elif isinstance(cases, (str, int)):
@@ -91,7 +92,7 @@ def synapse_datalist(
     root = Path(root)
     if not root.is_dir():
         raise DatasetError(f"Synapse root {str(root)!r} is not a directory.")
-    ids = _case_list(cases, split)
+    ids = case_list(cases, split)
     layout = _resolve_layout(root, split, layout)
     missing: list[tuple[str, str]] = []
     out: list[dict[str, Any]] = []

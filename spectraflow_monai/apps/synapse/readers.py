@@ -284,8 +284,8 @@ def read_nifti_volume(
     except Exception as e:  # truncated / corrupt data: zlib, EOF, OS errors
         raise DatasetError(f"case {case}: cannot read the image data of {image_path!r}: {e}") from e
     image = finite_image(image.reshape(image.shape[:3]), image_path, case, params, params["window"][0])
-    # the HU window to [0, 1]: what transforms.CTWindow does (MONAI's ScaleIntensityRange, clipped); the transform
-    # itself is not imported here, because transforms.ct builds on this module
+    # the HU window to [0, 1]: what CTWindow does (MONAI's ScaleIntensityRange, clipped); CTWindow itself lives above
+    # this module (apps/synapse/transforms.py builds on the readers)
     low, high = params["window"]
     image = np.asarray(ScaleIntensityRange(low, high, 0.0, 1.0, clip=True, dtype=np.float32)(image))
     label = None
