@@ -3,6 +3,7 @@ from .datalist import (
     MASK_SUFFIXES,
     decathlon_datalist,
     folder_datalist,
+    inference_files,
 )
 from .label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_class_names, check_label_map, identity_label_map
 from .label_mode import LabelMode, label_mode
@@ -22,6 +23,7 @@ __all__ = [
     "check_label_map",
     "decathlon_datalist",
     "folder_datalist",
+    "inference_files",
     "holdout",
     "identity_label_map",
     "label_mode",

@@ -34,6 +34,7 @@ map whose values must be the named classes. Every file is decoded before trainin
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ from typing import Any
 
 from spectraflow_monai.data.label_mode import LabelMode, label_mode
 from spectraflow_monai.data.subsets import holdout, low_data_subset
-from spectraflow_monai.data.validation import DatasetError, check_pairs, list_images
+from spectraflow_monai.data.validation import IMAGE_EXTENSIONS, DatasetError, check_pairs, list_images
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "MASK_SUFFIXES",
     "decathlon_datalist",
     "folder_datalist",
+    "inference_files",
     "OWN_DATA_KWARGS",
 ]
 
@@ -322,3 +324,49 @@ def folder_datalist(
 
 
 #END
+
+
+def inference_files(
+    input_dir: str | os.PathLike | None,
+    input_pattern: str = "*.*",
+    data_list_file_path: str | os.PathLike | None = None,
+    dataset_dir: str | os.PathLike | None = None,
+) -> list[str]:
+    """The images ``configs/inference.yaml`` of the 2D bundle segments.
+
+    With ``data_list_file_path``: the ``test`` list of that Decathlon-style JSON (entries ``"path"`` or
+    ``{"image": path, ...}``; labels are not read), relative paths starting at ``dataset_dir`` (None: the JSON's
+    folder). Else the files of ``input_dir`` matching ``input_pattern`` with an image extension
+    (:data:`~spectraflow_monai.data.validation.IMAGE_EXTENSIONS`), sorted. The files are decoded afterwards by
+    :class:`~spectraflow_monai.data.validation.InputCheck`, which skips (and lists) the unreadable ones.
+
+    Raises:
+        DatasetError: the JSON is missing, not valid JSON, has no ``test`` list or a ``test`` entry without an image
+            path; ``input_dir`` is not a folder.
+    """
+    if data_list_file_path:
+        path = os.fspath(data_list_file_path)
+        if not os.path.isfile(path):
+            raise DatasetError(f"data_list_file_path {path!r} is not a file.")
+        try:
+            with open(path) as f:
+                content = json.load(f)
+        except ValueError as e:
+            raise DatasetError(f"datalist {path!r} is not valid JSON: {e}") from e
+        tests = content.get("test") if isinstance(content, dict) else None
+        if not tests:
+            raise DatasetError(
+                f"datalist {path!r} has no 'test' list to segment; add one, or pass --input_dir <folder of images> "
+                "without data_list_file_path."
+            )
+        files = [e if isinstance(e, str) else e.get("image") if isinstance(e, Mapping) else None for e in tests]
+        if any(not isinstance(f, str) for f in files):
+            bad = [e for e, f in zip(tests, files) if not isinstance(f, str)][:3]
+            raise DatasetError(f"datalist {path!r}: 'test' entries must be a path or {{'image': path}}, got {bad!r}.")
+        base = os.fspath(dataset_dir) if dataset_dir else os.path.dirname(os.path.abspath(path))
+        logger.info("inference on the 'test' list of %s (%d image(s))", path, len(files))
+        return [f if os.path.isabs(f) else os.path.normpath(os.path.join(base, f)) for f in files]
+    if input_dir is None or not os.path.isdir(os.fspath(input_dir)):
+        raise DatasetError(f"input_dir {input_dir!r} is not a folder of images.")
+    found = sorted(glob.glob(os.path.join(os.fspath(input_dir), input_pattern)))
+    return [f for f in found if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]

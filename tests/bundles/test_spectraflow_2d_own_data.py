@@ -117,6 +117,10 @@ def test_decathlon_datalist_json(tmp_path):
     out = _train_evaluate_infer(tmp_path / "b", source, [data / "images" / "case6.tiff"])
     assert [r["name"] for r in out["rows"]] == ["case6"]  # evaluation scores the test list
     assert [p.name for p in out["pred"]] == ["case6_seg.png"]
+    # inference.yaml segments the JSON's `test` list when data_list_file_path is given (input_dir is not read)
+    pred_json = tmp_path / "pred_json"
+    run_bundle(INFERENCE, META, bundle_root=str(tmp_path / "b"), output_dir=str(pred_json), **NET, **source)
+    assert sorted(p.name for p in pred_json.iterdir()) == ["case6_seg.png"]
 
 
 def test_multi_class_label_maps(tmp_path):

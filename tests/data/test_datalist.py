@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from monai.data import MetaTensor
 from PIL import Image
 
 from spectraflow_monai.apps.seg2d import build_datalist, canonical_source_name
-from spectraflow_monai.data import DatasetError, decathlon_datalist, folder_datalist, holdout, label_mode
+from spectraflow_monai.data import DatasetError, decathlon_datalist, folder_datalist, holdout, inference_files, label_mode
 from spectraflow_monai.transforms import LabelClassesd
 from spectraflow_monai.utils.errors import DataError, SettingError
 
@@ -189,3 +190,36 @@ def test_label_classes_transform_and_mask_check(tmp_path):
     Image.fromarray(np.full((8, 8), 9, np.uint8)).save(tmp_path / "masks" / "im2_mask.png")
     with pytest.raises(DatasetError, match=r"im2_mask.png' holds value\(s\) \[9\]"):
         folder_datalist(tmp_path, "all", label_classes={0: 0, 128: 1, 255: 2})
+
+
+@pytest.mark.parametrize("entry", ["images/a.png", {"image": "images/a.png"}, {"image": "images/a.png", "label": "x"}])
+def test_inference_files_reads_the_test_list(tmp_path, entry):
+    js = tmp_path / "d.json"
+    js.write_text(json.dumps({"training": [], "test": [entry]}))
+    assert inference_files(None, data_list_file_path=js) == [str(tmp_path / "images" / "a.png")]
+    assert inference_files(None, data_list_file_path=js, dataset_dir="/base") == ["/base/images/a.png"]
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ({"training": []}, "no 'test' list"),
+        ({"test": [3]}, "must be a path"),
+        ("[", "not valid JSON"),
+        (None, "not a file"),
+    ],
+)
+def test_inference_files_names_a_bad_datalist(tmp_path, content, match):
+    js = tmp_path / "d.json"
+    if content is not None:
+        js.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(DatasetError, match=match):
+        inference_files(None, data_list_file_path=js)
+
+
+def test_inference_files_globs_images_of_a_folder(tmp_path):
+    for name in ("b.png", "a.tif", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [os.path.basename(f) for f in inference_files(tmp_path)] == ["a.tif", "b.png"]
+    with pytest.raises(DatasetError, match="not a folder"):
+        inference_files(tmp_path / "missing")
