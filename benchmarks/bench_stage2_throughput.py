@@ -130,10 +130,11 @@ def main() -> None:
             from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
 
             args.dataset, args.dataset_dir = "synthetic", os.path.join(root, "data")
-            generate_synthetic_dataset(args.dataset_dir, num_train=4, num_val=2, size=112, seed=0)
+            tiny = {"num_train": 4, "num_val": 2, "size": 112}
+            generate_synthetic_dataset(args.dataset_dir, **tiny)
             args.batch_size, args.num_workers, args.image_size = 2, 0, 112
             args.iters, args.warmup = 1, 1
-            args.override = [*args.override, "encoder_kwargs={depth: 2}", "datalist_kwargs={}"]
+            args.override = [*args.override, "encoder_kwargs={depth: 2}", f"synthetic_size={tiny}"]
         elif not args.dataset_dir:
             parser.error("--dataset-dir is needed (or --tiny)")
         precisions = {p: resolve_precision(p, args.device) for p in args.precision}

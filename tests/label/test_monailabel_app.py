@@ -413,6 +413,32 @@ def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
     assert nib.load(result["file"]).shape == VOLUME_SHAPE
 
 
+def test_train_2d_multi_class_from_own_label_maps(tmp_path):
+    """Own data: 3-class label maps drawn in MONAI Label (0 background, 1 lesion, 2 tool) train the 2D bundle set to
+    those classes (``--conf overrides '{"label_classes": [...]}'``); the trained model serves label maps."""
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,), weights=False)
+    (studies / "labels" / "final").mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    for i in range(5):
+        image, mask = synthesize_pair(rng, 56)
+        label = (mask > 0).astype(np.uint8)
+        label[:12, :12] = 2  # a second class: an instrument in a corner
+        Image.fromarray(image).save(studies / f"m{i}.png")
+        Image.fromarray(label).save(studies / "labels" / "final" / f"m{i}.png")
+    classes = {"label_classes": ["background", "lesion", "tool"]}
+    conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN, **classes}), "pretrained_weights": "none"}
+    app = _app(bundles, studies, models=NAME_2D, encoder_init="random", **conf)
+    app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
+    state = torch.load(bundles / NAME_2D / "models" / "model.pt", weights_only=True)
+    assert state["decoder.head.conv.weight"].shape[0] == 3  # one output channel per class (softmax)
+    served = _app(bundles, studies, models=NAME_2D, **conf)  # a restarted app serves the trained model.pt
+    result = served.infer({"model": NAME_2D, "image": "m0", "device": "cpu"})
+    pred = np.asarray(Image.open(result["file"]))
+    assert pred.shape == (56, 56) and set(np.unique(pred).tolist()) <= {0, 1, 2}
+
+
 # ---------------------------------------------------------------- 5. end to end over HTTP
 def _server_log(path: Path) -> str:
     return path.read_text(errors="replace")[-4000:] if path.exists() else ""

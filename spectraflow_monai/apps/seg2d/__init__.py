@@ -2,7 +2,7 @@
 and the datalist entry point of the ``spectraflow_2d_segmentation`` bundle.
 """
 
-from .datalist import build_datalist, canonical_source_name
+from .datalist import DataSource, build_datalist, canonical_source_name
 from .presets import (
     DATASET_PRESETS,
     KVASIR_SPLIT_DIR,
@@ -24,6 +24,7 @@ __all__ = [
     "synthetic_datalist",
     "generate_synthetic_dataset",
     "synthesize_pair",
+    "DataSource",
     "build_datalist",
     "canonical_source_name",
 ]

@@ -12,7 +12,7 @@ from spectraflow_monai.apps.seg2d.presets import DATASET_PRESETS, canonical_data
 from spectraflow_monai.data.datalist import DATA_SOURCES, OWN_DATA_KWARGS, decathlon_datalist, folder_datalist
 from spectraflow_monai.utils.errors import SettingError
 
-__all__ = ["build_datalist", "canonical_source_name"]
+__all__ = ["DataSource", "build_datalist", "canonical_source_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +81,64 @@ def build_datalist(
     if label_classes is not None:
         raise SettingError(f"label_classes must be null for the binary preset {key!r}, got {label_classes!r}.")
     return DATASET_PRESETS[key](dataset_dir, split=split, fraction=fraction, seed=seed, **preset_kwargs)
+
+
+class DataSource:
+    """The data source of one run of the ``spectraflow_2d_segmentation`` bundle: every datalist it reads.
+
+    The bundle's data settings, gathered once, so that its configs name a split instead of repeating the settings
+    (``"$@data_source.datalist('train')"``). The synthetic preset is generated into ``dataset_dir`` on first use
+    with ``synthetic_size``.
+
+    Args:
+        dataset: the source: ``"folder"``, a preset (``"kvasir"``, ``"isic2016"``, ``"glas"``, ``"synthetic"``);
+            ignored when ``data_list_file_path`` is given.
+        dataset_dir: the data folder (for a datalist JSON: the base of its relative paths).
+        data_list_file_path: a Decathlon-style datalist JSON, the source when set. Defaults to None.
+        fraction: kept fraction of the training split (low-data runs); other splits are whole. Defaults to 1.0.
+        seed: seed of the hold-out and of ``fraction``. Defaults to 0.
+        val_fraction: share of the training entries held out when the source has no validation list.
+            Defaults to 0.2.
+        label_classes: None (binary masks) or the classes of the label maps. Defaults to None.
+        synthetic_size: ``{"num_train": ..., "num_val": ...}`` of the synthetic preset. Defaults to None (the
+            preset's defaults).
+        options: source arguments (``check_images``, ``check_masks``, ``label_threshold``, ``mask_suffix``, preset
+            arguments such as ``split_dir``). Defaults to None.
+
+    Raises:
+        SettingError: an unknown source (at construction) or an argument the source does not take.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_dir: str | os.PathLike | None,
+        data_list_file_path: str | os.PathLike | None = None,
+        fraction: float = 1.0,
+        seed: int = 0,
+        val_fraction: float = 0.2,
+        label_classes: Any = None,
+        synthetic_size: dict | None = None,
+        options: dict | None = None,
+    ) -> None:
+        self.name = canonical_source_name(dataset, data_list_file_path)
+        self.dataset, self.dataset_dir, self.data_list_file_path = dataset, dataset_dir, data_list_file_path
+        self.fraction, self.seed, self.val_fraction, self.label_classes = fraction, seed, val_fraction, label_classes
+        self.options = dict(options or {})
+        if self.name == "synthetic":
+            self.options = {"generate": True, **dict(synthetic_size or {}), **self.options}
+
+    def datalist(self, split: str) -> list[dict]:
+        """The entries of ``split`` (``"train"``, ``"val"``, ``"test"`` or ``"all"``); see :func:`build_datalist`."""
+        fraction = self.fraction if split == "train" else 1.0
+        return build_datalist(
+            self.dataset,
+            self.dataset_dir,
+            split,
+            fraction,
+            self.seed,
+            data_list_file_path=self.data_list_file_path,
+            val_fraction=self.val_fraction,
+            label_classes=self.label_classes,
+            **self.options,
+        )

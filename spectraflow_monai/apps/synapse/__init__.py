@@ -84,6 +84,7 @@ from .readers import (
     load_synapse_h5,
     map_btcv_labels,
 )
+from .source import SynapseDataSource
 from .settings import check_datalist_base, check_own_data_settings, resolve_label_map, synapse_class_names
 from .transforms import (
     CTWindow,
@@ -96,6 +97,7 @@ from .transforms import (
 )
 
 __all__ = [
+    "SynapseDataSource",
     "check_own_data_settings",
     "resolve_label_map",
     "synapse_class_names",

@@ -1,0 +1,97 @@
+"""The data source of one run of the ``spectraflow_synapse_segmentation`` bundle: every datalist it reads.
+
+Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from spectraflow_monai.apps.synapse.bundle import build_synapse_datalist
+
+__all__ = ["SynapseDataSource"]
+
+
+class SynapseDataSource:
+    """The data settings of a Synapse bundle run, gathered once, so that its configs name a split and its cases
+    instead of repeating every setting (``"$@data_source.datalist('train', @train_cases, @val_cases)"``).
+
+    Args:
+        dataset: ``"synthetic"`` (the phantom, generated into ``dataset_dir`` on first use with
+            ``synthetic_size``), ``"btcv"`` or ``"transunet"``; ignored when ``data_list_file_path`` is given.
+        dataset_dir: the data folder (for a datalist JSON: the base of its relative paths).
+        cache_dir: the slice cache of the training / validation slices.
+        image_size: side of the cached slices.
+        hu_window: the CT window ``(low, high)`` in HU. Defaults to ``(-125, 275)`` (TransUNet).
+        data_list_file_path: a Decathlon datalist JSON of one's own volumes. Defaults to None.
+        label_map: source label -> class (None: the BTCV map of the presets, the identity for a JSON).
+        num_classes: classes of the network (background included). Defaults to None (9).
+        unmapped_labels: ``"error"`` or ``"background"`` for source labels the map does not name.
+        val_fraction: share of a JSON's training cases held out when it has no validation list. Defaults to 0.2.
+        fraction: kept fraction of the training cases (low-data runs); other splits are whole. Defaults to 1.0.
+        seed: seed of the hold-out and of ``fraction``. Defaults to 0.
+        synthetic_size: ``generate_synthetic_ct`` arguments of the phantom (``dataset="synthetic"`` only).
+        progress: show the slice-extraction progress bar. Defaults to True.
+        nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
+
+    See :func:`~spectraflow_monai.apps.synapse.build_synapse_datalist` for the checks and errors.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        dataset_dir: str | os.PathLike,
+        cache_dir: str | os.PathLike,
+        image_size: int,
+        hu_window: Sequence[float] = (-125.0, 275.0),
+        data_list_file_path: str | os.PathLike | None = None,
+        label_map: Mapping[int, int] | None = None,
+        num_classes: int | None = None,
+        unmapped_labels: str = "error",
+        val_fraction: float = 0.2,
+        fraction: float = 1.0,
+        seed: int = 0,
+        synthetic_size: Mapping[str, Any] | None = None,
+        progress: bool = True,
+        nonfinite: str = "error",
+        nonfinite_value: float | None = None,
+    ) -> None:
+        self.dataset, self.dataset_dir, self.cache_dir = dataset, dataset_dir, cache_dir
+        self.fraction = fraction
+        generate = synthetic_size if dataset == "synthetic" and not data_list_file_path else None
+        self.common: dict[str, Any] = {
+            "spatial_size": [image_size, image_size],
+            "window": hu_window,
+            "progress": progress,
+            "nonfinite": nonfinite,
+            "nonfinite_value": nonfinite_value,
+            "data_list_file_path": data_list_file_path,
+            "label_map": label_map,
+            "num_classes": num_classes,
+            "unmapped_labels": unmapped_labels,
+            "val_fraction": val_fraction,
+            "seed": seed,
+            "generate": None if generate is None else dict(generate),
+        }
+
+    def datalist(
+        self,
+        split: str,
+        cases: Sequence[int | str] | None = None,
+        exclude_cases: Sequence[int | str] | None = None,
+        slices: bool = True,
+    ) -> list[dict[str, Any]]:
+        """The entries of ``split``: cached axial slices (``slices=True``) or whole volumes (evaluation)."""
+        return build_synapse_datalist(
+            self.dataset,
+            self.dataset_dir,
+            split,
+            cases=cases,
+            exclude_cases=exclude_cases,
+            slices=slices,
+            cache_dir=self.cache_dir if slices else None,
+            fraction=self.fraction if split == "train" else 1.0,
+            **self.common,
+        )
