@@ -6,7 +6,7 @@ Usage::
         --dataset-dir ../shared/data/kvasir-seg --threads 2 --iters 30 --precision fp32 bf16
 
 Both trainers are the ``train#trainer`` of ``bundles/spectraflow_2d_segmentation/configs/train.yaml`` (for the
-UNet merged with ``benchmarks/configs/unet_baseline.yaml``, as ``kvasir_protocol.sh`` trains it): the same
+UNet merged with the bundle's ``configs/unet_baseline.yaml``, as ``kvasir_protocol.sh`` trains it): the same
 ``CacheDataset`` + ``DataLoader`` (augmentation, ``num_workers``), Dice + BCE + boundary loss, AdamW and the train
 metric; only the validation / logging handlers are left out. Each trainer runs ``--warmup`` + ``--iters`` real
 iterations per precision (one epoch of that length); the time from the end of the last warm-up iteration to the
@@ -35,7 +35,7 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUNDLE = os.path.join(HERE, "..", "bundles", "spectraflow_2d_segmentation")
-UNET_CONFIG = os.path.join(HERE, "configs", "unet_baseline.yaml")
+UNET_CONFIG = os.path.join(BUNDLE, "configs", "unet_baseline.yaml")
 MODELS = {"spectraflow": "SpectraFlow-S (bundle)", "unet": "MONAI UNet 2D (unet_baseline.yaml)"}
 
 

@@ -20,7 +20,7 @@ set -x
 time python -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${SF[@]}" "${COMMON[@]}" --stage1_epochs "$E1"
 time python -m monai.bundle run --config_file configs/train.yaml "${SF[@]}" "${COMMON[@]}" --max_epochs "$E2"
 time python -m monai.bundle run --config_file "['configs/train.yaml','configs/evaluate.yaml']" "${SF[@]}" "${COMMON[@]}"
-UNET="$HERE/configs/unet_baseline.yaml"
+UNET="configs/unet_baseline.yaml"   # the bundle's own baseline override (run from the bundle folder)
 time python -m monai.bundle run --config_file "['configs/train.yaml','$UNET']" "${UN[@]}" "${COMMON[@]}" --max_epochs "$E2"
 time python -m monai.bundle run --config_file "['configs/train.yaml','$UNET','configs/evaluate.yaml']" "${UN[@]}" "${COMMON[@]}"
 set +x

@@ -11,45 +11,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.utils.bundles import bundle_path
+from spectraflow_monai.utils.bundles import bundle_path, run_bundle_configs
 
 __all__ = ["main", "run_demo"]
 
 logger = logging.getLogger("spectraflow_monai.demo")
-
-
-def _command(configs: list[str], overrides: dict[str, Any]) -> str:
-    files = "[" + ",".join(f"'configs/{c}'" for c in configs) + "]"
-    args = " ".join(f"--{k} {shlex.quote(repr(v) if not isinstance(v, str) else v)}" for k, v in overrides.items())
-    return f"python -m monai.bundle run --config_file \"{files}\" {args}"
-
-
-def _run_configs(bundle: Path, configs: list[str], overrides: dict[str, Any], title: str) -> float:
-    """Run bundle ``configs`` with ``overrides`` through ``monai.bundle.run``; returns the wall time in seconds."""
-    from monai.bundle import run
-
-    print(f"\n=== {title}\n(cd {bundle} && {_command(configs, overrides)})", flush=True)
-    start = time.perf_counter()
-    cwd = os.getcwd()
-    try:
-        os.chdir(bundle)  # the configs and their logging/metadata files are addressed relative to the bundle
-        run(
-            config_file=[str(bundle / "configs" / c) for c in configs],
-            meta_file=str(bundle / "configs" / "metadata.json"),
-            logging_file=str(bundle / "configs" / "logging.conf"),
-            **overrides,
-        )
-    finally:
-        os.chdir(cwd)
-    elapsed = time.perf_counter() - start
-    print(f"=== {title}: done in {elapsed:.0f} s", flush=True)
-    return elapsed
 
 
 def run_demo(
@@ -143,7 +114,7 @@ def run_demo(
     for stale in (root / "models" / "model.pt", root / "models" / "encoder_stage1.pt"):
         if stale.exists():
             stale.unlink()  # a rerun starts from scratch, never from a previous run's weights
-    times["stage1"] = _run_configs(
+    times["stage1"] = run_bundle_configs(
         bundle,
         ["train.yaml", "train_stage1.yaml"],
         {**common, "stage1_epochs": stage1_epochs, "stage1_batch_size": batch_size,
@@ -151,14 +122,14 @@ def run_demo(
          "stage1_start_lr": 1e-4, "stage1_end_lr": 1e-5},
         "Stage-1: Mixed-Domain MeanFlow + dispersive pretraining",
     )
-    times["stage2"] = _run_configs(
+    times["stage2"] = run_bundle_configs(
         bundle,
         ["train.yaml"],
         {**common, "encoder_init": "stage1", "max_epochs": stage2_epochs, "batch_size": batch_size,
          "learning_rate": 3e-4},
         "Stage-2: segmentation fine-tuning (DAF + FDConv decoder, last encoder block)",
     )
-    times["evaluate"] = _run_configs(bundle, ["train.yaml", "evaluate.yaml"], common, "Evaluation (paper protocol)")
+    times["evaluate"] = run_bundle_configs(bundle, ["train.yaml", "evaluate.yaml"], common, "Evaluation (paper protocol)")
 
     from spectraflow_monai.apps.seg2d import build_datalist
     from spectraflow_monai.visualize.report import write_report

@@ -12,8 +12,9 @@ from spectraflow_monai.cli import COMMANDS, main
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_has_help(name, capsys):
+    argv = [name, "robustness", "--help"] if name == "experiment" else [name, "--help"]
     with pytest.raises(SystemExit) as exc:
-        main([name, "--help"])
+        main(argv)
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert f"spectraflow {name}" in out and "--output" in out

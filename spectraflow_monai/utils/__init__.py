@@ -3,12 +3,14 @@
 from .checkpoint import atomic_torch_save, cpu_state_dict
 from .errors import DataError, SettingError, install_excepthook
 from .files import atomic_path, require_file, require_items, write_text_atomic
-from .bundles import BUNDLE_NAMES, bundle_path
+from .bundles import BUNDLE_NAMES, bundle_command, bundle_path, run_bundle_configs
 from .settings import check_image_size
 
 __all__: list[str] = [
     "BUNDLE_NAMES",
+    "bundle_command",
     "bundle_path",
+    "run_bundle_configs",
     "atomic_path",
     "atomic_torch_save",
     "check_image_size",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["BUNDLE_NAMES", "bundle_path"]
+__all__ = ["BUNDLE_NAMES", "bundle_command", "bundle_path", "run_bundle_configs"]
 
 #: the folders under ``bundles/``: two MONAI bundles, the MONAI Label app and the metadata schema.
 BUNDLE_NAMES: tuple[str, ...] = (
@@ -40,3 +44,37 @@ def bundle_path(name: str = "spectraflow_2d_segmentation") -> Path:
         f"bundle {name!r} not found at {candidates[0]} (installed package) nor at {candidates[1]} (clone): "
         "reinstall spectraflow_monai (pip install .) or run from a clone of the repository."
     )
+
+
+def bundle_command(configs: list[str], overrides: dict[str, Any]) -> str:
+    """The ``python -m monai.bundle run`` command line that runs ``configs`` with ``overrides`` (for the logs)."""
+    files = "[" + ",".join(f"'configs/{c}'" for c in configs) + "]"
+    args = " ".join(f"--{k} {shlex.quote(repr(v) if not isinstance(v, str) else v)}" for k, v in overrides.items())
+    return f"python -m monai.bundle run --config_file \"{files}\" {args}"
+
+
+def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, Any], title: str) -> float:
+    """Run bundle ``configs`` (file names under ``<bundle>/configs``, merged in order) with ``overrides`` through
+    ``monai.bundle.run`` in this process, printing the equivalent command first; returns the wall time in seconds.
+
+    The working directory is the bundle folder while it runs (its configs address their logging and metadata files
+    relative to it) and is restored afterwards.
+    """
+    from monai.bundle import run
+
+    print(f"\n=== {title}\n(cd {bundle} && {bundle_command(configs, overrides)})", flush=True)
+    start = time.perf_counter()
+    cwd = os.getcwd()
+    try:
+        os.chdir(bundle)  # the configs and their logging/metadata files are addressed relative to the bundle
+        run(
+            config_file=[str(bundle / "configs" / c) for c in configs],
+            meta_file=str(bundle / "configs" / "metadata.json"),
+            logging_file=str(bundle / "configs" / "logging.conf"),
+            **overrides,
+        )
+    finally:
+        os.chdir(cwd)
+    elapsed = time.perf_counter() - start
+    print(f"=== {title}: done in {elapsed:.0f} s", flush=True)
+    return elapsed

@@ -1,0 +1,77 @@
+"""``spectraflow experiment <name> [options]``: the paper's experiments as commands (see docs/experiments.md).
+
+Each experiment runs the 2D bundle (every setting is a bundle override), skips steps that finished before (an
+interrupted experiment resumes), and writes its CSV, figure and Markdown section into ``--output``, where
+``report.md`` collects the sections of every experiment run there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from spectraflow_monai.experiments.robustness import ROBUSTNESS_SCALES, run_robustness
+from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS
+from spectraflow_monai.utils.files import write_text_atomic
+
+__all__ = ["EXPERIMENTS", "main", "write_report"]
+
+#: experiment name -> the Markdown section file it writes into ``--output``.
+EXPERIMENTS: dict[str, str] = {"robustness": "robustness.md"}
+
+
+def write_report(output: str | os.PathLike) -> Path:
+    """``<output>/report.md``: the sections of the experiments that ran in ``output``, in :data:`EXPERIMENTS` order."""
+    out = Path(output)
+    parts = [(out / name).read_text() for name in EXPERIMENTS.values() if (out / name).is_file()]
+    path = out / "report.md"
+    write_text_atomic(path, "# SpectraFlow experiments\n\n" + "\n".join(parts))
+    return path
+
+
+def _override(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, yaml.safe_load(value)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment") -> int:
+    """Run one experiment; returns 0 (bad options exit with status 2 and a message)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Run one of the paper's experiments with the 2D bundle.")
+    sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    rob = sub.add_parser("robustness", prog=f"{prog} robustness",
+                         help="Dice / HD95 under brightness, contrast, blur and noise shifts (paper Fig. 5)")
+    rob.add_argument("--output", required=True, metavar="DIR", help="experiment folder (runs, CSV, PNG, report.md)")
+    rob.add_argument("--dataset", default="synthetic",
+                     help="bundle dataset: synthetic (default) | kvasir | isic2016 | glas | folder")
+    rob.add_argument("--dataset-dir", help="bundle dataset_dir (default for synthetic: <output>/data)")
+    rob.add_argument("--data-list-file-path", help="a Decathlon datalist JSON (the bundle's data_list_file_path)")
+    rob.add_argument("--scale", default="small", choices=sorted(ROBUSTNESS_SCALES),
+                     help="small (tens of minutes on 2 CPU cores) or paper (the bundle's settings); default small")
+    rob.add_argument("--kinds", nargs="+", default=list(CORRUPTION_KINDS), choices=CORRUPTION_KINDS,
+                     help="corruptions (default: all four)")
+    rob.add_argument("--severities", nargs="+", type=int, help="levels 1..5 (default: the scale's)")
+    rob.add_argument("--baseline-config", default="unet_baseline.yaml",
+                     help="bundle config (or path) merged over train.yaml for the baseline (default: MONAI UNet)")
+    rob.add_argument("--pretrained-weights", default="none",
+                     help="the bundle's pretrained_weights: none (default here), timm, or a DINOv2 checkpoint file")
+    rob.add_argument("--precision", default="auto", help="the bundle's precision: auto | bf16 | fp16 | fp32")
+    rob.add_argument("--override", action="append", type=_override, default=[], metavar="KEY=VALUE",
+                     help="any other bundle override, e.g. --override max_epochs=20 (YAML values)")
+    args = parser.parse_args(argv)
+    output = os.path.abspath(args.output)
+    data = {"dataset": args.dataset, "pretrained_weights": args.pretrained_weights, "precision": args.precision}
+    if args.dataset_dir or args.dataset == "synthetic":
+        data["dataset_dir"] = os.path.abspath(args.dataset_dir or os.path.join(output, "data"))
+    if args.data_list_file_path:
+        data["data_list_file_path"] = os.path.abspath(args.data_list_file_path)
+    rows = run_robustness(output, data, args.scale, args.kinds, args.severities, args.baseline_config,
+                          dict(args.override))  # fmt: skip
+    report = write_report(output)
+    print(f"robustness: {len(rows)} evaluations; table {os.path.join(output, 'robustness.csv')}, report {report}")
+    return 0

@@ -1,0 +1,99 @@
+"""Running the bundles for an experiment: one folder per run, one done marker per step, finished steps skipped.
+
+Every experiment of :mod:`spectraflow_monai.experiments` is a set of runs of the ``spectraflow_2d_segmentation``
+bundle, each step (Stage-1, Stage-2, one evaluation) a ``monai.bundle.run`` of the bundle's own configs with
+overrides, so every experiment setting is a bundle setting. A step that finished writes
+``<run>/<step>.done.json`` (its configs, overrides and time); a later call with the same settings skips it, so an
+interrupted experiment resumes where it stopped (an interrupted Stage-1 / Stage-2 also resumes inside the step, from
+the bundle's own checkpoints). Changed settings run the step again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from spectraflow_monai.utils.bundles import bundle_path, run_bundle_configs
+from spectraflow_monai.utils.files import write_text_atomic
+
+__all__ = ["ExperimentRunner", "read_summary"]
+
+logger = logging.getLogger(__name__)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would store it (tuples as lists, paths as strings), to compare settings with a marker."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def read_summary(eval_dir: str | os.PathLike) -> dict[str, Any]:
+    """The ``summary.json`` an evaluation wrote into ``eval_dir``; FileNotFoundError naming it when absent."""
+    path = Path(eval_dir) / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no evaluation summary at {path}: the evaluation step did not finish.")
+    return json.loads(path.read_text())
+
+
+class ExperimentRunner:
+    """The runs of one experiment under ``<output>/<experiment>/<run>/``.
+
+    Args:
+        output: the experiment output folder (also where ``report.md`` goes).
+        experiment: the experiment name (a sub-folder of ``output``).
+        common: bundle overrides of every step (data, scale, precision, ...).
+        bundle: the bundle folder. Defaults to the installed ``spectraflow_2d_segmentation``.
+
+    Raises:
+        ValueError: ``common`` sets ``bundle_root`` (each run has its own).
+    """
+
+    def __init__(
+        self,
+        output: str | os.PathLike,
+        experiment: str,
+        common: Mapping[str, Any],
+        bundle: str | os.PathLike | None = None,
+    ) -> None:
+        if "bundle_root" in common:
+            raise ValueError("common must not set 'bundle_root': every run of an experiment has its own folder.")
+        self.output = Path(output).resolve()
+        self.root = self.output / experiment
+        self.common = dict(common)
+        self.bundle = Path(bundle) if bundle is not None else bundle_path("spectraflow_2d_segmentation")
+        self.executed: list[str] = []  # "<run>/<step>" of the steps this call ran (not skipped)
+
+    def run_dir(self, run: str) -> Path:
+        """The ``bundle_root`` of ``run``."""
+        return self.root / run
+
+    def step(self, run: str, step: str, configs: Sequence[str], overrides: Mapping[str, Any] | None = None) -> Path:
+        """Run bundle ``configs`` for ``run`` unless this step already finished with the same settings.
+
+        Args:
+            run: the run name (its folder).
+            step: the step name (its marker ``<step>.done.json``).
+            configs: config file names of the bundle, merged in order.
+            overrides: overrides of this step, over :attr:`common`.
+
+        Returns:
+            The run folder.
+        """
+        run_dir = self.run_dir(run)
+        settings = {**self.common, **dict(overrides or {}), "bundle_root": str(run_dir)}
+        record = {"configs": list(configs), "overrides": _plain(settings)}
+        marker = run_dir / f"{step}.done.json"
+        if marker.is_file():
+            done = json.loads(marker.read_text())
+            if {k: done.get(k) for k in record} == record:
+                logger.info("%s/%s: finished before (%s), skipped", run, step, marker)
+                return run_dir
+            logger.info("%s/%s: settings changed since %s, running it again", run, step, marker)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        seconds = run_bundle_configs(self.bundle, list(configs), settings, f"{self.root.name} / {run} / {step}")
+        write_text_atomic(marker, json.dumps({**record, "seconds": round(seconds, 1)}, indent=1) + "\n")
+        self.executed.append(f"{run}/{step}")
+        return run_dir

@@ -1,0 +1,98 @@
+"""The robustness experiment at its smallest scale on a generated synthetic set (a 2-block encoder, 1 epoch)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+import spectraflow_monai.experiments.runner as runner_module
+from spectraflow_monai.experiments import run_robustness
+from spectraflow_monai.experiments.cli import main
+from spectraflow_monai.utils import bundle_path
+
+# 112 px: a multiple of the ViT patch (14) and of the UNet's total stride (16)
+TINY = {
+    "image_size": 112,
+    "encoder_kwargs": {"depth": 2},
+    "synthetic_size": {"num_train": 4, "num_val": 2},
+    "stage1_epochs": 1,
+    "stage1_batch_size": 2,
+    "max_epochs": 1,
+    "batch_size": 2,
+    "val_batch_size": 2,
+    "num_workers": 0,
+    "precision": "fp32",
+}
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    out = tmp_path_factory.mktemp("robustness")
+    data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
+    rows = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY)
+    return out, data, rows
+
+
+def test_rows_cover_both_models_clean_and_shifted(experiment):
+    out, _, rows = experiment
+    assert [(r["model"], r["corruption"], r["severity"]) for r in rows] == [
+        ("spectraflow", "clean", 0),
+        ("spectraflow", "gaussian_noise", 3),
+        ("baseline", "clean", 0),
+        ("baseline", "gaussian_noise", 3),
+    ]
+    for r in rows:
+        assert 0.0 <= r["mDSC"] <= 1.0
+        if r["corruption"] == "clean":
+            assert r["mDSC_change"] == 0.0
+    with open(out / "robustness.csv") as f:
+        assert len(list(csv.DictReader(f))) == 4
+    assert (out / "robustness.png").stat().st_size > 0
+    text = (out / "robustness.md").read_text()
+    assert "paper Fig. 5" in text and "| baseline | gaussian_noise | 3 |" in text
+
+
+@pytest.mark.parametrize("corruption", [None, "gaussian_noise", "contrast"])
+def test_evaluate_config_corrupts_images_before_normalisation(corruption):
+    """evaluate.yaml's `corruption` setting puts a Corruptiond between resizing and normalisation (none when null)."""
+    from monai.bundle import ConfigParser
+
+    configs = bundle_path("spectraflow_2d_segmentation") / "configs"
+    parser = ConfigParser()
+    parser.read_config([str(configs / "train.yaml"), str(configs / "evaluate.yaml")])
+    parser.update({"corruption": corruption, "corruption_severity": 3})
+    names = [type(t).__name__ for t in parser.get_parsed_content("validate#preprocessing").transforms]
+    if corruption is None:
+        assert "Corruptiond" not in names
+    else:
+        assert names[names.index("Resized") + 1 : names.index("NormalizeIntensityd")] == ["Corruptiond"]
+        corrupt = parser.get_parsed_content("validate#preprocessing").transforms[names.index("Corruptiond")]
+        assert corrupt.corrupter.kind == corruption and corrupt.corrupter.severity == 3
+
+
+def test_second_call_does_no_training(experiment, monkeypatch):
+    out, data, rows = experiment
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a finished step ran again: {args[2:]}")
+
+    monkeypatch.setattr(runner_module, "run_bundle_configs", refuse)
+    assert run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY) == rows
+
+
+def test_cli_writes_the_report(experiment, monkeypatch, capsys):
+    out, _, _ = experiment
+    monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail("nothing should run"))
+    argv = ["robustness", "--output", str(out), "--dataset-dir", str(out / "data"), "--kinds", "gaussian_noise",
+            "--severities", "3", "--precision", "fp32"]  # fmt: skip
+    argv += [f"--override={k}={v}" for k, v in TINY.items() if k != "precision"]
+    assert main(argv) == 0
+    assert "## Robustness to distribution shift" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("kwargs,match", [({"scale": "huge"}, "scale"), ({"severities": [0]}, "severities"),
+                                          ({"kinds": ["fog"]}, "kinds")])  # fmt: skip
+def test_bad_settings_are_named(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run_robustness(tmp_path, {"dataset": "synthetic"}, **kwargs)
