@@ -14,14 +14,15 @@ from pathlib import Path
 
 import yaml
 
+from spectraflow_monai.experiments.low_data import LOW_DATA_SCALES, run_low_data
 from spectraflow_monai.experiments.robustness import ROBUSTNESS_SCALES, run_robustness
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS
 from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = ["EXPERIMENTS", "main", "write_report"]
 
-#: experiment name -> the Markdown section file it writes into ``--output``.
-EXPERIMENTS: dict[str, str] = {"robustness": "robustness.md"}
+#: experiment name -> the Markdown section file it writes into ``--output`` (report order).
+EXPERIMENTS: dict[str, str] = {"robustness": "robustness.md", "low-data": "low_data.md"}
 
 
 def write_report(output: str | os.PathLike) -> Path:
@@ -40,38 +41,54 @@ def _override(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
+def _common_options(parser: argparse.ArgumentParser, scales: Sequence[str]) -> None:
+    """The options every experiment shares: output, data, scale, baseline, weights, precision, overrides."""
+    parser.add_argument("--output", required=True, metavar="DIR", help="experiment folder (runs, CSV, PNG, report.md)")
+    parser.add_argument("--dataset", default="synthetic",
+                        help="bundle dataset: synthetic (default) | kvasir | isic2016 | glas | folder")
+    parser.add_argument("--dataset-dir", help="bundle dataset_dir (default for synthetic: <output>/data)")
+    parser.add_argument("--data-list-file-path", help="a Decathlon datalist JSON (the bundle's data_list_file_path)")
+    parser.add_argument("--scale", default="small", choices=sorted(scales),
+                        help="small (minutes to an hour on 2 CPU cores) or paper (the bundle's settings)")
+    parser.add_argument("--baseline-config", default="unet_baseline.yaml",
+                        help="bundle config (or path) merged over train.yaml for the baseline (default: MONAI UNet)")
+    parser.add_argument("--pretrained-weights", default="none",
+                        help="the bundle's pretrained_weights: none (default here), timm, or a DINOv2 checkpoint file")
+    parser.add_argument("--precision", default="auto", help="the bundle's precision: auto | bf16 | fp16 | fp32")
+    parser.add_argument("--override", action="append", type=_override, default=[], metavar="KEY=VALUE",
+                        help="any other bundle override, e.g. --override max_epochs=20 (YAML values)")  # fmt: skip
+
+
+def _data(args: argparse.Namespace, output: str) -> dict:
+    data = {"dataset": args.dataset, "pretrained_weights": args.pretrained_weights, "precision": args.precision}
+    if args.dataset_dir or args.dataset == "synthetic":
+        data["dataset_dir"] = os.path.abspath(args.dataset_dir or os.path.join(output, "data"))
+    if args.data_list_file_path:
+        data["data_list_file_path"] = os.path.abspath(args.data_list_file_path)
+    return data
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment") -> int:
     """Run one experiment; returns 0 (bad options exit with status 2 and a message)."""
     parser = argparse.ArgumentParser(prog=prog, description="Run one of the paper's experiments with the 2D bundle.")
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     rob = sub.add_parser("robustness", prog=f"{prog} robustness",
                          help="Dice / HD95 under brightness, contrast, blur and noise shifts (paper Fig. 5)")
-    rob.add_argument("--output", required=True, metavar="DIR", help="experiment folder (runs, CSV, PNG, report.md)")
-    rob.add_argument("--dataset", default="synthetic",
-                     help="bundle dataset: synthetic (default) | kvasir | isic2016 | glas | folder")
-    rob.add_argument("--dataset-dir", help="bundle dataset_dir (default for synthetic: <output>/data)")
-    rob.add_argument("--data-list-file-path", help="a Decathlon datalist JSON (the bundle's data_list_file_path)")
-    rob.add_argument("--scale", default="small", choices=sorted(ROBUSTNESS_SCALES),
-                     help="small (tens of minutes on 2 CPU cores) or paper (the bundle's settings); default small")
+    _common_options(rob, ROBUSTNESS_SCALES)
     rob.add_argument("--kinds", nargs="+", default=list(CORRUPTION_KINDS), choices=CORRUPTION_KINDS,
                      help="corruptions (default: all four)")
     rob.add_argument("--severities", nargs="+", type=int, help="levels 1..5 (default: the scale's)")
-    rob.add_argument("--baseline-config", default="unet_baseline.yaml",
-                     help="bundle config (or path) merged over train.yaml for the baseline (default: MONAI UNet)")
-    rob.add_argument("--pretrained-weights", default="none",
-                     help="the bundle's pretrained_weights: none (default here), timm, or a DINOv2 checkpoint file")
-    rob.add_argument("--precision", default="auto", help="the bundle's precision: auto | bf16 | fp16 | fp32")
-    rob.add_argument("--override", action="append", type=_override, default=[], metavar="KEY=VALUE",
-                     help="any other bundle override, e.g. --override max_epochs=20 (YAML values)")
+    low = sub.add_parser("low-data", prog=f"{prog} low-data",
+                         help="Dice / HD95 with 10 / 20 / 50 / 100 %% of the training images (paper Fig. 4)")
+    _common_options(low, LOW_DATA_SCALES)
+    low.add_argument("--fractions", nargs="+", type=float, help="training fractions in (0, 1] (default 0.1 0.2 0.5 1)")
     args = parser.parse_args(argv)
     output = os.path.abspath(args.output)
-    data = {"dataset": args.dataset, "pretrained_weights": args.pretrained_weights, "precision": args.precision}
-    if args.dataset_dir or args.dataset == "synthetic":
-        data["dataset_dir"] = os.path.abspath(args.dataset_dir or os.path.join(output, "data"))
-    if args.data_list_file_path:
-        data["data_list_file_path"] = os.path.abspath(args.data_list_file_path)
-    rows = run_robustness(output, data, args.scale, args.kinds, args.severities, args.baseline_config,
-                          dict(args.override))  # fmt: skip
+    data, overrides = _data(args, output), dict(args.override)
+    if args.experiment == "robustness":
+        rows = run_robustness(output, data, args.scale, args.kinds, args.severities, args.baseline_config, overrides)
+    else:
+        rows = run_low_data(output, data, args.scale, args.fractions, args.baseline_config, overrides)
     report = write_report(output)
-    print(f"robustness: {len(rows)} evaluations; table {os.path.join(output, 'robustness.csv')}, report {report}")
+    print(f"{args.experiment}: {len(rows)} evaluations; report {report}")
     return 0

@@ -12,13 +12,12 @@ diagonal) per model, corruption and severity, and the change from clean.
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.experiments.runner import ExperimentRunner, read_summary
+from spectraflow_monai.experiments.runner import ExperimentRunner, write_csv
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS, MAX_SEVERITY
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
@@ -30,7 +29,6 @@ ROBUSTNESS_SCALES: dict[str, dict[str, Any]] = {
     "small": {"overrides": {"image_size": 112, "stage1_epochs": 2, "max_epochs": 8}, "severities": (1, 3, 5)},
     "paper": {"overrides": {}, "severities": tuple(range(1, MAX_SEVERITY + 1))},
 }
-_METRICS = ("mDSC", "hd95_monai_empty_as_diagonal")
 
 
 def _check(kinds: Sequence[str], severities: Sequence[int]) -> None:
@@ -82,36 +80,20 @@ def run_robustness(
         clean: dict[str, float] = {}
         for kind, severity in shifts:
             tag = "clean" if kind == "clean" else f"{kind}_{severity}"
-            eval_dir = runner.run_dir(name) / "eval" / tag
             corruption = None if kind == "clean" else kind
-            runner.step(
-                name,
-                f"eval_{tag}",
-                [*configs, "evaluate.yaml"],
-                {"corruption": corruption, "corruption_severity": severity, "output_dir": str(eval_dir)},
-            )
-            summary = read_summary(eval_dir)
+            scores = runner.evaluate(name, configs, tag, {"corruption": corruption, "corruption_severity": severity})
             row: dict[str, Any] = {"model": name, "corruption": kind, "severity": severity}
-            for metric in _METRICS:
-                value = float(summary[metric])
+            for metric, value in scores.items():
                 clean.setdefault(metric, value)
                 row[metric] = value
                 row[f"{metric}_change"] = value - clean[metric]  # mDSC falls, HD95 rises under a harmful shift
             rows.append(row)
     out = Path(output)
-    _write_csv(out / "robustness.csv", rows)
+    write_csv(out / "robustness.csv", rows)
     _plot(out / "robustness.png", rows, kinds)
     section = robustness_markdown(rows, scale, common)
     write_text_atomic(out / "robustness.md", section)
     return rows
-
-
-def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path, suffix=".tmp") as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def _plot(path: Path, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -> None:

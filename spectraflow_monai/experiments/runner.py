@@ -10,6 +10,7 @@ the bundle's own checkpoints). Changed settings run the step again.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -18,11 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.utils.bundles import bundle_path, run_bundle_configs
-from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
-__all__ = ["ExperimentRunner", "read_summary"]
+__all__ = ["EXPERIMENT_METRICS", "ExperimentRunner", "read_summary", "write_csv"]
 
 logger = logging.getLogger(__name__)
+
+#: the summary entries every experiment table reports: mDSC and HD95 (MONAI's definition, a missed structure scored
+#: as the image diagonal, so that a model that misses lesions is not flattered).
+EXPERIMENT_METRICS: tuple[str, ...] = ("mDSC", "hd95_monai_empty_as_diagonal")
 
 
 def _plain(value: Any) -> Any:
@@ -36,6 +41,16 @@ def read_summary(eval_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no evaluation summary at {path}: the evaluation step did not finish.")
     return json.loads(path.read_text())
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Write ``rows`` (dicts with the same keys) as a CSV file, atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, suffix=".tmp") as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 class ExperimentRunner:
@@ -97,3 +112,14 @@ class ExperimentRunner:
         write_text_atomic(marker, json.dumps({**record, "seconds": round(seconds, 1)}, indent=1) + "\n")
         self.executed.append(f"{run}/{step}")
         return run_dir
+
+    def evaluate(
+        self, run: str, configs: Sequence[str], tag: str = "clean", overrides: Mapping[str, Any] | None = None
+    ) -> dict[str, float]:
+        """Evaluate ``run``'s ``models/model.pt`` with ``configs`` + ``evaluate.yaml`` into ``<run>/eval/<tag>``;
+        returns the :data:`EXPERIMENT_METRICS` of its summary."""
+        eval_dir = self.run_dir(run) / "eval" / tag
+        settings = {**dict(overrides or {}), "output_dir": str(eval_dir)}
+        self.step(run, f"eval_{tag}", [*configs, "evaluate.yaml"], settings)
+        summary = read_summary(eval_dir)
+        return {m: float(summary[m]) for m in EXPERIMENT_METRICS}

@@ -1,0 +1,58 @@
+"""The low-data experiment at its smallest scale on a generated synthetic set (a 2-block encoder, 1 epoch)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+import spectraflow_monai.experiments.runner as runner_module
+from spectraflow_monai.experiments import run_low_data
+from tests.experiments.test_robustness import TINY
+
+SYNTH = {"num_train": 6, "num_val": 2}
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    out = tmp_path_factory.mktemp("low_data")
+    data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
+    overrides = {**TINY, "synthetic_size": SYNTH}
+    rows = run_low_data(out, data, fractions=[0.5, 1.0], overrides=overrides)
+    return out, data, overrides, rows
+
+
+def test_three_arms_per_fraction(experiment):
+    out, _, _, rows = experiment
+    assert [(r["fraction"], r["model"]) for r in rows] == [
+        (f, m) for f in (0.5, 1.0) for m in ("spectraflow", "no_stage1", "baseline")
+    ]
+    with open(out / "low_data.csv") as f:
+        assert len(list(csv.DictReader(f))) == 6
+    assert (out / "low_data.png").stat().st_size > 0
+    assert "| 50 % | no_stage1 |" in (out / "low_data.md").read_text()
+
+
+def test_arms_train_on_the_subset_and_no_stage1_skips_stage1(experiment):
+    out, _, _, _ = experiment
+    root = out / "low_data"
+    stage1 = json.loads((root / "spectraflow_50pct" / "stage1.done.json").read_text())
+    assert stage1["overrides"]["data_fraction"] == 0.5  # Stage-1 sees only the subset (its masks included)
+    assert not (root / "no_stage1_50pct" / "stage1.done.json").exists()
+    no_stage1 = json.loads((root / "no_stage1_50pct" / "stage2.done.json").read_text())
+    assert no_stage1["overrides"]["encoder_init"] == "pretrained"
+    baseline = json.loads((root / "baseline_100pct" / "stage2.done.json").read_text())
+    assert baseline["configs"] == ["train.yaml", "unet_baseline.yaml"]
+
+
+def test_second_call_does_no_training(experiment, monkeypatch):
+    out, data, overrides, rows = experiment
+    monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    assert run_low_data(out, data, fractions=[0.5, 1.0], overrides=overrides) == rows
+
+
+@pytest.mark.parametrize("kwargs,match", [({"scale": "huge"}, "scale"), ({"fractions": [0.0]}, "fractions")])
+def test_bad_settings_are_named(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run_low_data(tmp_path, {"dataset": "synthetic"}, **kwargs)
