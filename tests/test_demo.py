@@ -46,7 +46,7 @@ def test_demo_precision_option(monkeypatch, tmp_path, caplog):
         calls.append(overrides)
         raise KeyboardInterrupt  # stop after the first stage's settings are known
 
-    monkeypatch.setattr(demo, "_run_configs", record)
+    monkeypatch.setattr(demo, "run_bundle_configs", record)
     caplog.set_level("INFO", logger="spectraflow_monai.demo")
     with pytest.raises(KeyboardInterrupt):
         demo.main(["--output", str(tmp_path / "demo"), "--num-train", "2", "--num-val", "1", "--precision", "bf16"])
