@@ -14,15 +14,28 @@ from pathlib import Path
 
 import yaml
 
+from spectraflow_monai.experiments.ablations import (
+    ABLATIONS,
+    DISPERSIVE_WEIGHTS,
+    dispersive_weight_ablation,
+    run_ablation,
+)
+from spectraflow_monai.experiments.figures import run_figures
 from spectraflow_monai.experiments.low_data import LOW_DATA_SCALES, run_low_data
 from spectraflow_monai.experiments.robustness import ROBUSTNESS_SCALES, run_robustness
+from spectraflow_monai.experiments.runner import SCALES
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS
 from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = ["EXPERIMENTS", "main", "write_report"]
 
 #: experiment name -> the Markdown section file it writes into ``--output`` (report order).
-EXPERIMENTS: dict[str, str] = {"robustness": "robustness.md", "low-data": "low_data.md"}
+EXPERIMENTS: dict[str, str] = {
+    "robustness": "robustness.md",
+    "low-data": "low_data.md",
+    **{name: f"{ablation.stem}.md" for name, ablation in ABLATIONS.items()},
+    "figures": "figures.md",
+}
 
 
 def write_report(output: str | os.PathLike) -> Path:
@@ -41,8 +54,9 @@ def _override(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
-def _common_options(parser: argparse.ArgumentParser, scales: Sequence[str]) -> None:
-    """The options every experiment shares: output, data, scale, baseline, weights, precision, overrides."""
+def _common_options(parser: argparse.ArgumentParser, scales: Sequence[str], baseline: bool = True) -> None:
+    """The options every experiment shares: output, data, scale, baseline (where it has one), weights, precision,
+    overrides."""
     parser.add_argument("--output", required=True, metavar="DIR", help="experiment folder (runs, CSV, PNG, report.md)")
     parser.add_argument("--dataset", default="synthetic",
                         help="bundle dataset: synthetic (default) | kvasir | isic2016 | glas | folder")
@@ -50,8 +64,9 @@ def _common_options(parser: argparse.ArgumentParser, scales: Sequence[str]) -> N
     parser.add_argument("--data-list-file-path", help="a Decathlon datalist JSON (the bundle's data_list_file_path)")
     parser.add_argument("--scale", default="small", choices=sorted(scales),
                         help="small (minutes to an hour on 2 CPU cores) or paper (the bundle's settings)")
-    parser.add_argument("--baseline-config", default="unet_baseline.yaml",
-                        help="bundle config (or path) merged over train.yaml for the baseline (default: MONAI UNet)")
+    if baseline:
+        parser.add_argument("--baseline-config", default="unet_baseline.yaml",
+                            help="bundle config (or path) merged over train.yaml for the baseline (default MONAI UNet)")
     parser.add_argument("--pretrained-weights", default="none",
                         help="the bundle's pretrained_weights: none (default here), timm, or a DINOv2 checkpoint file")
     parser.add_argument("--precision", default="auto", help="the bundle's precision: auto | bf16 | fp16 | fp32")
@@ -82,13 +97,30 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
                          help="Dice / HD95 with 10 / 20 / 50 / 100 %% of the training images (paper Fig. 4)")
     _common_options(low, LOW_DATA_SCALES)
     low.add_argument("--fractions", nargs="+", type=float, help="training fractions in (0, 1] (default 0.1 0.2 0.5 1)")
+    for name, ablation in ABLATIONS.items():
+        abl = sub.add_parser(name, prog=f"{prog} {name}", help=f"{ablation.title}: one row per arm")
+        _common_options(abl, SCALES, baseline=False)
+        if name == "dispersive-weight":
+            abl.add_argument("--weights", nargs="+", type=float, default=list(DISPERSIVE_WEIGHTS),
+                             help="lambda values (default 0.2 0.4 0.6 0.8 1.0)")
+    fig = sub.add_parser("figures", prog=f"{prog} figures",
+                         help="t-SNE of Stage-1 features, DAF gates, error spectra, predictions (Figs. 1d, 3, 6, 7)")
+    _common_options(fig, SCALES)
+    fig.add_argument("--num-images", type=int, default=4, help="test images in the gate and panel figures (default 4)")
     args = parser.parse_args(argv)
     output = os.path.abspath(args.output)
     data, overrides = _data(args, output), dict(args.override)
-    if args.experiment == "robustness":
+    name = args.experiment
+    if name == "robustness":
         rows = run_robustness(output, data, args.scale, args.kinds, args.severities, args.baseline_config, overrides)
-    else:
+    elif name == "low-data":
         rows = run_low_data(output, data, args.scale, args.fractions, args.baseline_config, overrides)
+    elif name == "figures":
+        result = run_figures(output, data, args.scale, args.baseline_config, overrides, num_images=args.num_images)
+        rows = list(result["files"].values())
+    else:
+        ablation = dispersive_weight_ablation(args.weights) if name == "dispersive-weight" else name
+        rows = run_ablation(output, ablation, data, args.scale, overrides)
     report = write_report(output)
-    print(f"{args.experiment}: {len(rows)} evaluations; report {report}")
+    print(f"{name}: {len(rows)} {'figures' if name == 'figures' else 'evaluations'}; report {report}")
     return 0

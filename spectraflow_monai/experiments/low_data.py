@@ -15,15 +15,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.experiments.runner import ExperimentRunner, write_csv
+from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = ["LOW_DATA_SCALES", "low_data_markdown", "run_low_data"]
 
 #: bundle overrides and fractions of each scale (``paper``: the bundle's own settings).
 LOW_DATA_SCALES: dict[str, dict[str, Any]] = {
-    "small": {"overrides": {"image_size": 112, "stage1_epochs": 2, "max_epochs": 8}, "fractions": (0.1, 0.2, 0.5, 1.0)},
-    "paper": {"overrides": {}, "fractions": (0.1, 0.2, 0.5, 1.0)},
+    "small": {"overrides": SCALES["small"], "fractions": (0.1, 0.2, 0.5, 1.0)},
+    "paper": {"overrides": SCALES["paper"], "fractions": (0.1, 0.2, 0.5, 1.0)},
 }
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.experiments.runner import ExperimentRunner, write_csv
+from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS, MAX_SEVERITY
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
@@ -26,8 +26,8 @@ __all__ = ["ROBUSTNESS_SCALES", "robustness_markdown", "run_robustness"]
 #: bundle overrides and severities of each scale: ``small`` finishes in tens of minutes on 2 CPU cores with a real
 #: data set; ``paper`` keeps the bundle's own (the paper's) settings.
 ROBUSTNESS_SCALES: dict[str, dict[str, Any]] = {
-    "small": {"overrides": {"image_size": 112, "stage1_epochs": 2, "max_epochs": 8}, "severities": (1, 3, 5)},
-    "paper": {"overrides": {}, "severities": tuple(range(1, MAX_SEVERITY + 1))},
+    "small": {"overrides": SCALES["small"], "severities": (1, 3, 5)},
+    "paper": {"overrides": SCALES["paper"], "severities": tuple(range(1, MAX_SEVERITY + 1))},
 }
 
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUNDLE_NAMES", "bundle_command", "bundle_path", "run_bundle_configs"]
+__all__ = ["BUNDLE_NAMES", "bundle_command", "bundle_parser", "bundle_path", "run_bundle_configs"]
 
 #: the folders under ``bundles/``: two MONAI bundles, the MONAI Label app and the metadata schema.
 BUNDLE_NAMES: tuple[str, ...] = (
@@ -51,6 +51,22 @@ def bundle_command(configs: list[str], overrides: dict[str, Any]) -> str:
     files = "[" + ",".join(f"'configs/{c}'" for c in configs) + "]"
     args = " ".join(f"--{k} {shlex.quote(repr(v) if not isinstance(v, str) else v)}" for k, v in overrides.items())
     return f"python -m monai.bundle run --config_file \"{files}\" {args}"
+
+
+def bundle_parser(bundle: Path, configs: list[str], overrides: dict[str, Any]) -> Any:
+    """A ``monai.bundle.ConfigParser`` of bundle ``configs`` (merged in order) with ``overrides`` applied, for
+    building a run's objects in Python (its ``network_def``, ``data_source``, transforms) as the run built them.
+
+    A config is a file name under ``<bundle>/configs`` or a path (as in :func:`run_bundle_configs`).
+    """
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    files = [bundle / "configs" / c for c in configs]  # an absolute path stays itself
+    parser.read_config([str(f) for f in files])
+    parser.read_meta(str(bundle / "configs" / "metadata.json"))
+    parser.update(dict(overrides))
+    return parser
 
 
 def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, Any], title: str) -> float:

@@ -1,0 +1,231 @@
+"""The paper's ablation tables as experiments: Stage-1 variants, decoder design, fine-tuning depth and the lambda sweep.
+
+SpectraFlow (Chen et al.) ablates its two stages on Kvasir-SEG: the Stage-1 objective (Table 2: no Stage-1,
+image-only MeanFlow, mixed-domain MAE, mixed-domain MeanFlow, + dispersive loss), the decoder (Table 3: concat or DAF
+fusion, each with a standard, CBAM or FDConv refinement), how much of the encoder Stage-2 trains (appendix: frozen,
+last block, all blocks) and the weight lambda of the dispersive loss (appendix figure: 0.2 to 1.0). Each ablation is
+a list of :class:`Arm` s, each arm a run of the 2D bundle (Stage-1 when it has one, then Stage-2, then the clean
+evaluation), so every difference between two rows of a table is a bundle override that the report names.
+
+Arms that differ only after Stage-1 (the decoder and fine-tuning tables) load one shared Stage-1 export (the run
+``stage1``), as the paper's rows share one pretrained encoder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
+
+__all__ = [
+    "ABLATIONS",
+    "DISPERSIVE_WEIGHTS",
+    "STAGE1_CONFIGS",
+    "Ablation",
+    "Arm",
+    "ablation_markdown",
+    "dispersive_weight_ablation",
+    "run_ablation",
+]
+
+#: the bundle configs of the MeanFlow Stage-1 (merged after ``train.yaml``).
+STAGE1_CONFIGS: tuple[str, ...] = ("train.yaml", "train_stage1.yaml")
+#: the lambda values of the paper's dispersive-weight figure.
+DISPERSIVE_WEIGHTS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
+#: the run whose Stage-1 export the arms with ``shared_stage1`` load.
+SHARED_STAGE1_RUN = "stage1"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One row of an ablation table.
+
+    Args:
+        name: the row's name (its run folder).
+        stage2: bundle overrides of its Stage-2 and evaluation.
+        stage1: the bundle configs of its own Stage-1; ``None``: no Stage-1 of its own (the row either starts from
+            ``pretrained_weights``, ``encoder_init: pretrained``, or loads the shared Stage-1, ``shared_stage1``).
+        stage1_overrides: bundle overrides of its Stage-1.
+        shared_stage1: load the export of the experiment's one shared Stage-1 run (default configs).
+        value: the row's x value in a sweep figure (e.g. lambda), ``None`` for a categorical table.
+    """
+
+    name: str
+    stage2: Mapping[str, Any] = field(default_factory=dict)
+    stage1: tuple[str, ...] | None = STAGE1_CONFIGS
+    stage1_overrides: Mapping[str, Any] = field(default_factory=dict)
+    shared_stage1: bool = False
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """An ablation: its title (the paper's table or figure), the CSV/PNG/Markdown file stem and its arms."""
+
+    title: str
+    stem: str
+    arms: tuple[Arm, ...]
+    x_label: str | None = None  # a sweep: the x axis of its line plot (bars for a categorical table)
+
+
+def _decoder_arms() -> tuple[Arm, ...]:
+    return tuple(
+        Arm(f"{fusion}_{refine}", {"fusion": fusion, "refine": refine}, stage1=None, shared_stage1=True)
+        for fusion in ("concat", "daf")
+        for refine in ("standard", "cbam", "fdconv")
+    )
+
+
+#: experiment name -> its :class:`Ablation` (``dispersive-weight`` at the paper's lambda values).
+ABLATIONS: dict[str, Ablation] = {
+    "stage1": Ablation(
+        "Stage-1 objective (paper Table 2)",
+        "stage1",
+        (
+            Arm("no_stage1", {"encoder_init": "pretrained"}, stage1=None),
+            Arm("image_meanflow", stage1_overrides={"mask_ratio": 0.0, "dispersive_weight": 0.0}),
+            Arm("mixed_mae", stage1=(*STAGE1_CONFIGS, "train_stage1_mae.yaml")),
+            Arm("mixed_meanflow", stage1_overrides={"dispersive_weight": 0.0}),
+            Arm("mixed_meanflow_dispersive"),
+        ),
+    ),
+    "decoder": Ablation("Decoder design (paper Table 3)", "decoder", _decoder_arms()),
+    "finetune": Ablation(
+        "Fine-tuning depth (paper appendix)",
+        "finetune",
+        (
+            Arm("frozen", {"trainable_blocks": 0}, stage1=None, shared_stage1=True),
+            Arm("last_block", {"trainable_blocks": 1}, stage1=None, shared_stage1=True),
+            Arm("full", {"trainable_blocks": "all"}, stage1=None, shared_stage1=True),
+        ),
+    ),
+    "dispersive-weight": Ablation(
+        "Dispersive loss weight lambda (paper appendix)",
+        "dispersive_weight",
+        tuple(Arm(f"lambda_{w:g}", stage1_overrides={"dispersive_weight": w}, value=w) for w in DISPERSIVE_WEIGHTS),
+        x_label="dispersive weight lambda",
+    ),
+}
+
+
+def dispersive_weight_ablation(weights: Sequence[float]) -> Ablation:
+    """The lambda sweep at ``weights`` (each a number >= 0)."""
+    if not weights or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights):
+        raise ValueError(f"weights must be non-negative numbers, got {list(weights)!r}.")
+    base = ABLATIONS["dispersive-weight"]
+    arms = tuple(Arm(f"lambda_{w:g}", stage1_overrides={"dispersive_weight": float(w)}, value=float(w))
+                 for w in weights)  # fmt: skip
+    return Ablation(base.title, base.stem, arms, base.x_label)
+
+
+def run_ablation(
+    output: str | os.PathLike,
+    ablation: str | Ablation,
+    data: Mapping[str, Any],
+    scale: str = "small",
+    overrides: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Train and evaluate every arm of ``ablation``; write ``<stem>.csv``, ``<stem>.png`` and ``<stem>.md``.
+
+    Args:
+        output: the experiment folder (runs under ``<output>/<stem>/``).
+        ablation: a name of :data:`ABLATIONS` or an :class:`Ablation`.
+        data: the data settings of the bundle (``dataset``, ``dataset_dir``, ``data_list_file_path``, ...).
+        scale: ``"small"`` or ``"paper"`` (:data:`~spectraflow_monai.experiments.runner.SCALES`).
+        overrides: more bundle overrides of every step (they win over the scale's).
+
+    Returns:
+        One row per arm: ``arm``, ``value`` and the :data:`~spectraflow_monai.experiments.runner.EXPERIMENT_METRICS`.
+    """
+    if isinstance(ablation, str):
+        if ablation not in ABLATIONS:
+            raise ValueError(f"ablation must be one of {list(ABLATIONS)}, got {ablation!r}.")
+        ablation = ABLATIONS[ablation]
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}.")
+    common = {"progress_bar": False, **dict(data), **SCALES[scale], **dict(overrides or {})}
+    runner = ExperimentRunner(output, ablation.stem, common)
+    shared: dict[str, Any] = {}
+    if any(arm.shared_stage1 for arm in ablation.arms):
+        runner.step(SHARED_STAGE1_RUN, "stage1", list(STAGE1_CONFIGS))
+        shared = {"stage1_encoder": str(runner.run_dir(SHARED_STAGE1_RUN) / "models" / "encoder_stage1.pt")}
+    rows: list[dict[str, Any]] = []
+    for arm in ablation.arms:
+        if arm.stage1 is not None:
+            runner.step(arm.name, "stage1", list(arm.stage1), arm.stage1_overrides)
+        settings = {**(shared if arm.shared_stage1 else {}), **dict(arm.stage2)}
+        runner.step(arm.name, "stage2", ["train.yaml"], settings)
+        scores = runner.evaluate(arm.name, ["train.yaml"], "clean", settings)
+        rows.append({"arm": arm.name, "value": arm.value, **scores})
+    out = Path(output)
+    write_csv(out / f"{ablation.stem}.csv", rows)
+    _plot(out / f"{ablation.stem}.png", rows, ablation)
+    write_text_atomic(out / f"{ablation.stem}.md", ablation_markdown(rows, ablation, scale, common))
+    return rows
+
+
+def _plot(path: Path, rows: Sequence[Mapping[str, Any]], ablation: Ablation) -> None:
+    """mDSC per arm: bars for a table, a line against the swept value for a sweep."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(3.6, 0.9 * len(rows) + 1.5), 3.2))
+    dice = [100 * r["mDSC"] for r in rows]
+    if ablation.x_label:
+        ax.plot([r["value"] for r in rows], dice, marker="o")
+        ax.set_xlabel(ablation.x_label)
+    else:
+        ax.bar(range(len(rows)), dice, color="tab:blue")
+        ax.set_xticks(range(len(rows)), [r["arm"].replace("_", "\n") for r in rows], fontsize=7)
+    ax.set_ylabel("mDSC (%)")
+    ax.set_title(ablation.title, fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+
+
+def ablation_markdown(
+    rows: Sequence[Mapping[str, Any]], ablation: Ablation, scale: str, settings: Mapping[str, Any]
+) -> str:
+    """The report section: one row per arm with what sets it apart (its overrides), mDSC and HD95."""
+    arms = {arm.name: arm for arm in ablation.arms}
+    shown = ", ".join(f"`{k}={v}`" for k, v in settings.items() if k != "progress_bar")
+    lines = [
+        f"## {ablation.title}",
+        "",
+        f"Scale `{scale}`; bundle settings: {shown}.",
+        "",
+        "| arm | Stage-1 | Stage-2 overrides | mDSC (%) | HD95 (px, missed = diagonal) |",
+        "| --- | --- | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        arm = arms[r["arm"]]
+        lines.append(
+            f"| {arm.name} | {_stage1_text(arm)} | {_overrides_text(arm.stage2)} | {100 * r['mDSC']:.2f} | "
+            f"{r['hd95_monai_empty_as_diagonal']:.2f} |"
+        )
+    return "\n".join([*lines, "", f"![{ablation.stem}]({ablation.stem}.png)", ""])
+
+
+def _overrides_text(overrides: Mapping[str, Any]) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in overrides.items()) or "-"
+
+
+def _stage1_text(arm: Arm) -> str:
+    if arm.shared_stage1:
+        return "shared (default Stage-1)"
+    if arm.stage1 is None:
+        return "none"
+    parts = [f"`{c}`" for c in arm.stage1 if c not in STAGE1_CONFIGS]
+    if arm.stage1_overrides:
+        parts.append(_overrides_text(arm.stage1_overrides))
+    return ", ".join(parts) or "default (MeanFlow + dispersive)"

@@ -1,0 +1,253 @@
+"""The paper's analysis figures as one experiment: t-SNE, DAF gate maps, frequency-band errors, qualitative panel.
+
+SpectraFlow (Chen et al.) supports its method with four pictures: a t-SNE of the Stage-1 features with and without
+the dispersive loss (Fig. 3), DAF gate maps over images (Fig. 6), the frequency content of the segmentation errors of
+SpectraFlow against a baseline (Fig. 1d) and several models' predictions on the same images (Fig. 7). This experiment
+trains what they need with the 2D bundle (runs under ``<output>/figures/``, finished steps skipped):
+
+- ``spectraflow``: Stage-1 (MeanFlow + dispersive, the bundle's defaults), Stage-2, clean evaluation;
+- ``no_dispersive``: Stage-1 with ``dispersive_weight 0`` (for the t-SNE only);
+- ``baseline``: the baseline config's network (MONAI's 2D UNet by default) through the same Stage-2, evaluation;
+
+and draws the figures on the test split: the t-SNE of the pooled penultimate-block features (the ones the dispersive
+loss acts on) of the test images and their masks (the two Stage-1 input domains), for both Stage-1 exports; the
+channel mean of the DAF gate ``M`` of the first (coarsest) decoder stage of the trained SpectraFlow; the radial error
+spectrum and the :class:`~spectraflow_monai.metrics.FrequencyBandError` bands of both models' saved predictions;
+and a panel of both models' predictions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from monai.transforms import Compose, LoadImage
+
+from spectraflow_monai.experiments.ablations import STAGE1_CONFIGS
+from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner
+from spectraflow_monai.metrics.frequency import DEFAULT_BAND_EDGES, compute_frequency_band_error
+from spectraflow_monai.networks.utils import initialize_encoder
+from spectraflow_monai.transforms.mixed_domain import MaskToImage
+from spectraflow_monai.utils.bundles import bundle_parser
+from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.visualize import paper_figures as pf
+from spectraflow_monai.visualize.overlays import overlay_arrays
+from spectraflow_monai.visualize.predictions import find_prediction
+
+__all__ = ["FIGURE_FILES", "error_spectrum", "figures_markdown", "run_figures"]
+
+#: figure -> PNG file name in the experiment folder.
+FIGURE_FILES: dict[str, str] = {
+    "tsne": "figure_tsne.png",
+    "gates": "figure_gates.png",
+    "spectra": "figure_error_spectra.png",
+    "panel": "figure_panel.png",
+}
+
+
+def error_spectrum(
+    predictions: Sequence[np.ndarray], labels: Sequence[np.ndarray], num_bins: int = 24
+) -> tuple[np.ndarray, np.ndarray]:
+    """The mean radial spectrum of ``prediction - label`` over images: the error energy of
+    :func:`~spectraflow_monai.metrics.compute_frequency_band_error` in ``num_bins`` equal bands over [0, 0.5]
+    (the last band takes the corners), averaged over the images. Returns ``(band centres, energy per band)``."""
+    if not predictions or len(predictions) != len(labels):
+        raise ValueError(f"need as many predictions as labels (>= 1), got {len(predictions)} and {len(labels)}.")
+    edges = np.linspace(0.0, 0.5, int(num_bins) + 1)
+    pred = torch.as_tensor(np.stack(predictions)[:, None], dtype=torch.float32)
+    gt = torch.as_tensor(np.stack(labels)[:, None], dtype=torch.float32)
+    energy = compute_frequency_band_error(pred, gt, band_edges=edges.tolist(), mode="energy")  # (B, 1, bins)
+    return (edges[:-1] + edges[1:]) / 2.0, energy[:, 0].mean(0).numpy()
+
+
+def _load_model_weights(network: torch.nn.Module, path: Path) -> None:
+    """Load a bundle's ``models/model.pt`` (ignite's checkpoint of ``{model: network}``: the state dict itself, or
+    under ``"model"``)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, Mapping) and "model" in state and isinstance(state["model"], Mapping):
+        state = state["model"]
+    network.load_state_dict(state)
+
+
+class _Run:
+    """The bundle objects of one run, built as the run built them (its settings and configs)."""
+
+    def __init__(self, runner: ExperimentRunner, run: str, configs: Sequence[str]) -> None:
+        self.dir = runner.run_dir(run)
+        self.parser = bundle_parser(runner.bundle, list(configs), {**runner.common, "bundle_root": str(self.dir)})
+
+    def get(self, key: str) -> Any:
+        return self.parser.get_parsed_content(key, lazy=False)
+
+
+def run_figures(
+    output: str | os.PathLike,
+    data: Mapping[str, Any],
+    scale: str = "small",
+    baseline_config: str = "unet_baseline.yaml",
+    overrides: Mapping[str, Any] | None = None,
+    num_images: int = 4,
+    max_tsne_images: int = 150,
+) -> dict[str, Any]:
+    """Train (or reuse) the three runs and draw the four figures into ``output``; write ``figures.md``.
+
+    Args:
+        output: the experiment folder.
+        data: the data settings of the bundle (``dataset``, ``dataset_dir``, ``data_list_file_path``, ...).
+        scale: ``"small"`` or ``"paper"`` (:data:`~spectraflow_monai.experiments.runner.SCALES`).
+        baseline_config: a config of the bundle (or a path) merged over ``train.yaml`` for the baseline.
+        overrides: more bundle overrides of every step (they win over the scale's).
+        num_images: test images in the gate and qualitative figures (evenly spread over the test list).
+        max_tsne_images: at most this many test images (each as image and as mask) in the t-SNE.
+
+    Returns:
+        ``{"files": {figure: path}, "spread": {run: value}, "bands": {model: [low, mid, high]}, "scores": ...}``.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}.")
+    for name, value in (("num_images", num_images), ("max_tsne_images", max_tsne_images)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+    common = {"progress_bar": False, **dict(data), **SCALES[scale], **dict(overrides or {})}
+    runner = ExperimentRunner(output, "figures", common)
+    models = {"spectraflow": ["train.yaml"], "baseline": ["train.yaml", baseline_config]}
+    runner.step("spectraflow", "stage1", list(STAGE1_CONFIGS))
+    runner.step("no_dispersive", "stage1", list(STAGE1_CONFIGS), {"dispersive_weight": 0.0})
+    scores = {}
+    for name, configs in models.items():
+        runner.step(name, "stage2", configs)
+        scores[name] = runner.evaluate(name, configs)
+
+    out = Path(output)
+    sf = _Run(runner, "spectraflow", ["train.yaml"])
+    test = list(sf.get("data_source").datalist("test"))
+    load = sf.get("load_transforms")
+    normalize = sf.get("normalize_transforms")
+    samples = [_load_sample(load, normalize, entry) for entry in test]
+    shown = sorted({int(round(i)) for i in np.linspace(0, len(test) - 1, min(num_images, len(test)))})
+    files: dict[str, str] = {}
+
+    # Fig. 3: t-SNE of the pooled penultimate features of both Stage-1 exports, test images and their masks
+    mask_renderer = _mask_renderer(sf)
+    tsne_idx = sorted({int(round(i)) for i in np.linspace(0, len(test) - 1, min(max_tsne_images, len(test)))})
+    inputs = torch.stack(
+        [samples[i]["input"] for i in tsne_idx] + [mask_renderer(samples[i]["label"]) for i in tsne_idx]
+    )
+    classes = np.repeat([0, 1], len(tsne_idx))
+    groups, spread = {}, {}
+    for run, title in (("spectraflow", "MeanFlow + dispersive"), ("no_dispersive", "MeanFlow only")):
+        net = _Run(runner, run, ["train.yaml"]).get("network_def")
+        initialize_encoder(net, "stage1", None, runner.run_dir(run) / "models" / "encoder_stage1.pt")
+        feats = _pooled_features(net, inputs)
+        groups[title] = (feats, classes)
+        spread[run] = pf.feature_spread(feats)
+    files["tsne"] = pf.plot_feature_tsne(groups, out / FIGURE_FILES["tsne"])
+
+    # Fig. 6: DAF gate maps of the trained SpectraFlow
+    net = sf.get("network_def")
+    _load_model_weights(net, sf.dir / "models" / "model.pt")
+    net.eval()
+    with torch.no_grad():
+        _, gate = net(torch.stack([samples[i]["input"] for i in shown]), return_gate=True)
+    if gate is not None:
+        gates = [g.mean(0).T.numpy() for g in gate.float()]  # channel mean, display orientation
+        files["gates"] = pf.plot_gate_maps(
+            [samples[i]["rgb"] for i in shown], gates, [samples[i]["gt"] for i in shown], out / FIGURE_FILES["gates"]
+        )
+
+    # Fig. 1d and Fig. 7: error spectra and the qualitative panel from the saved predictions
+    predictions = {name: _read_predictions(runner.run_dir(name) / "eval" / "clean", test, samples) for name in models}
+    labels = [s["gt"] for s in samples]
+    spectra = {name: error_spectrum(preds, labels) for name, preds in predictions.items()}
+    files["spectra"] = pf.plot_error_spectra(spectra, out / FIGURE_FILES["spectra"], DEFAULT_BAND_EDGES)
+    bands = {}
+    for name, preds in predictions.items():
+        pred = torch.as_tensor(np.stack(preds)[:, None], dtype=torch.float32)
+        gt = torch.as_tensor(np.stack(labels)[:, None], dtype=torch.float32)
+        bands[name] = compute_frequency_band_error(pred, gt, mode="energy")[:, 0].mean(0).tolist()
+    files["panel"] = pf.plot_model_panel(
+        [samples[i]["rgb"] for i in shown],
+        [samples[i]["gt"] for i in shown],
+        {name: [preds[i] for i in shown] for name, preds in predictions.items()},
+        out / FIGURE_FILES["panel"],
+    )
+    result = {"files": files, "spread": spread, "bands": bands, "scores": scores, "num_test": len(test)}
+    write_text_atomic(out / "figures.md", figures_markdown(result, scale, common))
+    return result
+
+
+def _load_sample(load: Any, normalize: Any, entry: Mapping) -> dict[str, Any]:
+    """The network input (normalised), the display image and the ground truth of one entry, as the bundle loads it."""
+    item = Compose(load)(dict(entry))
+    image = torch.as_tensor(item["image"]).float()  # (3, H, W) in [0, 1], MONAI's (W, H) spatial order for PNGs
+    label = torch.as_tensor(item["label"]).float()
+    net_in = torch.as_tensor(Compose(normalize)({"image": image.clone(), "label": label.clone()})["image"]).float()
+    return {
+        "input": net_in,
+        "label": label,
+        "rgb": image.clamp(0, 1).permute(2, 1, 0).numpy(),  # display: rows = image rows
+        "gt": (label[0] > 0.5).T.numpy(),
+    }
+
+
+def _mask_renderer(run: _Run) -> Any:
+    return MaskToImage(channels=3, mean=run.get("image_mean"), std=run.get("image_std"))
+
+
+def _pooled_features(network: torch.nn.Module, inputs: torch.Tensor, batch_size: int = 16) -> np.ndarray:
+    """The encoder's pooled penultimate-block features (``EncoderFeatures.pooled``) of ``inputs``."""
+    encoder = network.encoder.eval()
+    with torch.no_grad():
+        parts = [encoder(inputs[i : i + batch_size]).pooled.float() for i in range(0, len(inputs), batch_size)]
+    return torch.cat(parts).numpy()
+
+
+def _read_predictions(eval_dir: Path, test: Sequence[Mapping], samples: Sequence[Mapping]) -> list[np.ndarray]:
+    """The thresholded masks an evaluation saved, one per test entry, in display orientation at the GT's size."""
+    loader = LoadImage(reader="PILReader", image_only=True)  # the reader the bundle saves predictions for
+    preds = []
+    for entry, sample in zip(test, samples):
+        path = find_prediction(entry, eval_dir / "predictions")
+        if path is None:
+            raise FileNotFoundError(f"no saved prediction of {entry['image']} under {eval_dir / 'predictions'}.")
+        preds.append(overlay_arrays(entry, path, size=sample["gt"].shape[0], loader=loader)[2])
+    return preds
+
+
+def figures_markdown(result: Mapping[str, Any], scale: str, settings: Mapping[str, Any]) -> str:
+    """The report section: the four figures, the feature spread and the error energy per frequency band."""
+    shown = ", ".join(f"`{k}={v}`" for k, v in settings.items() if k != "progress_bar")
+    files = result["files"]
+    low, mid, high = (f"{a:g}-{b:g}" for a, b in zip(DEFAULT_BAND_EDGES, DEFAULT_BAND_EDGES[1:]))
+    lines = [
+        "## Analysis figures (paper Figs. 1d, 3, 6, 7)",
+        "",
+        f"Scale `{scale}`; bundle settings: {shown}; {result['num_test']} test images.",
+        "",
+        "Stage-1 features (pooled penultimate block, test images and their masks), t-SNE; spread = mean pairwise "
+        "distance / mean norm:",
+        "",
+        *(f"- `{run}`: spread {value:.4f}" for run, value in result["spread"].items()),
+        "",
+        f"![t-SNE]({Path(files['tsne']).name})",
+        "",
+        "Error energy per image (pixels) by radial frequency band (cycles/pixel; `FrequencyBandError`, mode `energy`):",
+        "",
+        f"| model | mDSC (%) | low {low} | mid {mid} | high {high} |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *(
+            f"| {name} | {100 * result['scores'][name]['mDSC']:.2f} | " + " | ".join(f"{v:.1f}" for v in bands) + " |"
+            for name, bands in result["bands"].items()
+        ),
+        "",
+        f"![error spectra]({Path(files['spectra']).name})",
+        "",
+    ]
+    if "gates" in files:
+        lines += [f"![DAF gates]({Path(files['gates']).name})", ""]
+    lines += [f"![predictions]({Path(files['panel']).name})", ""]
+    return "\n".join(lines)

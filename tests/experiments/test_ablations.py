@@ -1,0 +1,113 @@
+"""The ablation experiments (stage1, decoder, finetune, dispersive-weight) at their smallest scale on a synthetic set."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+import spectraflow_monai.experiments.runner as runner_module
+from spectraflow_monai.experiments import ABLATIONS, dispersive_weight_ablation, run_ablation
+from spectraflow_monai.experiments.cli import main
+from tests.experiments.test_robustness import TINY
+
+ARMS = {
+    "stage1": ["no_stage1", "image_meanflow", "mixed_mae", "mixed_meanflow", "mixed_meanflow_dispersive"],
+    "decoder": ["concat_standard", "concat_cbam", "concat_fdconv", "daf_standard", "daf_cbam", "daf_fdconv"],
+    "finetune": ["frozen", "last_block", "full"],
+    "dispersive-weight": ["lambda_0.2", "lambda_1"],
+}
+
+
+def _ablation(name):
+    return dispersive_weight_ablation([0.2, 1.0]) if name == "dispersive-weight" else name
+
+
+@pytest.fixture(scope="module", params=list(ARMS))
+def experiment(request, tmp_path_factory):
+    name = request.param
+    out = tmp_path_factory.mktemp(name.replace("-", "_"))
+    data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
+    rows = run_ablation(out, _ablation(name), data, overrides=TINY)
+    return name, out, data, rows
+
+
+def _marker(out, stem, run, step):
+    path = out / stem / run / f"{step}.done.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def test_one_row_per_arm_with_csv_figure_and_report(experiment):
+    name, out, _, rows = experiment
+    stem = ABLATIONS[name].stem
+    assert [r["arm"] for r in rows] == ARMS[name]
+    assert all(0.0 <= r["mDSC"] <= 1.0 for r in rows)
+    with open(out / f"{stem}.csv") as f:
+        assert [r["arm"] for r in csv.DictReader(f)] == ARMS[name]
+    assert (out / f"{stem}.png").stat().st_size > 0
+    text = (out / f"{stem}.md").read_text()
+    assert text.startswith(f"## {ABLATIONS[name].title}")
+    assert all(f"| {arm} |" in text for arm in ARMS[name])
+
+
+def test_each_arm_runs_the_settings_it_names(experiment):
+    name, out, _, _ = experiment
+    stem = ABLATIONS[name].stem
+    if name == "stage1":
+        assert _marker(out, stem, "no_stage1", "stage1") is None
+        assert _marker(out, stem, "no_stage1", "stage2")["overrides"]["encoder_init"] == "pretrained"
+        assert _marker(out, stem, "mixed_mae", "stage1")["configs"][-1] == "train_stage1_mae.yaml"
+        image_only = _marker(out, stem, "image_meanflow", "stage1")["overrides"]
+        assert image_only["mask_ratio"] == 0.0 and image_only["dispersive_weight"] == 0.0
+        assert _marker(out, stem, "mixed_meanflow", "stage1")["overrides"]["dispersive_weight"] == 0.0
+        assert "dispersive_weight" not in _marker(out, stem, "mixed_meanflow_dispersive", "stage1")["overrides"]
+        # every Stage-1 variant trained its own encoder: the exports differ
+        exports = [torch.load(out / stem / arm / "models" / "encoder_stage1.pt", weights_only=True)
+                   for arm in ARMS[name][1:]]  # fmt: skip
+        for i, a in enumerate(exports):
+            for b in exports[i + 1 :]:
+                assert any(not torch.equal(a[k], b[k]) for k in a)
+    elif name in ("decoder", "finetune"):
+        shared = str(out / stem / "stage1" / "models" / "encoder_stage1.pt")
+        for arm in ARMS[name]:
+            assert _marker(out, stem, arm, "stage1") is None
+            assert _marker(out, stem, arm, "stage2")["overrides"]["stage1_encoder"] == shared
+        key = "trainable_blocks" if name == "finetune" else "fusion"
+        expected = [0, 1, "all"] if name == "finetune" else ["concat"] * 3 + ["daf"] * 3
+        assert [_marker(out, stem, arm, "stage2")["overrides"][key] for arm in ARMS[name]] == expected
+    else:
+        weights = [_marker(out, stem, arm, "stage1")["overrides"]["dispersive_weight"] for arm in ARMS[name]]
+        assert weights == [0.2, 1.0]
+
+
+def test_second_call_does_no_training(experiment, monkeypatch):
+    name, out, data, rows = experiment
+    monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    assert run_ablation(out, _ablation(name), data, overrides=TINY) == rows
+
+
+def test_cli_maps_to_the_same_runs(experiment, monkeypatch):
+    name, out, _, _ = experiment
+    monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    argv = [name, "--output", str(out), "--dataset-dir", str(out / "data"), "--precision", "fp32"]
+    argv += [f"--override={k}={v}" for k, v in TINY.items() if k != "precision"]
+    if name == "dispersive-weight":
+        argv += ["--weights", "0.2", "1.0"]
+    assert main(argv) == 0
+    assert f"## {ABLATIONS[name].title}" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match", [({"ablation": "unet"}, "ablation"), ({"ablation": "decoder", "scale": "huge"}, "scale")]
+)
+def test_bad_settings_are_named(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run_ablation(tmp_path, data={"dataset": "synthetic"}, **kwargs)
+
+
+@pytest.mark.parametrize("weights", [[], [-0.1], [True], ["0.4"]])
+def test_bad_dispersive_weights_are_named(weights):
+    with pytest.raises(ValueError, match="weights"):
+        dispersive_weight_ablation(weights)

@@ -1,0 +1,64 @@
+"""The figures experiment at its smallest scale, and the error spectrum on hand-made masks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spectraflow_monai.experiments.runner as runner_module
+from spectraflow_monai.experiments.figures import FIGURE_FILES, error_spectrum, run_figures
+from tests.experiments.test_robustness import TINY
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
+    return out, data, run_figures(out, data, overrides=TINY, num_images=2)
+
+
+def test_four_figures_and_the_report(experiment):
+    out, _, result = experiment
+    assert set(result["files"]) == set(FIGURE_FILES)
+    for name in FIGURE_FILES.values():
+        assert (out / name).stat().st_size > 0
+    assert set(result["spread"]) == {"spectraflow", "no_dispersive"}
+    assert all(len(bands) == 3 for bands in result["bands"].values())
+    text = (out / "figures.md").read_text()
+    assert "paper Figs. 1d, 3, 6, 7" in text and "| spectraflow |" in text and "| baseline |" in text
+
+
+def test_runs_train_what_the_figures_need(experiment):
+    out, _, _ = experiment
+    root = out / "figures"
+    assert (root / "no_dispersive" / "models" / "encoder_stage1.pt").is_file()
+    assert not (root / "no_dispersive" / "stage2.done.json").exists()
+    for run in ("spectraflow", "baseline"):
+        assert (root / run / "eval" / "clean" / "summary.json").is_file()
+
+
+def test_second_call_does_no_training(experiment, monkeypatch):
+    out, data, result = experiment
+    monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    again = run_figures(out, data, overrides=TINY, num_images=2)
+    assert again["bands"] == result["bands"] and again["spread"] == result["spread"]
+
+
+def test_error_spectrum_of_known_masks():
+    gt = np.zeros((16, 16), bool)
+    gt[4:12, 4:12] = True
+    centres, power = error_spectrum([gt], [gt], num_bins=8)
+    assert len(centres) == 8 and np.all(power == 0)  # a perfect prediction has no error anywhere in the spectrum
+    one = gt.copy()
+    one[0, 0] = True  # one wrong pixel: a flat spectrum whose bins add up to one pixel (Parseval)
+    _, power = error_spectrum([one], [gt], num_bins=8)
+    assert power.sum() == pytest.approx(1.0, rel=1e-5)
+    shifted = np.roll(gt, 3, axis=1)  # a displaced square: most of its error energy is at low frequency
+    _, power = error_spectrum([shifted], [gt], num_bins=4)
+    assert power[0] > power[-1]
+
+
+@pytest.mark.parametrize("kwargs,match", [({"scale": "huge"}, "scale"), ({"num_images": 0}, "num_images")])
+def test_bad_settings_are_named(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run_figures(tmp_path, {"dataset": "synthetic"}, **kwargs)
