@@ -3,11 +3,14 @@
 SpectraFlow (Chen et al.) supports its method with four pictures: a t-SNE of the Stage-1 features with and without
 the dispersive loss (Fig. 3), DAF gate maps over images (Fig. 6), the frequency content of the segmentation errors of
 SpectraFlow against a baseline (Fig. 1d) and several models' predictions on the same images (Fig. 7). This experiment
-trains what they need with the 2D bundle (runs under ``<output>/figures/``, finished steps skipped):
+needs three runs of the 2D bundle (finished steps skipped):
 
-- ``spectraflow``: Stage-1 (MeanFlow + dispersive, the bundle's defaults), Stage-2, clean evaluation;
-- ``no_dispersive``: Stage-1 with ``dispersive_weight 0`` (for the t-SNE only);
-- ``baseline``: the baseline config's network (MONAI's 2D UNet by default) through the same Stage-2, evaluation;
+- the ``stage1`` ablation's arms ``mixed_meanflow_dispersive`` (the default Stage-1, then Stage-2 and the clean
+  evaluation: SpectraFlow) and ``mixed_meanflow`` (Stage-1 with ``dispersive_weight 0``), under
+  ``<output>/stage1/``: after ``spectraflow experiment stage1`` in the same folder with the same settings, nothing of
+  them is trained again;
+- ``baseline`` under ``<output>/figures/``: the baseline config's network (MONAI's 2D UNet by default) through the
+  same Stage-2, and its evaluation;
 
 and draws the figures on the test split: the t-SNE of the pooled penultimate-block features (the ones the dispersive
 loss acts on) of the test images and their masks (the two Stage-1 input domains), for both Stage-1 exports; the
@@ -27,7 +30,7 @@ import numpy as np
 import torch
 from monai.transforms import Compose, LoadImage
 
-from spectraflow_monai.experiments.ablations import STAGE1_CONFIGS
+from spectraflow_monai.experiments.ablations import ABLATIONS
 from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner
 from spectraflow_monai.metrics.frequency import DEFAULT_BAND_EDGES, compute_frequency_band_error
 from spectraflow_monai.networks.utils import initialize_encoder
@@ -38,7 +41,11 @@ from spectraflow_monai.visualize import paper_figures as pf
 from spectraflow_monai.visualize.overlays import overlay_arrays
 from spectraflow_monai.visualize.predictions import find_prediction
 
-__all__ = ["FIGURE_FILES", "error_spectrum", "figures_markdown", "run_figures"]
+__all__ = ["FIGURE_FILES", "NO_DISPERSIVE_ARM", "SPECTRAFLOW_ARM", "error_spectrum", "figures_markdown", "run_figures"]
+
+#: the arms of the ``stage1`` ablation the figures use: the full Stage-1 (then Stage-2) and Stage-1 without dispersion.
+SPECTRAFLOW_ARM = "mixed_meanflow_dispersive"
+NO_DISPERSIVE_ARM = "mixed_meanflow"
 
 #: figure -> PNG file name in the experiment folder.
 FIGURE_FILES: dict[str, str] = {
@@ -113,17 +120,22 @@ def run_figures(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     common = {"progress_bar": False, **dict(data), **SCALES[scale], **dict(overrides or {})}
-    runner = ExperimentRunner(output, "figures", common)
-    models = {"spectraflow": ["train.yaml"], "baseline": ["train.yaml", baseline_config]}
-    runner.step("spectraflow", "stage1", list(STAGE1_CONFIGS))
-    runner.step("no_dispersive", "stage1", list(STAGE1_CONFIGS), {"dispersive_weight": 0.0})
-    scores = {}
-    for name, configs in models.items():
-        runner.step(name, "stage2", configs)
-        scores[name] = runner.evaluate(name, configs)
+    stage1 = ABLATIONS["stage1"]
+    arms = {arm.name: arm for arm in stage1.arms}
+    ablation = ExperimentRunner(output, stage1.stem, common)  # the runs of `spectraflow experiment stage1`
+    own = ExperimentRunner(output, "figures", common)
+    for name in (SPECTRAFLOW_ARM, NO_DISPERSIVE_ARM):
+        ablation.step(name, "stage1", list(arms[name].stage1), arms[name].stage1_overrides)
+    ablation.step(SPECTRAFLOW_ARM, "stage2", ["train.yaml"])
+    own.step("baseline", "stage2", ["train.yaml", baseline_config])
+    scores = {
+        "spectraflow": ablation.evaluate(SPECTRAFLOW_ARM, ["train.yaml"]),
+        "baseline": own.evaluate("baseline", ["train.yaml", baseline_config]),
+    }
+    eval_dirs = {"spectraflow": ablation.run_dir(SPECTRAFLOW_ARM), "baseline": own.run_dir("baseline")}
 
     out = Path(output)
-    sf = _Run(runner, "spectraflow", ["train.yaml"])
+    sf = _Run(ablation, SPECTRAFLOW_ARM, ["train.yaml"])
     test = list(sf.get("data_source").datalist("test"))
     load = sf.get("load_transforms")
     normalize = sf.get("normalize_transforms")
@@ -139,9 +151,9 @@ def run_figures(
     )
     classes = np.repeat([0, 1], len(tsne_idx))
     groups, spread = {}, {}
-    for run, title in (("spectraflow", "MeanFlow + dispersive"), ("no_dispersive", "MeanFlow only")):
-        net = _Run(runner, run, ["train.yaml"]).get("network_def")
-        initialize_encoder(net, "stage1", None, runner.run_dir(run) / "models" / "encoder_stage1.pt")
+    for run, title in ((SPECTRAFLOW_ARM, "MeanFlow + dispersive"), (NO_DISPERSIVE_ARM, "MeanFlow only")):
+        net = _Run(ablation, run, ["train.yaml"]).get("network_def")
+        initialize_encoder(net, "stage1", None, ablation.run_dir(run) / "models" / "encoder_stage1.pt")
         feats = _pooled_features(net, inputs)
         groups[title] = (feats, classes)
         spread[run] = pf.feature_spread(feats)
@@ -160,7 +172,7 @@ def run_figures(
         )
 
     # Fig. 1d and Fig. 7: error spectra and the qualitative panel from the saved predictions
-    predictions = {name: _read_predictions(runner.run_dir(name) / "eval" / "clean", test, samples) for name in models}
+    predictions = {name: _read_predictions(path / "eval" / "clean", test, samples) for name, path in eval_dirs.items()}
     labels = [s["gt"] for s in samples]
     spectra = {name: error_spectrum(preds, labels) for name, preds in predictions.items()}
     files["spectra"] = pf.plot_error_spectra(spectra, out / FIGURE_FILES["spectra"], DEFAULT_BAND_EDGES)

@@ -1,4 +1,4 @@
-"""The ablation experiments (stage1, decoder, finetune, dispersive-weight) at their smallest scale on a synthetic set."""
+"""The ablation experiments (stage1, decoder, finetune, dispersive-weight) at their smallest scale, synthetic data."""
 
 from __future__ import annotations
 

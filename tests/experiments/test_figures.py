@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import spectraflow_monai.experiments.runner as runner_module
+from spectraflow_monai.experiments import run_ablation
 from spectraflow_monai.experiments.figures import FIGURE_FILES, error_spectrum, run_figures
 from tests.experiments.test_robustness import TINY
 
@@ -22,7 +23,7 @@ def test_four_figures_and_the_report(experiment):
     assert set(result["files"]) == set(FIGURE_FILES)
     for name in FIGURE_FILES.values():
         assert (out / name).stat().st_size > 0
-    assert set(result["spread"]) == {"spectraflow", "no_dispersive"}
+    assert set(result["spread"]) == {"mixed_meanflow_dispersive", "mixed_meanflow"}
     assert all(len(bands) == 3 for bands in result["bands"].values())
     text = (out / "figures.md").read_text()
     assert "paper Figs. 1d, 3, 6, 7" in text and "| spectraflow |" in text and "| baseline |" in text
@@ -30,11 +31,24 @@ def test_four_figures_and_the_report(experiment):
 
 def test_runs_train_what_the_figures_need(experiment):
     out, _, _ = experiment
-    root = out / "figures"
-    assert (root / "no_dispersive" / "models" / "encoder_stage1.pt").is_file()
-    assert not (root / "no_dispersive" / "stage2.done.json").exists()
-    for run in ("spectraflow", "baseline"):
-        assert (root / run / "eval" / "clean" / "summary.json").is_file()
+    stage1 = out / "stage1"  # the stage1 ablation's runs: the two Stage-1 variants, Stage-2 of the full one
+    assert (stage1 / "mixed_meanflow" / "models" / "encoder_stage1.pt").is_file()
+    assert not (stage1 / "mixed_meanflow" / "stage2.done.json").exists()
+    assert (stage1 / "mixed_meanflow_dispersive" / "eval" / "clean" / "summary.json").is_file()
+    assert (out / "figures" / "baseline" / "eval" / "clean" / "summary.json").is_file()
+
+
+def test_stage1_ablation_reuses_the_figures_runs(experiment, monkeypatch):
+    out, data, _ = experiment
+    ran = []
+    real = runner_module.run_bundle_configs
+    monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: ran.append(a[3]) or real(*a, **k))
+    run_ablation(out, "stage1", data, overrides=TINY)
+    assert ran and not any(
+        t.startswith(("stage1 / mixed_meanflow_dispersive / stage1", "stage1 / mixed_meanflow_dispersive / stage2",
+                      "stage1 / mixed_meanflow_dispersive / eval", "stage1 / mixed_meanflow / stage1"))
+        for t in ran
+    )  # fmt: skip
 
 
 def test_second_call_does_no_training(experiment, monkeypatch):
