@@ -15,8 +15,9 @@ needs three runs of the 2D bundle (finished steps skipped):
 and draws the figures on the test split: the t-SNE of the pooled penultimate-block features (the ones the dispersive
 loss acts on) of the test images and their masks (the two Stage-1 input domains), for both Stage-1 exports; the
 channel mean of the DAF gate ``M`` of the first (coarsest) decoder stage of the trained SpectraFlow; the radial error
-spectrum and the :class:`~spectraflow_monai.metrics.FrequencyBandError` bands of both models' saved predictions;
-and a panel of both models' predictions.
+spectrum of both models' saved predictions; the :class:`~spectraflow_monai.metrics.FrequencyBandError` bands and a
+panel of the predictions of both models and of every other Stage-1 variant that ``experiment stage1`` evaluated in the
+same folder with the same settings.
 """
 
 from __future__ import annotations
@@ -133,6 +134,10 @@ def run_figures(
         "baseline": own.evaluate("baseline", ["train.yaml", baseline_config]),
     }
     eval_dirs = {"spectraflow": ablation.run_dir(SPECTRAFLOW_ARM), "baseline": own.run_dir("baseline")}
+    for arm in stage1.arms:  # the other Stage-1 variants, where `experiment stage1` evaluated them with these settings
+        if arm.name != SPECTRAFLOW_ARM and ablation.evaluated(arm.name, ["train.yaml"], "clean", arm.stage2):
+            scores[arm.name] = ablation.evaluate(arm.name, ["train.yaml"], "clean", arm.stage2)
+            eval_dirs[arm.name] = ablation.run_dir(arm.name)
 
     out = Path(output)
     sf = _Run(ablation, SPECTRAFLOW_ARM, ["train.yaml"])
@@ -174,7 +179,7 @@ def run_figures(
     # Fig. 1d and Fig. 7: error spectra and the qualitative panel from the saved predictions
     predictions = {name: _read_predictions(path / "eval" / "clean", test, samples) for name, path in eval_dirs.items()}
     labels = [s["gt"] for s in samples]
-    spectra = {name: error_spectrum(preds, labels) for name, preds in predictions.items()}
+    spectra = {name: error_spectrum(predictions[name], labels) for name in ("spectraflow", "baseline")}
     files["spectra"] = pf.plot_error_spectra(spectra, out / FIGURE_FILES["spectra"], DEFAULT_BAND_EDGES)
     bands = {}
     for name, preds in predictions.items():

@@ -95,6 +95,24 @@ class ExperimentRunner:
         """The ``bundle_root`` of ``run``."""
         return self.root / run
 
+    def _record(
+        self, run: str, step: str, configs: Sequence[str], overrides: Mapping[str, Any] | None
+    ) -> tuple[dict[str, Any], dict[str, Any], Path]:
+        """The settings of ``run``'s ``step``, what its done marker records, and the marker's path."""
+        run_dir = self.run_dir(run)
+        settings = {**self.common, **dict(overrides or {}), "bundle_root": str(run_dir)}
+        return settings, {"configs": list(configs), "overrides": _plain(settings)}, run_dir / f"{step}.done.json"
+
+    def is_done(
+        self, run: str, step: str, configs: Sequence[str], overrides: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Whether ``run``'s ``step`` finished with these configs and settings (its done marker says so)."""
+        _, record, marker = self._record(run, step, configs, overrides)
+        if not marker.is_file():
+            return False
+        done = json.loads(marker.read_text())
+        return {k: done.get(k) for k in record} == record
+
     def step(self, run: str, step: str, configs: Sequence[str], overrides: Mapping[str, Any] | None = None) -> Path:
         """Run bundle ``configs`` for ``run`` unless this step already finished with the same settings.
 
@@ -107,21 +125,17 @@ class ExperimentRunner:
         Returns:
             The run folder.
         """
-        run_dir = self.run_dir(run)
-        settings = {**self.common, **dict(overrides or {}), "bundle_root": str(run_dir)}
-        record = {"configs": list(configs), "overrides": _plain(settings)}
-        marker = run_dir / f"{step}.done.json"
+        settings, record, marker = self._record(run, step, configs, overrides)
+        if self.is_done(run, step, configs, overrides):
+            logger.info("%s/%s: finished before (%s), skipped", run, step, marker)
+            return marker.parent
         if marker.is_file():
-            done = json.loads(marker.read_text())
-            if {k: done.get(k) for k in record} == record:
-                logger.info("%s/%s: finished before (%s), skipped", run, step, marker)
-                return run_dir
             logger.info("%s/%s: settings changed since %s, running it again", run, step, marker)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        marker.parent.mkdir(parents=True, exist_ok=True)
         seconds = run_bundle_configs(self.bundle, list(configs), settings, f"{self.root.name} / {run} / {step}")
         write_text_atomic(marker, json.dumps({**record, "seconds": round(seconds, 1)}, indent=1) + "\n")
         self.executed.append(f"{run}/{step}")
-        return run_dir
+        return marker.parent
 
     def evaluate(
         self, run: str, configs: Sequence[str], tag: str = "clean", overrides: Mapping[str, Any] | None = None
@@ -129,7 +143,15 @@ class ExperimentRunner:
         """Evaluate ``run``'s ``models/model.pt`` with ``configs`` + ``evaluate.yaml`` into ``<run>/eval/<tag>``;
         returns the :data:`EXPERIMENT_METRICS` of its summary."""
         eval_dir = self.run_dir(run) / "eval" / tag
-        settings = {**dict(overrides or {}), "output_dir": str(eval_dir)}
-        self.step(run, f"eval_{tag}", [*configs, "evaluate.yaml"], settings)
+        self.step(run, f"eval_{tag}", [*configs, "evaluate.yaml"], self._eval_settings(run, tag, overrides))
         summary = read_summary(eval_dir)
         return {m: float(summary[m]) for m in EXPERIMENT_METRICS}
+
+    def evaluated(
+        self, run: str, configs: Sequence[str], tag: str = "clean", overrides: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Whether :meth:`evaluate` with these arguments finished before (it would not run again)."""
+        return self.is_done(run, f"eval_{tag}", [*configs, "evaluate.yaml"], self._eval_settings(run, tag, overrides))
+
+    def _eval_settings(self, run: str, tag: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {**dict(overrides or {}), "output_dir": str(self.run_dir(run) / "eval" / tag)}
