@@ -121,6 +121,11 @@ def run_figures(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     common = {"progress_bar": False, **dict(data), **SCALES[scale], **dict(overrides or {})}
+    if common.get("label_classes") is not None:
+        raise ValueError(
+            f"label_classes={common['label_classes']!r}: the figures experiment draws binary masks (one foreground); "
+            "the other experiments take label maps."
+        )
     stage1 = ABLATIONS["stage1"]
     arms = {arm.name: arm for arm in stage1.arms}
     ablation = ExperimentRunner(output, stage1.stem, common)  # the runs of `spectraflow experiment stage1`

@@ -73,7 +73,11 @@ def test_error_spectrum_of_known_masks():
     assert power[0] > power[-1]
 
 
-@pytest.mark.parametrize("kwargs,match", [({"scale": "huge"}, "scale"), ({"num_images": 0}, "num_images")])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [({"scale": "huge"}, "scale"), ({"num_images": 0}, "num_images"),
+     ({"overrides": {"label_classes": ["background", "a", "b"]}}, "label_classes")],
+)  # fmt: skip
 def test_bad_settings_are_named(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_figures(tmp_path, {"dataset": "synthetic"}, **kwargs)
