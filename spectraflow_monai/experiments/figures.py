@@ -113,7 +113,8 @@ def run_figures(
         max_tsne_images: at most this many test images (each as image and as mask) in the t-SNE.
 
     Returns:
-        ``{"files": {figure: path}, "spread": {run: value}, "bands": {model: [low, mid, high]}, "scores": ...}``.
+        ``{"files": {figure: path}, "spread": {run: {"distance": d, "spread": s}}, "bands": {model: [low, mid,
+        high]}, "scores": {model: metrics}, "num_test": n}``.
     """
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}.")
@@ -166,7 +167,7 @@ def run_figures(
         initialize_encoder(net, "stage1", None, ablation.run_dir(run) / "models" / "encoder_stage1.pt")
         feats = _pooled_features(net, inputs)
         groups[title] = (feats, classes)
-        spread[run] = pf.feature_spread(feats)
+        spread[run] = {"distance": pf.mean_pairwise_distance(feats), "spread": pf.feature_spread(feats)}
     files["tsne"] = pf.plot_feature_tsne(groups, out / FIGURE_FILES["tsne"])
 
     # Fig. 6: DAF gate maps of the trained SpectraFlow
@@ -250,10 +251,10 @@ def figures_markdown(result: Mapping[str, Any], scale: str, settings: Mapping[st
         "",
         f"Scale `{scale}`; bundle settings: {shown}; {result['num_test']} test images.",
         "",
-        "Stage-1 features (pooled penultimate block, test images and their masks), t-SNE; spread = mean pairwise "
-        "distance / mean norm:",
+        "Stage-1 features (pooled penultimate block, test images and their masks), t-SNE; distance = mean pairwise "
+        "Euclidean distance, spread = distance / mean norm:",
         "",
-        *(f"- `{run}`: spread {value:.4f}" for run, value in result["spread"].items()),
+        *(f"- `{run}`: distance {v['distance']:.4g}, spread {v['spread']:.4f}" for run, v in result["spread"].items()),
         "",
         f"![t-SNE]({Path(files['tsne']).name})",
         "",

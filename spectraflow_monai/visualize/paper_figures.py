@@ -18,20 +18,33 @@ import numpy as np
 from spectraflow_monai.visualize.overlays import GT_COLOR, PRED_COLOR, mask_contours
 from spectraflow_monai.visualize.utils import save_figure
 
-__all__ = ["feature_spread", "plot_error_spectra", "plot_feature_tsne", "plot_gate_maps", "plot_model_panel"]
+__all__ = [
+    "feature_spread",
+    "mean_pairwise_distance",
+    "plot_error_spectra",
+    "plot_feature_tsne",
+    "plot_gate_maps",
+    "plot_model_panel",
+]
 
 
-def feature_spread(features: np.ndarray) -> float:
-    """Mean pairwise Euclidean distance of ``features`` (N, C) over their mean norm: how dispersed a feature set is,
-    independent of its overall scale (the quantity the dispersive loss raises)."""
+def mean_pairwise_distance(features: np.ndarray) -> float:
+    """Mean Euclidean distance between the rows of ``features`` (N >= 2, C), each pair once (the quantity the
+    dispersive loss pushes up)."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or len(x) < 2:
         raise ValueError(f"features must be (N >= 2, C), got shape {x.shape}.")
     sq = (x**2).sum(1)
     d2 = np.clip(sq[:, None] + sq[None, :] - 2.0 * x @ x.T, 0.0, None)
-    n = len(x)
-    mean_dist = np.sqrt(d2)[~np.eye(n, dtype=bool)].mean()
-    return float(mean_dist / max(np.sqrt(sq).mean(), 1e-12))
+    return float(np.sqrt(d2)[~np.eye(len(x), dtype=bool)].mean())
+
+
+def feature_spread(features: np.ndarray) -> float:
+    """:func:`mean_pairwise_distance` over the mean row norm: how dispersed a feature set is, independent of its
+    overall scale (a loss can raise distances by scaling all features up; this ratio does not count that)."""
+    x = np.asarray(features, dtype=np.float64)
+    distance = mean_pairwise_distance(x)
+    return float(distance / max(np.sqrt((x**2).sum(1)).mean(), 1e-12))
 
 
 def plot_feature_tsne(
@@ -66,7 +79,8 @@ def plot_feature_tsne(
         for k, name in enumerate(class_names):
             sel = classes == k
             ax.scatter(xy[sel, 0], xy[sel, 1], s=6, alpha=0.7, label=name)
-        ax.set_title(f"{title}\nspread {feature_spread(features):.3f}", fontsize=9)
+        ax.set_title(f"{title}\ndistance {mean_pairwise_distance(features):.3g}, spread {feature_spread(features):.3f}",
+                     fontsize=8)  # fmt: skip
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0].legend(fontsize=7, markerscale=2)

@@ -7,6 +7,7 @@ import pytest
 
 from spectraflow_monai.visualize.paper_figures import (
     feature_spread,
+    mean_pairwise_distance,
     plot_error_spectra,
     plot_feature_tsne,
     plot_gate_maps,
@@ -26,6 +27,10 @@ MASK[8:20, 10:24] = True
 def test_feature_spread_known_values(features, expected):
     assert feature_spread(np.array(features)) == pytest.approx(expected)
     assert feature_spread(10 * np.array(features)) == pytest.approx(expected)  # independent of the scale
+
+
+def test_mean_pairwise_distance_known_value():
+    assert mean_pairwise_distance(np.array([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0]])) == pytest.approx((5 + 5 + 0) / 3)
 
 
 def test_feature_spread_needs_two_rows():
