@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +129,9 @@ def run_ablation(
     data: Mapping[str, Any],
     scale: str = "small",
     overrides: Mapping[str, Any] | None = None,
+    arms: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train and evaluate every arm of ``ablation``; write ``<stem>.csv``, ``<stem>.png`` and ``<stem>.md``.
+    """Train and evaluate the arms of ``ablation``; write ``<stem>.csv``, ``<stem>.png`` and ``<stem>.md``.
 
     Args:
         output: the experiment folder (runs under ``<output>/<stem>/``).
@@ -138,6 +139,7 @@ def run_ablation(
         data: the data settings of the bundle (``dataset``, ``dataset_dir``, ``data_list_file_path``, ...).
         scale: ``"small"`` or ``"paper"`` (:data:`~spectraflow_monai.experiments.runner.SCALES`).
         overrides: more bundle overrides of every step (they win over the scale's).
+        arms: names of the arms to run, in the ablation's order (default: all).
 
     Returns:
         One row per arm: ``arm``, ``value`` and the :data:`~spectraflow_monai.experiments.runner.EXPERIMENT_METRICS`.
@@ -148,6 +150,12 @@ def run_ablation(
         ablation = ABLATIONS[ablation]
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {list(SCALES)}, got {scale!r}.")
+    if arms is not None:
+        names = [arm.name for arm in ablation.arms]
+        unknown = [a for a in arms if a not in names]
+        if unknown or not arms:
+            raise ValueError(f"arms must be a non-empty subset of {names}, got {list(arms)!r}.")
+        ablation = replace(ablation, arms=tuple(arm for arm in ablation.arms if arm.name in arms))
     common = {"progress_bar": False, **dict(data), **SCALES[scale], **dict(overrides or {})}
     runner = ExperimentRunner(output, ablation.stem, common)
     shared: dict[str, Any] = {}

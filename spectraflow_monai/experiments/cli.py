@@ -100,6 +100,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
     for name, ablation in ABLATIONS.items():
         abl = sub.add_parser(name, prog=f"{prog} {name}", help=f"{ablation.title}: one row per arm")
         _common_options(abl, SCALES, baseline=False)
+        abl.add_argument("--arms", nargs="+", choices=[arm.name for arm in ablation.arms], metavar="ARM",
+                         help="run only these arms: " + " ".join(arm.name for arm in ablation.arms))  # fmt: skip
         if name == "dispersive-weight":
             abl.add_argument("--weights", nargs="+", type=float, default=list(DISPERSIVE_WEIGHTS),
                              help="lambda values (default 0.2 0.4 0.6 0.8 1.0)")
@@ -120,7 +122,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
         rows = list(result["files"].values())
     else:
         ablation = dispersive_weight_ablation(args.weights) if name == "dispersive-weight" else name
-        rows = run_ablation(output, ablation, data, args.scale, overrides)
+        rows = run_ablation(output, ablation, data, args.scale, overrides, args.arms)
     report = write_report(output)
     print(f"{name}: {len(rows)} {'figures' if name == 'figures' else 'evaluations'}; report {report}")
     return 0

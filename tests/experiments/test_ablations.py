@@ -99,9 +99,19 @@ def test_cli_maps_to_the_same_runs(experiment, monkeypatch):
     assert f"## {ABLATIONS[name].title}" in (out / "report.md").read_text()
 
 
+def test_arms_subset_reuses_the_finished_runs(experiment, monkeypatch):
+    name, out, data, rows = experiment
+    monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    keep = ARMS[name][-1:]
+    assert run_ablation(out, _ablation(name), data, overrides=TINY, arms=keep) == [r for r in rows if r["arm"] in keep]
+    assert [r["arm"] for r in csv.DictReader(open(out / f"{ABLATIONS[name].stem}.csv"))] == keep
+
+
 @pytest.mark.parametrize(
-    "kwargs,match", [({"ablation": "unet"}, "ablation"), ({"ablation": "decoder", "scale": "huge"}, "scale")]
-)
+    "kwargs,match",
+    [({"ablation": "unet"}, "ablation"), ({"ablation": "decoder", "scale": "huge"}, "scale"),
+     ({"ablation": "decoder", "arms": ["daf_unet"]}, "arms"), ({"ablation": "decoder", "arms": []}, "arms")],
+)  # fmt: skip
 def test_bad_settings_are_named(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_ablation(tmp_path, data={"dataset": "synthetic"}, **kwargs)
