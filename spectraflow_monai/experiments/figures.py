@@ -148,50 +148,27 @@ def run_figures(
     out = Path(output)
     sf = _Run(ablation, SPECTRAFLOW_ARM, ["train.yaml"])
     test = list(sf.get("data_source").datalist("test"))
-    load = sf.get("load_transforms")
-    normalize = sf.get("normalize_transforms")
+    load, normalize = sf.get("load_transforms"), sf.get("normalize_transforms")
     samples = [_load_sample(load, normalize, entry) for entry in test]
-    shown = sorted({int(round(i)) for i in np.linspace(0, len(test) - 1, min(num_images, len(test)))})
+    shown = _spread_indices(len(test), num_images)
     files: dict[str, str] = {}
-
-    # Fig. 3: t-SNE of the pooled penultimate features of both Stage-1 exports, test images and their masks
-    mask_renderer = _mask_renderer(sf)
-    tsne_idx = sorted({int(round(i)) for i in np.linspace(0, len(test) - 1, min(max_tsne_images, len(test)))})
-    inputs = torch.stack(
-        [samples[i]["input"] for i in tsne_idx] + [mask_renderer(samples[i]["label"]) for i in tsne_idx]
-    )
-    classes = np.repeat([0, 1], len(tsne_idx))
-    groups, spread = {}, {}
-    for run, title in ((SPECTRAFLOW_ARM, "MeanFlow + dispersive"), (NO_DISPERSIVE_ARM, "MeanFlow only")):
-        net = _Run(ablation, run, ["train.yaml"]).get("network_def")
-        initialize_encoder(net, "stage1", None, ablation.run_dir(run) / "models" / "encoder_stage1.pt")
-        feats = _pooled_features(net, inputs)
-        groups[title] = (feats, classes)
-        spread[run] = {"distance": pf.mean_pairwise_distance(feats), "spread": pf.feature_spread(feats)}
-    files["tsne"] = pf.plot_feature_tsne(groups, out / FIGURE_FILES["tsne"])
-
-    # Fig. 6: DAF gate maps of the trained SpectraFlow
-    net = sf.get("network_def")
-    _load_model_weights(net, sf.dir / "models" / "model.pt")
-    net.eval()
-    with torch.no_grad():
-        _, gate = net(torch.stack([samples[i]["input"] for i in shown]), return_gate=True)
-    if gate is not None:
-        gates = [g.mean(0).T.numpy() for g in gate.float()]  # channel mean, display orientation
-        files["gates"] = pf.plot_gate_maps(
-            [samples[i]["rgb"] for i in shown], gates, [samples[i]["gt"] for i in shown], out / FIGURE_FILES["gates"]
-        )
-
-    # Fig. 1d and Fig. 7: error spectra and the qualitative panel from the saved predictions
+    files["tsne"], spread = _draw_tsne(ablation, sf, samples, _spread_indices(len(test), max_tsne_images), out)
+    gates = _draw_gates(sf, samples, shown, out)
+    if gates is not None:
+        files["gates"] = gates
     predictions = {name: _read_predictions(path / "eval" / "clean", test, samples) for name, path in eval_dirs.items()}
     labels = [s["gt"] for s in samples]
+    # Fig. 1d: the error spectra of SpectraFlow and the baseline, the bands of every model
     spectra = {name: error_spectrum(predictions[name], labels) for name in ("spectraflow", "baseline")}
     files["spectra"] = pf.plot_error_spectra(spectra, out / FIGURE_FILES["spectra"], DEFAULT_BAND_EDGES)
-    bands = {}
-    for name, preds in predictions.items():
-        pred = torch.as_tensor(np.stack(preds)[:, None], dtype=torch.float32)
-        gt = torch.as_tensor(np.stack(labels)[:, None], dtype=torch.float32)
-        bands[name] = compute_frequency_band_error(pred, gt, mode="energy")[:, 0].mean(0).tolist()
+    gt = torch.as_tensor(np.stack(labels)[:, None], dtype=torch.float32)
+    bands = {
+        name: compute_frequency_band_error(torch.as_tensor(np.stack(preds)[:, None], dtype=torch.float32), gt)[:, 0]
+        .mean(0)
+        .tolist()
+        for name, preds in predictions.items()
+    }
+    # Fig. 7: every model's predictions on the same images
     files["panel"] = pf.plot_model_panel(
         [samples[i]["rgb"] for i in shown],
         [samples[i]["gt"] for i in shown],
@@ -201,6 +178,42 @@ def run_figures(
     result = {"files": files, "spread": spread, "bands": bands, "scores": scores, "num_test": len(test)}
     write_text_atomic(out / "figures.md", figures_markdown(result, scale, common))
     return result
+
+
+def _spread_indices(n: int, k: int) -> list[int]:
+    """At most ``k`` indices evenly spread over ``range(n)``."""
+    return sorted({int(round(i)) for i in np.linspace(0, n - 1, min(k, n))})
+
+
+def _draw_tsne(
+    ablation: ExperimentRunner, sf: _Run, samples: Sequence[Mapping], idx: Sequence[int], out: Path
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """Fig. 3: t-SNE of the pooled penultimate features of both Stage-1 exports, for test images and their masks."""
+    render = MaskToImage(channels=3, mean=sf.get("image_mean"), std=sf.get("image_std"))
+    inputs = torch.stack([samples[i]["input"] for i in idx] + [render(samples[i]["label"]) for i in idx])
+    classes = np.repeat([0, 1], len(idx))
+    groups, spread = {}, {}
+    for run, title in ((SPECTRAFLOW_ARM, "MeanFlow + dispersive"), (NO_DISPERSIVE_ARM, "MeanFlow only")):
+        net = _Run(ablation, run, ["train.yaml"]).get("network_def")
+        initialize_encoder(net, "stage1", None, ablation.run_dir(run) / "models" / "encoder_stage1.pt")
+        feats = _pooled_features(net, inputs)
+        groups[title] = (feats, classes)
+        spread[run] = {"distance": pf.mean_pairwise_distance(feats), "spread": pf.feature_spread(feats)}
+    return pf.plot_feature_tsne(groups, out / FIGURE_FILES["tsne"]), spread
+
+
+def _draw_gates(sf: _Run, samples: Sequence[Mapping], shown: Sequence[int], out: Path) -> str | None:
+    """Fig. 6: the DAF gate maps of the trained SpectraFlow (float32); None for a network without DAF."""
+    net = sf.get("network_def")
+    _load_model_weights(net, sf.dir / "models" / "model.pt")
+    net.eval()
+    with torch.no_grad():
+        _, gate = net(torch.stack([samples[i]["input"] for i in shown]), return_gate=True)
+    if gate is None:
+        return None
+    gates = [g.mean(0).T.numpy() for g in gate.float()]  # channel mean, display orientation
+    images, labels = [samples[i]["rgb"] for i in shown], [samples[i]["gt"] for i in shown]
+    return pf.plot_gate_maps(images, gates, labels, out / FIGURE_FILES["gates"])
 
 
 def _load_sample(load: Any, normalize: Any, entry: Mapping) -> dict[str, Any]:
@@ -215,10 +228,6 @@ def _load_sample(load: Any, normalize: Any, entry: Mapping) -> dict[str, Any]:
         "rgb": image.clamp(0, 1).permute(2, 1, 0).numpy(),  # display: rows = image rows
         "gt": (label[0] > 0.5).T.numpy(),
     }
-
-
-def _mask_renderer(run: _Run) -> Any:
-    return MaskToImage(channels=3, mean=run.get("image_mean"), std=run.get("image_std"))
 
 
 def _pooled_features(network: torch.nn.Module, inputs: torch.Tensor, batch_size: int = 16) -> np.ndarray:
