@@ -122,9 +122,17 @@ def main() -> None:
     if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error("--iters and --rounds must be >= 1 and --warmup >= 0")
 
-    from spectraflow_monai.utils import resolve_precision
+    from spectraflow_monai.utils import cpu_bf16_flags, resolve_precision
 
     torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        flags = cpu_bf16_flags()
+        print(f"CPU native bfloat16 flags: {' '.join(flags) if flags else 'none'}; precision auto -> "
+              f"{resolve_precision('auto', 'cpu', log=False)}")  # fmt: skip
+        if not flags and "bf16" in args.precision:
+            print("NOTE: this CPU lacks native bfloat16 (no avx512_bf16 / amx_bf16): bf16 is emulated here (much "
+                  "slower than fp32) and `precision: auto` picks fp32; the bf16 target applies to bf16-capable "
+                  "CPUs.")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="stage2_throughput_") as root:
         if args.tiny:
             from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
