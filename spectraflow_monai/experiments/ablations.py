@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
-from spectraflow_monai.utils.files import atomic_path, write_text_atomic
+from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.visualize.utils import save_figure
 
 __all__ = [
     "ABLATIONS",
@@ -81,6 +82,16 @@ def _decoder_arms() -> tuple[Arm, ...]:
     )
 
 
+def dispersive_weight_ablation(weights: Sequence[float]) -> Ablation:
+    """The lambda sweep (paper appendix) at ``weights`` (each a number >= 0), one Stage-1 + Stage-2 run per value."""
+    if not weights or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights):
+        raise ValueError(f"weights must be non-negative numbers, got {list(weights)!r}.")
+    arms = tuple(Arm(f"lambda_{w:g}", stage1_overrides={"dispersive_weight": float(w)}, value=float(w))
+                 for w in weights)  # fmt: skip
+    return Ablation("Dispersive loss weight lambda (paper appendix)", "dispersive_weight", arms,
+                    x_label="dispersive weight lambda")  # fmt: skip
+
+
 #: experiment name -> its :class:`Ablation` (``dispersive-weight`` at the paper's lambda values).
 ABLATIONS: dict[str, Ablation] = {
     "stage1": Ablation(
@@ -104,23 +115,8 @@ ABLATIONS: dict[str, Ablation] = {
             Arm("full", {"trainable_blocks": "all"}, stage1=None, shared_stage1=True),
         ),
     ),
-    "dispersive-weight": Ablation(
-        "Dispersive loss weight lambda (paper appendix)",
-        "dispersive_weight",
-        tuple(Arm(f"lambda_{w:g}", stage1_overrides={"dispersive_weight": w}, value=w) for w in DISPERSIVE_WEIGHTS),
-        x_label="dispersive weight lambda",
-    ),
+    "dispersive-weight": dispersive_weight_ablation(DISPERSIVE_WEIGHTS),
 }
-
-
-def dispersive_weight_ablation(weights: Sequence[float]) -> Ablation:
-    """The lambda sweep at ``weights`` (each a number >= 0)."""
-    if not weights or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights):
-        raise ValueError(f"weights must be non-negative numbers, got {list(weights)!r}.")
-    base = ABLATIONS["dispersive-weight"]
-    arms = tuple(Arm(f"lambda_{w:g}", stage1_overrides={"dispersive_weight": float(w)}, value=float(w))
-                 for w in weights)  # fmt: skip
-    return Ablation(base.title, base.stem, arms, base.x_label)
 
 
 def run_ablation(
@@ -179,12 +175,10 @@ def run_ablation(
 
 def _plot(path: Path, rows: Sequence[Mapping[str, Any]], ablation: Ablation) -> None:
     """mDSC per arm: bars for a table, a line against the swept value for a sweep."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(3.6, 0.9 * len(rows) + 1.5), 3.2))
+    fig = Figure(figsize=(max(3.6, 0.9 * len(rows) + 1.5), 3.2))
+    ax = fig.subplots()
     dice = [100 * r["mDSC"] for r in rows]
     if ablation.x_label:
         ax.plot([r["value"] for r in rows], dice, marker="o")
@@ -196,9 +190,7 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]], ablation: Ablation) -> 
     ax.set_title(ablation.title, fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def ablation_markdown(

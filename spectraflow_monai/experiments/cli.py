@@ -110,6 +110,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
     _common_options(fig, SCALES)
     fig.add_argument("--num-images", type=int, default=4, help="test images in the gate and panel figures (default 4)")
     args = parser.parse_args(argv)
+    if args.experiment == "dispersive-weight":
+        try:
+            ablation = dispersive_weight_ablation(args.weights)
+        except ValueError as err:
+            parser.error(f"--weights: {err}")
     output = os.path.abspath(args.output)
     data, overrides = _data(args, output), dict(args.override)
     name = args.experiment
@@ -121,8 +126,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
         result = run_figures(output, data, args.scale, args.baseline_config, overrides, num_images=args.num_images)
         rows = list(result["files"].values())
     else:
-        ablation = dispersive_weight_ablation(args.weights) if name == "dispersive-weight" else name
-        rows = run_ablation(output, ablation, data, args.scale, overrides, args.arms)
+        rows = run_ablation(output, ablation if name == "dispersive-weight" else name, data, args.scale, overrides,
+                            args.arms)  # fmt: skip
     report = write_report(output)
     print(f"{name}: {len(rows)} {'figures' if name == 'figures' else 'evaluations'}; report {report}")
     return 0

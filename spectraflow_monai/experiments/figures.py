@@ -73,12 +73,10 @@ def error_spectrum(
 
 
 def _load_model_weights(network: torch.nn.Module, path: Path) -> None:
-    """Load a bundle's ``models/model.pt`` (ignite's checkpoint of ``{model: network}``: the state dict itself, or
-    under ``"model"``)."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, Mapping) and "model" in state and isinstance(state["model"], Mapping):
-        state = state["model"]
-    network.load_state_dict(state)
+    """Load a bundle's ``models/model.pt`` as its evaluation does (ignite's checkpoint of ``{model: network}``)."""
+    from ignite.handlers import Checkpoint
+
+    Checkpoint.load_objects({"model": network}, torch.load(path, map_location="cpu", weights_only=True))
 
 
 class _Run:

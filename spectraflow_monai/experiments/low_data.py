@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
-from spectraflow_monai.utils.files import atomic_path, write_text_atomic
+from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.visualize.utils import save_figure
 
 __all__ = ["LOW_DATA_SCALES", "low_data_markdown", "run_low_data"]
 
@@ -79,12 +80,10 @@ def run_low_data(
 
 def _plot(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """mDSC against the training fraction, one line per arm."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.2, 3.2))
+    fig = Figure(figsize=(4.2, 3.2))
+    ax = fig.subplots()
     for model in dict.fromkeys(r["model"] for r in rows):
         pts = sorted((100 * r["fraction"], 100 * r["mDSC"]) for r in rows if r["model"] == model)
         ax.plot(*zip(*pts), marker="o", label=model)
@@ -93,9 +92,7 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def low_data_markdown(rows: Sequence[Mapping[str, Any]], scale: str, settings: Mapping[str, Any]) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS, MAX_SEVERITY
-from spectraflow_monai.utils.files import atomic_path, write_text_atomic
+from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.visualize.utils import save_figure
 
 __all__ = ["ROBUSTNESS_SCALES", "robustness_markdown", "run_robustness"]
 
@@ -98,12 +99,10 @@ def run_robustness(
 
 def _plot(path: Path, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -> None:
     """mDSC against severity, one panel per corruption, one line per model (severity 0 = clean)."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds), 3), squeeze=False, sharey=True)
+    fig = Figure(figsize=(3.2 * len(kinds), 3))
+    axes = fig.subplots(1, len(kinds), squeeze=False, sharey=True)
     for ax, kind in zip(axes[0], kinds):
         for model in dict.fromkeys(r["model"] for r in rows):
             mine = [r for r in rows if r["model"] == model and r["corruption"] in (kind, "clean")]
@@ -115,9 +114,7 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -
     axes[0][0].set_ylabel("mDSC (%)")
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def robustness_markdown(rows: Sequence[Mapping[str, Any]], scale: str, settings: Mapping[str, Any]) -> str:

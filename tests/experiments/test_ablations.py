@@ -121,3 +121,9 @@ def test_bad_settings_are_named(tmp_path, kwargs, match):
 def test_bad_dispersive_weights_are_named(weights):
     with pytest.raises(ValueError, match="weights"):
         dispersive_weight_ablation(weights)
+
+
+def test_cli_names_bad_weights(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dispersive-weight", "--output", str(tmp_path), "--weights", "-0.5"])
+    assert exit_info.value.code == 2 and "--weights" in capsys.readouterr().err
