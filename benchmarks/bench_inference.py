@@ -3,10 +3,12 @@
 Usage::
 
     python benchmarks/bench_inference.py --threads 2 --batch 8 --size 224 --rounds 5
+    python benchmarks/bench_inference.py --device cuda --batch 32 --precision fp32 bf16 fp16
 
-Prints a markdown table (images/s and the ratio to the bare DINOv2 ViT-S encoder) for the current device. The
-models are timed in interleaved rounds (A B C D, A B C D, ...) and the median round is reported, so that a
-background load affects every model alike. The issue's target: SpectraFlowNet-S >= 0.85x the bare encoder on
+Prints a markdown table (images/s and the ratio to the bare DINOv2 ViT-S encoder at the same precision) for the
+current device. Each ``--precision`` is resolved by :func:`spectraflow_monai.utils.resolve_precision` (logged) and
+runs the forward under its ``torch.autocast``. The models and precisions are timed in interleaved rounds
+(A B C D, A B C D, ...) and the median round is reported, so that a background load affects every model alike. The issue's target: SpectraFlowNet-S >= 0.85x the bare encoder on
 2 CPU threads.
 """
 
@@ -78,31 +80,40 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=2, help="forward passes per model per round (default 2)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--refine", default="fdconv", help="refinement block of SpectraFlowNet (default fdconv)")
+    parser.add_argument("--precision", nargs="+", default=["fp32"], help="precision settings (default fp32)")
     args = parser.parse_args()
+
+    from spectraflow_monai.utils import resolve_precision
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    precisions = {p: resolve_precision(p, device) for p in args.precision}
     models = {name: m.to(device).eval() for name, m in build_models(args.size, args.refine).items()}
     x = torch.randn(args.batch, 3, args.size, args.size, device=device)
-    times: dict[str, list[float]] = {name: [] for name in models}
+    runs = [(name, p) for p in precisions for name in models]
+    times: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
     with torch.inference_mode():
-        for m in models.values():  # warm-up
-            m(x)
+        for name, p in runs:  # warm-up
+            with precisions[p].context():
+                models[name](x)
         for r in range(args.rounds):
-            for name, m in models.items():
-                times[name].append(time_once(m, x, args.iters))
+            for name, p in runs:
+                with precisions[p].context():
+                    times[name, p].append(time_once(models[name], x, args.iters))
             print(f"round {r + 1}/{args.rounds} done", flush=True)
 
     base_name = next(iter(models))
-    base = args.batch / statistics.median(times[base_name])
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
     print(f"\nInference at {args.size}x{args.size}, batch {args.batch}, {dev}, torch {torch.__version__}\n")
-    print("| model | params (M) | images/s | ratio to bare encoder |")
-    print("| --- | ---: | ---: | ---: |")
-    for name, m in models.items():
-        ips = args.batch / statistics.median(times[name])
-        params = sum(p.numel() for p in m.parameters()) / 1e6
-        print(f"| {name} | {params:.1f} | {ips:.2f} | {ips / base:.3f} |")
+    print("| model | precision | params (M) | images/s | ratio to bare encoder | ratio to its fp32 |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for name, p in runs:
+        ips = args.batch / statistics.median(times[name, p])
+        base = args.batch / statistics.median(times[base_name, p])
+        fp32 = f"{statistics.median(times[name, 'fp32']) / statistics.median(times[name, p]):.2f}x" if (
+            name, "fp32") in times else "-"  # fmt: skip
+        params = sum(q.numel() for q in models[name].parameters()) / 1e6
+        print(f"| {name} | {precisions[p].name} | {params:.1f} | {ips:.2f} | {ips / base:.3f} | {fp32} |")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import csv
 import glob
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +105,8 @@ def trained(tmp_path_factory):
     _run([TRAIN, STAGE1_CONFIG], **common, **STAGE1_ARGS)
     export = _load(root / "models" / "encoder_stage1.pt")  # kept: later runs in other roots never touch it
     _run(TRAIN, **common, max_epochs=2, batch_size=4, val_batch_size=4)
-    return {"root": root, "data_dir": data_dir, "common": common, "export": export}
+    yield {"root": root, "data_dir": data_dir, "common": common, "export": export}
+    shutil.rmtree(root, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 # ---------------------------------------------------------------- 1. Stage-1

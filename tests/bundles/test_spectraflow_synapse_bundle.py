@@ -16,6 +16,7 @@ import glob
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import nibabel as nib
@@ -104,7 +105,8 @@ def trained(tmp_path_factory):
     _run([TRAIN, STAGE1_CONFIG], **common, **stage1, stage1_start_lr=1e-3, ema_decay=0.5)
     export = _load(root / "models" / "encoder_stage1.pt")
     _run(TRAIN, **common, max_epochs=1, batch_size=6, val_batch_size=12)
-    return {"root": root, "common": common, "export": export}
+    yield {"root": root, "common": common, "export": export}
+    shutil.rmtree(root, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +115,8 @@ def transunet_root(tmp_path_factory):
     pytest.importorskip("h5py")
     root = tmp_path_factory.mktemp("synapse_transunet")
     generate_synthetic_ct(root, cases=SYNTHETIC["cases"], shape=SHAPE, layout="transunet")
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 # ---------------------------------------------------------------- 1. data: datalists, mapping, slice cache

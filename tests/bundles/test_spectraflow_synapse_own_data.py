@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 from pathlib import Path
 
 import nibabel as nib
@@ -69,7 +70,8 @@ def trained(tmp_path_factory):
     stage1 = {"stage1_epochs": 1, "stage1_batch_size": 4, "head_hidden_channels": 32, "head_num_blocks": 1}
     run_bundle([TRAIN, STAGE1], META, **common, **stage1)
     run_bundle(TRAIN, META, **common, max_epochs=1, batch_size=4, val_batch_size=6)
-    return {"root": root, "data": data, "common": common}
+    yield {"root": root, "data": data, "common": common}
+    shutil.rmtree(root, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 def test_trains_on_the_datalist_with_a_held_out_case(trained):

@@ -9,6 +9,7 @@ per epoch and stage, and no line per iteration.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,8 @@ def runs(tmp_path_factory):
     stage2 = {**common, "max_epochs": 1, "batch_size": 2, "val_batch_size": 2, "encoder_init": "pretrained"}
     rc2, log2 = run_bundle_process([TRAIN], stage2, root, root / "stage2.log")
     assert rc2 == 0, log2[-4000:]
-    return {"root": root, "stage1": log1, "stage2": log2}
+    yield {"root": root, "stage1": log1, "stage2": log2}
+    shutil.rmtree(root, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 def test_stage1_tensorboard_names(runs):

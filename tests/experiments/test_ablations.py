@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
@@ -31,7 +32,8 @@ def experiment(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(name.replace("-", "_"))
     data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
     rows = run_ablation(out, _ablation(name), data, overrides=TINY)
-    return name, out, data, rows
+    yield name, out, data, rows
+    shutil.rmtree(out, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 def _marker(out, stem, run, step):

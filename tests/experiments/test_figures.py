@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,8 @@ from tests.experiments.test_robustness import TINY
 def experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("figures")
     data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
-    return out, data, run_figures(out, data, overrides=TINY, num_images=2)
+    yield out, data, run_figures(out, data, overrides=TINY, num_images=2)
+    shutil.rmtree(out, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 def test_four_figures_and_the_report(experiment):

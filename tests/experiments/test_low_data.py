@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 
@@ -20,7 +21,8 @@ def experiment(tmp_path_factory):
     data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
     overrides = {**TINY, "synthetic_size": SYNTH}
     rows = run_low_data(out, data, fractions=[0.5, 1.0], overrides=overrides)
-    return out, data, overrides, rows
+    yield out, data, overrides, rows
+    shutil.rmtree(out, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 def test_three_arms_per_fraction(experiment):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 
 import pytest
 
@@ -31,7 +32,8 @@ def experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("robustness")
     data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
     rows = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY)
-    return out, data, rows
+    yield out, data, rows
+    shutil.rmtree(out, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 def test_rows_cover_both_models_clean_and_shifted(experiment):

@@ -41,8 +41,10 @@ from monai.bundle import run as bundle_run  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
-from spectraflow_monai.apps.synapse import map_btcv_labels
-from spectraflow_monai.apps.synapse import synthetic_ct_volume  # noqa: E402
+from spectraflow_monai.apps.synapse import (
+    map_btcv_labels,
+    synthetic_ct_volume,  # noqa: E402
+)
 
 REPO = Path(__file__).resolve().parents[2]
 APP_MAIN = REPO / "bundles" / "monailabel_app" / "main.py"
@@ -182,7 +184,8 @@ def served(tmp_path_factory):
     studies = root / "studies"
     _write_studies(studies)
     bundles = _make_bundles(root, studies)
-    return {"root": root, "studies": studies, "bundles": bundles}
+    yield {"root": root, "studies": studies, "bundles": bundles}
+    shutil.rmtree(root, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
 def _app(bundles: Path, studies: Path, **conf):
