@@ -8,8 +8,8 @@ Usage::
 Prints a markdown table (images/s and the ratio to the bare DINOv2 ViT-S encoder at the same precision) for the
 current device. Each ``--precision`` is resolved by :func:`spectraflow_monai.utils.resolve_precision` (logged) and
 runs the forward under its ``torch.autocast``. The models and precisions are timed in interleaved rounds
-(A B C D, A B C D, ...) and the median round is reported, so that a background load affects every model alike. The issue's target: SpectraFlowNet-S >= 0.85x the bare encoder on
-2 CPU threads.
+(A B C D, A B C D, ...) and the median round is reported, so that a background load affects every model alike.
+The issue's target: SpectraFlowNet-S >= 0.85x the bare encoder on 2 CPU threads.
 """
 
 from __future__ import annotations

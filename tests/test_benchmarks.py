@@ -20,6 +20,11 @@ CASES = [
     ),
     ("bench_precision.py", ["--tiny", "--threads", "1"], "bf16 / fp32 speed-up"),
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1"], "SpectraFlow bf16 / fp32"),
+    (
+        "bench_stage2_throughput.py",
+        ["--tiny", "--threads", "1", "--no-loader", "--precision", "fp32"],
+        "one fixed batch, no data loading",
+    ),
 ]
 
 
@@ -36,8 +41,10 @@ def test_benchmark_script_runs(script, args, expect):
     assert expect in out, out[-4000:]
     if script == "bench_precision.py":
         assert "native bfloat16 flags:" in out and "(b) Agreement of a trained model: skipped" in out
-    if script == "bench_stage2_throughput.py":
+    if script == "bench_stage2_throughput.py" and "--no-loader" not in args:
         assert "network output bfloat16" in out and "network output float32" in out
+    if "--no-loader" in args:
+        assert "not the target's measurement" in out and "network output float32" in out
 
 
 def test_bench_precision_trained_model_agreement(tmp_path):
