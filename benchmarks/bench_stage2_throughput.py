@@ -35,6 +35,7 @@ import time
 
 import torch
 import yaml
+from bench_stage1 import _sync  # same folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUNDLE = os.path.join(HERE, "..", "bundles", "spectraflow_2d_segmentation")
@@ -123,11 +124,6 @@ def timed_iterations(trainer, warmup: int, iters: int, batch_size: int) -> tuple
     loss = float(output[0]["loss"] if isinstance(output, list) else output["loss"])
     ips = batch_size * iters / (time.perf_counter() - start)
     return ips, loss, sorted(str(d).replace("torch.", "") for d in dtypes)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main() -> None:
