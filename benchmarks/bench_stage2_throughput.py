@@ -119,11 +119,11 @@ def timed_iterations(trainer, warmup: int, iters: int, batch_size: int) -> tuple
             trainer.state.iteration += 1
             output = trainer._iteration(trainer, batch)
         _sync(device)
+        elapsed = time.perf_counter() - start
     finally:
         hook.remove()
     loss = float(output[0]["loss"] if isinstance(output, list) else output["loss"])
-    ips = batch_size * iters / (time.perf_counter() - start)
-    return ips, loss, sorted(str(d).replace("torch.", "") for d in dtypes)
+    return batch_size * iters / elapsed, loss, sorted(str(d).replace("torch.", "") for d in dtypes)
 
 
 def main() -> None:
