@@ -140,6 +140,10 @@ def cpu_supports_bf16() -> bool:
     return bool(cpu_bf16_flags())
 
 
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 def cuda_supports_bf16(device: torch.device | str | int | None = None) -> bool:
     """Whether the CUDA ``device`` (default: the current one) supports bfloat16 natively (not by emulation)."""
     if not torch.cuda.is_available():
@@ -186,8 +190,8 @@ def resolve_precision(
         the resolved :class:`Precision`.
 
     Raises:
-        SettingError: (a ``ValueError``) an unknown setting, or a setting the device cannot run; the message names
-            the setting and its value.
+        SettingError: (a ``ValueError``) an unknown setting, a setting the device cannot run, or a CUDA device
+            where CUDA is not available; the message names the setting and its value.
     """
     if isinstance(setting, Precision):
         return setting
@@ -196,6 +200,11 @@ def resolve_precision(
     setting = setting.strip().lower()
     dev = _device_of(device)
     kind = dev.type
+    if kind == "cuda" and not _cuda_available():
+        raise SettingError(
+            f"precision={setting!r} was asked for on device {str(dev)!r}, but CUDA is not available here "
+            f"(torch {torch.__version__}: torch.cuda.is_available() is False); use device 'cpu'."
+        )
     if setting == "auto":
         if kind == "cpu":
             flags = cpu_bf16_flags()

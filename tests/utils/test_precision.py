@@ -47,9 +47,10 @@ MATRIX = [
 def probes(monkeypatch):
     """Set the CPU flags and the GPU bfloat16 support that resolve_precision sees."""
 
-    def set_probes(cpu_flags: tuple[str, ...], gpu_bf16: bool) -> None:
+    def set_probes(cpu_flags: tuple[str, ...], gpu_bf16: bool, cuda: bool = True) -> None:
         monkeypatch.setattr(precision_module, "cpu_bf16_flags", lambda: tuple(cpu_flags))
         monkeypatch.setattr(precision_module, "cuda_supports_bf16", lambda device=None: gpu_bf16)
+        monkeypatch.setattr(precision_module, "_cuda_available", lambda: cuda)
 
     return set_probes
 
@@ -63,6 +64,13 @@ def test_selection_matrix(probes, setting, device, flags, gpu_bf16, name, dtype,
     assert p.setting == setting.lower()
     assert reason in p.reason
     assert str(p) == f"{name} ({p.reason})"
+
+
+@pytest.mark.parametrize("setting", ["auto", "bf16", "fp16", "fp32"])
+def test_cuda_device_without_cuda(probes, setting):
+    probes((), True, cuda=False)
+    with pytest.raises(SettingError, match=rf"precision='{setting}'.*device 'cuda:0', but CUDA is not available"):
+        resolve_precision(setting, "cuda:0")
 
 
 @pytest.mark.parametrize(
