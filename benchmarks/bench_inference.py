@@ -21,6 +21,8 @@ import time
 import torch
 import torch.nn as nn
 
+from spectraflow_monai.utils.precision import PRECISION_SETTINGS, resolve_precision
+
 
 class BareEncoder(nn.Module):
     """The timm ViT-S/14 DINOv2 forward alone (no decoder), as a baseline."""
@@ -80,10 +82,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=2, help="forward passes per model per round (default 2)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--refine", default="fdconv", help="refinement block of SpectraFlowNet (default fdconv)")
-    parser.add_argument("--precision", nargs="+", default=["fp32"], help="precision settings (default fp32)")
+    parser.add_argument("--precision", nargs="+", default=["fp32"], choices=PRECISION_SETTINGS,
+                        help="precision settings (default fp32)")  # fmt: skip
     args = parser.parse_args()
-
-    from spectraflow_monai.utils import resolve_precision
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -103,15 +104,14 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds} done", flush=True)
 
     base_name = next(iter(models))
+    med = {run: statistics.median(t) for run, t in times.items()}
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
     print(f"\nInference at {args.size}x{args.size}, batch {args.batch}, {dev}, torch {torch.__version__}\n")
     print("| model | precision | params (M) | images/s | ratio to bare encoder | ratio to its fp32 |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for name, p in runs:
-        ips = args.batch / statistics.median(times[name, p])
-        base = args.batch / statistics.median(times[base_name, p])
-        fp32 = f"{statistics.median(times[name, 'fp32']) / statistics.median(times[name, p]):.2f}x" if (
-            name, "fp32") in times else "-"  # fmt: skip
+        ips, base = args.batch / med[name, p], args.batch / med[base_name, p]
+        fp32 = f"{med[name, 'fp32'] / med[name, p]:.2f}x" if (name, "fp32") in med else "-"
         params = sum(q.numel() for q in models[name].parameters()) / 1e6
         print(f"| {name} | {precisions[p].name} | {params:.1f} | {ips:.2f} | {ips / base:.3f} | {fp32} |")
 

@@ -37,6 +37,8 @@ import torch
 import yaml
 from bench_stage1 import _sync  # same folder
 
+from spectraflow_monai.utils.precision import PRECISION_SETTINGS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUNDLE = os.path.join(HERE, "..", "bundles", "spectraflow_2d_segmentation")
 UNET_CONFIG = os.path.join(BUNDLE, "configs", "unet_baseline.yaml")
@@ -130,7 +132,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="kvasir", help="2D bundle dataset preset (default kvasir)")
     parser.add_argument("--dataset-dir", help="the dataset folder (e.g. ../shared/data/kvasir-seg)")
-    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], help="settings (default fp32 bf16)")
+    parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=PRECISION_SETTINGS,
+                        help="settings (default fp32 bf16)")  # fmt: skip
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--iters", type=int, default=30, help="timed iterations per run (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed first iterations per run (default 3)")
