@@ -23,6 +23,12 @@ its own float32. ``--no-loader`` times the trainer's own iteration (forward, los
 metric) on one batch taken from its data loader, repeated, so that data loading and its worker processes are left out:
 the network's share of the figure (not the target's measurement). ``--tiny`` runs on a generated toy set (a smoke
 test, no meaningful figures).
+
+Work per image: before timing, one training step of each model (forward under its inferer, loss, backward; no
+optimizer step) on one batch of its loader is counted with ``torch.utils.flop_counter.FlopCounterMode`` (attention
+through PyTorch's math kernel, so that its matrix products are counted too; BatchNorm statistics see that batch
+once more). The FLOP ratio is the throughput ratio two models would have at equal arithmetic efficiency: it tells a
+slow implementation from a model that simply has more work to do.
 """
 
 from __future__ import annotations
@@ -128,6 +134,24 @@ def timed_iterations(trainer, warmup: int, iters: int, batch_size: int) -> tuple
     return batch_size * iters / elapsed, loss, sorted(str(d).replace("torch.", "") for d in dtypes)
 
 
+def training_flops(trainer) -> float:
+    """FLOPs per image of one training step of ``trainer.network`` (forward under the trainer's inferer, loss,
+    backward; no optimizer step) on one batch of the trainer's data loader."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = next(iter(trainer.data_loader))
+    prepared = trainer.prepare_batch(batch, trainer.state.device, trainer.non_blocking, **trainer.to_kwargs)
+    inputs, targets, args, kwargs = (*prepared, (), {}) if len(prepared) == 2 else prepared  # as SupervisedTrainer
+    trainer.network.train()
+    counter = FlopCounterMode(display=False)
+    with counter, sdpa_kernel(SDPBackend.MATH):  # the fused CPU attention kernel has no FLOP formula in torch
+        preds = trainer.inferer(inputs, trainer.network, *args, **kwargs)
+        trainer.loss_function(preds, targets).mean().backward()
+    trainer.network.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / inputs.shape[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="kvasir", help="2D bundle dataset preset (default kvasir)")
@@ -186,6 +210,9 @@ def main() -> None:
                 print(f"{MODELS[model]} at precision {name}: trainer built in {time.perf_counter() - start:.1f} s "
                       f"({inferer!r}, amp={trainers[(model, name)].amp})", flush=True)  # fmt: skip
         batch = trainers[(args.models[0], args.precision[0])].data_loader.batch_size
+        flops = {model: training_flops(trainers[(model, args.precision[0])]) for model in args.models}
+        for model, value in flops.items():
+            print(f"{MODELS[model]}: {value / 1e9:.2f} GFLOP per training image (forward + loss + backward)")
         results: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             for name, precision in precisions.items():
@@ -222,6 +249,8 @@ def main() -> None:
             verdict = "not the target's measurement (--no-loader)" if args.no_loader else (
                 "met" if ratio >= 1.0 else "MISSED")  # fmt: skip
             print(f"SpectraFlow / UNet at {name} = {ratio:.3f}x (target >= 1.0x: {verdict})")
+        print(f"UNet / SpectraFlow FLOPs per training image = {flops['unet'] / flops['spectraflow']:.3f} (the "
+              f"throughput ratio at equal arithmetic efficiency)")  # fmt: skip
     if "spectraflow" in args.models and {"fp32", "bf16"} <= set(args.precision):
         ratio = med[("spectraflow", "bf16")] / med[("spectraflow", "fp32")]
         verdict = "not the target's measurement (--no-loader)" if args.no_loader else (

@@ -43,6 +43,8 @@ def test_benchmark_script_runs(script, args, expect):
         assert "native bfloat16 flags:" in out and "(b) Agreement of a trained model: skipped" in out
     if script == "bench_stage2_throughput.py" and "--no-loader" not in args:
         assert "network output bfloat16" in out and "network output float32" in out
+    if script == "bench_stage2_throughput.py":
+        assert "GFLOP per training image" in out and "UNet / SpectraFlow FLOPs per training image" in out
     if "--no-loader" in args:
         assert "not the target's measurement" in out and "network output float32" in out
 
