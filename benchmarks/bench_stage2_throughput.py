@@ -89,7 +89,7 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     return trainer, parser.get_parsed_content("train#dataloader").dataset
 
 
-def timed_run(trainer, warmup: int, batch_size: int) -> tuple[float, float, list[str]]:
+def timed_run(trainer, warmup: int, iters: int, batch_size: int) -> tuple[float, float, list[str]]:
     """Run one epoch; images/s after the warm-up iterations, the last loss and the dtypes the network computed in."""
     from ignite.engine import Events
 
@@ -97,13 +97,18 @@ def timed_run(trainer, warmup: int, batch_size: int) -> tuple[float, float, list
     dtypes: set[torch.dtype] = set()
     handle = trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: stamps.append(time.perf_counter()))
     hook = trainer.network.register_forward_hook(lambda _m, _i, out: dtypes.add(out.dtype))
+    if trainer.state.epoch >= trainer.state.max_epochs:
+        # a later round: ignite would start a new run with an epoch of the loader's whole length (epoch_length is not
+        # kept); one more epoch of the same run keeps --warmup + --iters iterations
+        trainer.state.max_epochs = trainer.state.epoch + 1
     try:
         trainer.run()
     finally:
         handle.remove()
         hook.remove()
-    if len(stamps) <= warmup:
-        raise RuntimeError(f"only {len(stamps)} iterations ran; the training set is smaller than --warmup + --iters")
+    if len(stamps) != warmup + iters:
+        raise RuntimeError(f"{len(stamps)} iterations ran instead of --warmup + --iters = {warmup + iters} (is the "
+                           "training set smaller than that?)")  # fmt: skip
     timed = len(stamps) - warmup
     start = stamps[warmup - 1] if warmup > 0 else stamps[0]
     n = timed if warmup > 0 else timed - 1
@@ -193,7 +198,7 @@ def main() -> None:
             from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
 
             args.dataset, args.dataset_dir = "synthetic", os.path.join(root, "data")
-            tiny = {"num_train": 4, "num_val": 2, "size": 112}
+            tiny = {"num_train": 6, "num_val": 2, "size": 112}  # 3 batches: an epoch is shorter than the loader
             generate_synthetic_dataset(args.dataset_dir, **tiny)
             args.batch_size, args.num_workers, args.image_size = 2, 0, 112
             args.iters, args.warmup = 1, 1
@@ -221,7 +226,7 @@ def main() -> None:
                     if args.no_loader:
                         ips, loss, dtypes = timed_iterations(trainer, args.warmup, args.iters, batch)
                     else:
-                        ips, loss, dtypes = timed_run(trainer, args.warmup, batch)
+                        ips, loss, dtypes = timed_run(trainer, args.warmup, args.iters, batch)
                     if not torch.isfinite(torch.tensor(loss)):
                         raise RuntimeError(f"{model} at {name}: the loss is not finite ({loss})")
                     results.setdefault((model, name), []).append(ips)

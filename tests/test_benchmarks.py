@@ -20,6 +20,9 @@ CASES = [
     ),
     ("bench_precision.py", ["--tiny", "--threads", "1"], "bf16 / fp32 speed-up"),
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1"], "SpectraFlow bf16 / fp32"),
+    # a second round keeps --warmup + --iters iterations (a rerun of a finished ignite engine would take the loader's
+    # whole length: 3 batches in the tiny set, 2 in the epoch)
+    ("bench_stage2_throughput.py", ["--tiny", "--threads", "1", "--precision", "fp32", "--rounds", "2"], "round 2:"),
     (
         "bench_stage2_throughput.py",
         ["--tiny", "--threads", "1", "--no-loader", "--precision", "fp32"],
@@ -41,7 +44,7 @@ def test_benchmark_script_runs(script, args, expect):
     assert expect in out, out[-4000:]
     if script == "bench_precision.py":
         assert "native bfloat16 flags:" in out and "(b) Agreement of a trained model: skipped" in out
-    if script == "bench_stage2_throughput.py" and "--no-loader" not in args:
+    if script == "bench_stage2_throughput.py" and "--no-loader" not in args and "--precision" not in args:
         assert "network output bfloat16" in out and "network output float32" in out
     if script == "bench_stage2_throughput.py":
         assert "GFLOP per training image" in out and "UNet / SpectraFlow FLOPs per training image" in out
