@@ -181,6 +181,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.iters < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error("--iters and --rounds must be >= 1 and --warmup >= 0")
+    if args.warmup == 0 and args.iters < 2 and not args.no_loader:
+        parser.error("--warmup 0 needs --iters >= 2 (the first iteration's end starts the clock)")
 
     from spectraflow_monai.utils import cpu_bf16_flags, resolve_precision
 
