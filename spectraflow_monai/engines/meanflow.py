@@ -79,7 +79,9 @@ class MeanFlowPretrainer(Stage1Trainer):
       headline curve: it falls as the head learns the average velocity (NaN when ``meanflow_loss`` has no
       ``compute`` method);
     - ``loss_meanflow_weighted``: the adaptively weighted MeanFlow loss ``L / (L + c)^p`` that is optimised; with
-      the weight's gradient stopped it sits close to 1 by construction and says little about progress;
+      the weight's gradient stopped it sits close to 1 by construction (``p = 1``) and says little about progress;
+      with ``p = 0`` (eq. 3 as printed) it is the per-sample sum of squared errors, ``meanflow_error`` times the
+      number of latent elements;
     - ``loss_dispersive``: ``L_Disp``; ``dispersive_weighted``: ``λ·L_Disp``;
     - ``loss``: the total ``loss_meanflow_weighted + dispersive_weighted`` being optimised.
 
@@ -110,7 +112,9 @@ class MeanFlowPretrainer(Stage1Trainer):
         dispersive_loss: dispersive loss on ``feats.pooled``. Defaults to ``DispersiveLoss()``.
         dispersive_weight: ``λ >= 0`` of eq. 4; 0 disables the dispersive term. Defaults to 0.4.
         accumulation_steps: mini-batches per optimizer step, ``>= 1``. Defaults to 1.
-        latent_norm: normalise ``z0`` with :func:`normalize_latent`. Defaults to True.
+        latent_norm: normalise ``z0`` with :func:`normalize_latent` (an extension of eq. 1: the path mixes a unit-scale
+            latent with the unit-variance noise); False regresses the raw final token map, eq. 1 as printed (bundle
+            setting ``latent_norm``). Defaults to True.
         condition_on_domain: pass the domain to the head. None: when ``head.num_domains > 0``. Defaults to None.
         amp: mixed precision (see :class:`~spectraflow_monai.engines.stage1.Stage1Trainer`); the MeanFlow JVP always
             runs in float32. Defaults to False.

@@ -67,7 +67,10 @@ class DispersiveLoss(_Loss):
     Feature scale (``normalize``): raw DINOv2 pooled features have norms of tens, so ``||h_i - h_j||^2`` is in the
     hundreds to thousands; ``exp(-d / tau)`` then underflows to 0, the loss sits at ``log(eps)`` and its gradient is
     exactly zero (the regulariser silently does nothing). The official dispersive-loss code divides the squared
-    distances by the feature dimension ``D``; this is the default here (``normalize="dim"``).
+    distances by the feature dimension ``D``; this is the default here (``normalize="dim"``). It is a deviation from
+    eq. 5 as printed: ``exp(-||h_i - h_j||^2 / (D tau))`` is eq. 5 with the temperature ``D tau`` (192 for ViT-S,
+    ``D = 384``, ``tau = 0.5``), so the paper's ``lambda = 0.4`` weighs a different loss than eq. 5 with ``tau = 0.5``.
+    ``normalize=None`` is eq. 5 as printed (bundle setting ``dispersive_normalize: null``).
 
     Args:
         variant: one of ``"infonce_l2"``, ``"infonce_cosine"``, ``"hinge"``, ``"covariance"``.

@@ -116,8 +116,13 @@ class MeanFlowLoss(_Loss):
         time_std: std of the logit-normal time distribution, > 0. Defaults to 1.0.
         ratio_unequal: fraction of rows with ``s ≠ t``, in ``[0, 1]`` (official ``1 - data_proportion = 0.25``).
             0 reduces MeanFlow to flow matching (``u`` = instantaneous velocity). Defaults to 0.25.
-        adaptive_p: power ``p >= 0`` of the adaptive weight; 0 disables weighting. Defaults to 1.0.
-        adaptive_c: constant ``c > 0`` of the adaptive weight. Defaults to 1e-2.
+        adaptive_p: power ``p >= 0`` of the adaptive weight (bundle setting ``meanflow_adaptive_p``). ``0``: no
+            weight, the plain per-sample squared error of SpectraFlow eq. (3) as printed. ``1`` (MeanFlow's official
+            weight, an extension of eq. (3)): each sample's loss is ``L_i / sg(L_i + c)``, close to 1 whatever the
+            error, so every sample contributes a gradient of about unit scale (``∇L_i / (L_i + c)``) and the loss
+            value itself says little about progress. Defaults to 1.0.
+        adaptive_c: constant ``c > 0`` of the adaptive weight (bundle setting ``meanflow_adaptive_c``). Defaults to
+            1e-2.
         reduction: {``"none"``, ``"mean"``, ``"sum"``} over the batch; ``"none"`` returns ``(B,)``.
             Defaults to ``"mean"``.
 

@@ -9,7 +9,7 @@ from .mixed_domain import (
     RandMixedDomaind,
     RandMixedDomainDict,
 )
-from .mixed_domain_batch import MixedDomainCollate, num_masks
+from .mixed_domain_batch import MIXED_DOMAIN_VIEWS, MixedDomainCollate, num_masks
 
 __all__: list[str] = [
     "IMAGENET_MEAN",
@@ -24,7 +24,7 @@ __all__: list[str] = [
 __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelDict", "LabelClasses", "LabelClassesd"]
 
 __all__ += ["NONFINITE_MODES", "CheckFinite", "CheckFinited", "check_finite", "count_nonfinite"]
-__all__ += ["MixedDomainCollate", "num_masks"]
+__all__ += ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "num_masks"]
 
 from .corruptions import (
     CORRUPTION_KINDS,

@@ -6,10 +6,19 @@ composition of each mini-batch then varies. :class:`MixedDomainCollate` is a ``D
 shows exactly ``round(mask_ratio * B)`` samples of every mini-batch of ``B`` samples as their masks and the others
 as their images, then collates with MONAI's ``list_data_collate``.
 
-What one Stage-1 epoch covers: every training pair is drawn once (the sampler's order), and is shown either as its
-image or as its mask; over ``E`` epochs a pair is seen about ``mask_ratio * E`` times as a mask. Under DDP each
-process collates its own mini-batch, so each per-process batch (and therefore the global batch) holds the exact
-count.
+What one Stage-1 epoch shows (``views``, the bundles' ``stage1_views``): every training pair is drawn once (the
+sampler's order) and is shown
+
+- ``"either"`` (default): as its image or as its mask, ``round(mask_ratio * B)`` of every mini-batch of ``B`` pairs
+  as masks; over ``E`` epochs a pair is seen about ``mask_ratio * E`` times as a mask and ``(1 - mask_ratio) * E``
+  times as an image;
+- ``"both"``: as its image and as its mask, so a mini-batch of ``B`` pairs becomes ``2 B`` samples (the ``B`` images,
+  then the ``B`` masks; half of them masks, so ``mask_ratio`` must be 0.5) and every epoch shows each pair once in
+  each domain.
+
+The paper ("image and mask inputs are mixed with a fixed sampling ratio to form Stage-1 mini-batches") does not say
+which. Under DDP each process collates its own mini-batch, so each per-process batch (and therefore the global batch)
+holds the exact count.
 
 The rows shown as masks are drawn from torch's global generator, which PyTorch seeds per ``DataLoader`` worker from
 the loader's base seed (itself drawn from the generator that :func:`monai.utils.set_determinism` seeds): a run is
@@ -38,7 +47,10 @@ from spectraflow_monai.transforms.mixed_domain import (
     _renderer,
 )
 
-__all__ = ["MixedDomainCollate", "num_masks"]
+__all__ = ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "num_masks"]
+
+#: what one Stage-1 epoch shows of each image-mask pair: ``"either"`` its image or its mask, ``"both"`` both.
+MIXED_DOMAIN_VIEWS: tuple[str, ...] = ("either", "both")
 
 
 def num_masks(batch_size: int, mask_ratio: float) -> int:
@@ -50,7 +62,8 @@ def num_masks(batch_size: int, mask_ratio: float) -> int:
 
 
 class MixedDomainCollate:
-    """``collate_fn`` that shows exactly ``round(mask_ratio * B)`` samples of each mini-batch as masks (Stage-1).
+    """``collate_fn`` that shows exactly ``round(mask_ratio * B)`` samples of each mini-batch as masks (Stage-1), or
+    (``views="both"``) every sample twice, as its image and as its mask.
 
     Each sample is a dictionary holding the image (``keys``) and its mask (``mask_key``, an input only, never a
     target). The chosen samples' images are replaced by the mask rendered with
@@ -72,9 +85,13 @@ class MixedDomainCollate:
         binarize: foreground = label > 0; if False the label map is scaled to [0, 1] by ``max_label``.
             Defaults to True.
         max_label: see :class:`~spectraflow_monai.transforms.MaskToImage`. Defaults to None.
+        views: what a mini-batch (and so one epoch) shows of each sample (an image-mask pair): ``"either"`` its image
+            or its mask (``mask_ratio`` of the mini-batch as masks), ``"both"`` its image and its mask (``2 B``
+            samples from ``B`` pairs, images first; ``mask_ratio`` must be 0.5). Defaults to ``"either"``.
 
     Raises:
-        ValueError: for ``mask_ratio`` outside [0, 1], ``mask_key`` / ``domain_key`` clashing with ``keys`` or
+        ValueError: for ``views`` not one of :data:`MIXED_DOMAIN_VIEWS`, ``views="both"`` with a ``mask_ratio``
+            other than 0.5, ``mask_ratio`` outside [0, 1], ``mask_key`` / ``domain_key`` clashing with ``keys`` or
             with each other, and the :class:`~spectraflow_monai.transforms.MaskToImage` argument errors; at call
             time, for a sample that is not a dictionary or lacks ``mask_key`` while masks are needed.
     """
@@ -91,9 +108,18 @@ class MixedDomainCollate:
         foreground_value: float = 1.0,
         binarize: bool = True,
         max_label: float | None = None,
+        views: str = "either",
     ) -> None:
         if isinstance(mask_ratio, bool) or not isinstance(mask_ratio, (int, float)) or not 0 <= mask_ratio <= 1:
             raise ValueError(f"mask_ratio must be a number in [0, 1], got {mask_ratio!r}.")
+        if views not in MIXED_DOMAIN_VIEWS:
+            raise ValueError(f"views must be one of {list(MIXED_DOMAIN_VIEWS)}, got {views!r}.")
+        if views == "both" and mask_ratio != 0.5:
+            raise ValueError(
+                f"views='both' shows every pair as its image and as its mask, so half of every mini-batch are masks: "
+                f"mask_ratio must be 0.5, got {mask_ratio!r} (views='either' mixes other ratios)."
+            )
+        self.views = views
         self.keys = ensure_tuple(keys)
         if not self.keys:
             raise ValueError(f"keys must name at least one image key, got {keys!r}.")
@@ -117,10 +143,14 @@ class MixedDomainCollate:
                 per item, e.g. ``RandCropByPosNegLabeld``, is flattened first, as ``list_data_collate`` does).
 
         Returns:
-            the collated mini-batch with the ``domain_key`` entry (``(B,)`` int64).
+            the collated mini-batch with the ``domain_key`` entry (``(B,)`` int64; ``(2 B,)`` with ``views="both"``).
         """
         samples = [s for item in batch for s in (item if isinstance(item, list) else [item])]
-        chosen = self.choose(len(samples))
+        if self.views == "both":  # every pair twice: the images, then the same pairs as masks
+            chosen = torch.arange(2 * len(samples)) >= len(samples)
+            samples = samples + samples
+        else:
+            chosen = self.choose(len(samples))
         mixed = []
         for i, sample in enumerate(samples):
             if not isinstance(sample, dict):

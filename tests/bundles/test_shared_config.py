@@ -30,6 +30,7 @@ STAGE1_CONSTANTS = [
     "stage1_weight_decay", "mask_ratio", "dispersive_weight", "dispersive_variant", "dispersive_tau",
     "dispersive_normalize", "meanflow_ratio_unequal", "ema_decay", "head_hidden_channels", "head_num_blocks",
     "head_condition_on_domain", "latent_norm", "stage1_checkpoint_interval", "stage1_checkpoints_kept",
+    "stage1_views", "meanflow_adaptive_p", "meanflow_adaptive_c",
     "resume_from", "stage1_dir",
 ]  # fmt: skip
 # the Synapse masks are organ label maps merged into one foreground (binarize); everything else of Stage-1 is shared

@@ -34,3 +34,43 @@ def test_2d_bundle_stage1_batches_hold_exact_mask_count(tmp_path, mask_ratio, ba
         ranked = DataLoader(dataset, batch_size=2, sampler=sampler, drop_last=True, collate_fn=collate)
         assert {int(b["domain"].sum()) for b in ranked} == {num_masks(2, mask_ratio)}
     set_determinism(seed=None)
+
+
+@pytest.mark.parametrize("bundle", ["spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"])
+def test_stage1_views_both_shows_every_pair_as_image_and_mask(bundle):
+    """``stage1_views: both``: a mini-batch of B pairs holds their B images and their B masks."""
+    configs = CONFIGS.parent.parent / bundle / "configs"
+    parser = parse_config([str(configs / "train.yaml"), str(configs / "train_stage1.yaml")], stage1_views="both")
+    collate = parser.get_parsed_content("stage1#mixed_domain")
+    assert collate.views == "both" and collate.mask_ratio == 0.5
+    default = parse_config([str(configs / "train.yaml"), str(configs / "train_stage1.yaml")])
+    assert default.get_parsed_content("stage1#mixed_domain").views == "either"
+
+
+def test_2d_bundle_stage1_views_both_loader(tmp_path):
+    parser = parse_config(
+        [str(CONFIGS / "train.yaml"), str(CONFIGS / "train_stage1.yaml")],
+        bundle_root=str(tmp_path), dataset_dir=str(tmp_path / "data"), image_size=28, num_workers=0,
+        synthetic_size={"num_train": 8, "num_val": 2}, stage1_batch_size=4, cache_rate=0.0, stage1_views="both",
+    )  # fmt: skip
+    set_determinism(seed=0)
+    batches = list(parser.get_parsed_content("stage1#dataloader"))
+    assert len(batches) == 2  # 8 pairs, 4 per mini-batch: the number of iterations is that of `either`
+    for batch in batches:
+        assert batch["domain"].tolist() == [0] * 4 + [1] * 4
+    set_determinism(seed=None)
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [({}, (True, 1.0, 0.01, "dim")),
+     ({"latent_norm": False, "meanflow_adaptive_p": 0.0, "dispersive_normalize": None}, (False, 0.0, 0.01, None)),
+     ({"meanflow_adaptive_p": 0.5, "meanflow_adaptive_c": 0.1}, (True, 0.5, 0.1, "dim"))],
+)  # fmt: skip
+def test_stage1_objective_settings_reach_the_losses_and_trainer(settings, expected):
+    """latent_norm, meanflow_adaptive_p / _c and dispersive_normalize are bundle settings of Stage-1's objects."""
+    parser = parse_config([str(CONFIGS / "train.yaml"), str(CONFIGS / "train_stage1.yaml")], **settings)
+    meanflow = parser.get_parsed_content("stage1#meanflow_loss")
+    dispersive = parser.get_parsed_content("stage1#dispersive_loss")
+    assert parser.get_parsed_content("stage1#trainer#latent_norm", lazy=False) == expected[0]
+    assert (meanflow.adaptive_p, meanflow.adaptive_c, dispersive.normalize) == expected[1:]

@@ -387,6 +387,46 @@ class TestMeanFlowPretrainer:
         assert 0 < _max_diff(_params(ema_module), _params(encoder))
 
 
+    @parameterized.expand([(True,), (False,)])
+    def test_latent_norm_decides_z0(self, latent_norm):
+        """latent_norm=True regresses the normalised token map, False the raw final map (eq. 1 as printed)."""
+        from spectraflow_monai.losses import MeanFlowLoss
+
+        seen: list[torch.Tensor] = []
+
+        class Recording(MeanFlowLoss):
+            def compute(self, head, z0, *args, **kwargs):
+                seen.append(z0.detach().clone())
+                return super().compute(head, z0, *args, **kwargs)
+
+        encoder, head = _modules(num_domains=0)
+        batch = _data(1)
+        with torch.no_grad():
+            raw = encoder(batch[0]["image"]).final
+        trainer = MeanFlowPretrainer("cpu", 1, batch, encoder, head, _optimizer(encoder, head, lr=0.0),
+                                     meanflow_loss=Recording(), latent_norm=latent_norm, ema_decay=None)  # fmt: skip
+        trainer.run()
+        expected = normalize_latent(raw) if latent_norm else raw
+        assert torch.allclose(seen[0], expected, atol=1e-5)
+
+    def test_paper_literal_objective_is_finite_and_unweighted(self):
+        """Eqs. 1, 3, 5 as printed: raw latent, plain squared error (adaptive power 0), raw squared distances."""
+        from spectraflow_monai.losses import DispersiveLoss, MeanFlowLoss
+
+        encoder, head = _modules(num_domains=0)
+        outputs = []
+        trainer = MeanFlowPretrainer("cpu", 1, _data(3), encoder, head, _optimizer(encoder, head),
+                                     meanflow_loss=MeanFlowLoss(adaptive_p=0.0),
+                                     dispersive_loss=DispersiveLoss(normalize=None), latent_norm=False)  # fmt: skip
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(dict(e.state.output)))
+        trainer.run()
+        elements = encoder.embed_dim * 2 * 2  # 28 px / patch 14: a 2x2 token map per sample
+        for out in outputs:
+            assert all(math.isfinite(v) for v in out.values())
+            # no adaptive weight: the optimised MeanFlow loss is the per-sample sum of squares of eq. 3
+            assert out["loss_meanflow_weighted"] == pytest.approx(out["meanflow_error"] * elements, rel=1e-4)
+
+
 class TestHelpers:
     def test_normalize_latent(self):
         z = torch.randn(2, 6, 3, 4) * 5 + 2

@@ -213,3 +213,20 @@ def test_float32_under_cpu_bf16_autocast(variant, dim):
     assert out.dtype == torch.float32 and out_bf.dtype == torch.float32
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out_bf, loss(h.bfloat16().float()), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["infonce_l2", "hinge"])
+def test_dim_normalisation_is_the_raw_loss_with_scaled_tau_or_margin(variant):
+    """normalize='dim' divides squared distances by D: for infonce_l2 that is eq. 5 with tau * D (so lambda weighs
+    another loss than eq. 5 with the same tau), for hinge the raw loss with margin * D, divided by D^2."""
+    torch.manual_seed(0)
+    h = torch.randn(6, 384) * 0.1
+    d = h.shape[1]
+    if variant == "infonce_l2":
+        scaled = DispersiveLoss(variant, tau=0.5, normalize="dim")(h)
+        assert torch.allclose(scaled, DispersiveLoss(variant, tau=0.5 * d, normalize=None)(h), atol=1e-5)
+        assert not torch.allclose(scaled, DispersiveLoss(variant, tau=0.5, normalize=None)(h), atol=1e-3)
+    else:
+        scaled = DispersiveLoss(variant, margin=2.0, normalize="dim")(h)
+        raw = DispersiveLoss(variant, margin=2.0 * d, normalize=None)(h) / d**2
+        assert torch.allclose(scaled, raw, rtol=1e-4)

@@ -8,7 +8,13 @@ import torch
 from monai.data import DataLoader, Dataset
 from monai.utils import set_determinism
 
-from spectraflow_monai.transforms import MaskToImage, MixedDomainCollate, RandMixedDomaind, num_masks
+from spectraflow_monai.transforms import (
+    MIXED_DOMAIN_VIEWS,
+    MaskToImage,
+    MixedDomainCollate,
+    RandMixedDomaind,
+    num_masks,
+)
 
 
 def _samples(n: int, size: int = 8) -> list[dict]:
@@ -81,10 +87,59 @@ def test_list_items_are_flattened():
     assert batch["image"].shape == (4, 3, 8, 8) and int(batch["domain"].sum()) == 2
 
 
+def _epoch_views(views: str, n: int = 12, batch_size: int = 4) -> dict[int, list[int]]:
+    """sample id -> the domains (0 image, 1 mask) one shuffled epoch showed it in."""
+    set_determinism(seed=0)
+    loader = DataLoader(Dataset(_samples(n)), batch_size=batch_size, shuffle=True, drop_last=True, num_workers=0,
+                        collate_fn=MixedDomainCollate(mask_ratio=0.5, views=views))  # fmt: skip
+    shown: dict[int, list[int]] = {}
+    render = MaskToImage()
+    for batch in loader:
+        rows = batch_size * (2 if views == "both" else 1)
+        assert batch["image"].shape[0] == batch["domain"].shape[0] == rows
+        assert int(batch["domain"].sum()) == rows // 2
+        if views == "both":  # the images first, then the same pairs' masks
+            assert batch["domain"].tolist() == [0] * batch_size + [1] * batch_size
+            ids = [int(batch["image"][r].min()) - 10 for r in range(batch_size)]
+            for r, i in enumerate(ids):
+                mask = batch["image"][batch_size + r]
+                assert torch.allclose(mask, render(torch.as_tensor(_samples(n)[i]["label"])), atol=1e-5)
+            for i in ids:
+                shown.setdefault(i, []).extend([0, 1])
+        else:
+            for r in range(batch_size):
+                image = batch["image"][r]
+                if int(batch["domain"][r]) == 0:
+                    shown.setdefault(int(image.min()) - 10, []).append(0)
+                else:  # a mask: find its pair by the rendered mask (the masks of _samples differ by row count)
+                    match = [i for i, s in enumerate(_samples(n)) if torch.allclose(image, render(s["label"]), atol=1e-5)]
+                    shown.setdefault(("mask", tuple(match)), []).append(1)
+    set_determinism(seed=None)
+    return shown
+
+
+def test_epoch_shows_each_pair_once_as_image_or_mask():
+    shown = _epoch_views("either")
+    images = [i for i, d in shown.items() if isinstance(i, int)]
+    masks = sum(len(d) for k, d in shown.items() if not isinstance(k, int))
+    assert all(shown[i] == [0] for i in images)  # no image twice
+    assert len(images) + masks == 12 and masks == 6  # 12 pairs, each once: 6 as images, 6 as masks
+
+
+def test_epoch_shows_each_pair_as_image_and_mask_with_both():
+    shown = _epoch_views("both")
+    assert sorted(shown) == list(range(12)) and all(v == [0, 1] for v in shown.values())
+
+
+def test_views_names():
+    assert MIXED_DOMAIN_VIEWS == ("either", "both")
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"mask_ratio": -0.1}, {"mask_ratio": 1.5}, {"mask_ratio": True}, {"mask_ratio": "half"},
-     {"mask_key": "image"}, {"domain_key": "label"}, {"keys": ()}, {"std": [0.0, 1.0, 1.0]}],
+     {"mask_key": "image"}, {"domain_key": "label"}, {"keys": ()}, {"std": [0.0, 1.0, 1.0]},
+     {"views": "all"}, {"views": "both", "mask_ratio": 0.25}, {"views": "both", "mask_ratio": 0.0}],
 )
 def test_ill_arguments(kwargs):
     with pytest.raises(ValueError):
