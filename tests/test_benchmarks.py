@@ -20,6 +20,12 @@ CASES = [
     ),
     ("bench_precision.py", ["--tiny", "--threads", "1"], "bf16 / fp32 speed-up"),
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1"], "SpectraFlow bf16 / fp32"),
+    # the paper's Fig. 5 baseline beside the two
+    (
+        "bench_stage2_throughput.py",
+        ["--tiny", "--threads", "1", "--precision", "fp32", "--models", "spectraflow", "unet", "unetpp"],
+        "SpectraFlow / U-Net++ at fp32",
+    ),
     # a second round keeps --warmup + --iters iterations (a rerun of a finished ignite engine would take the loader's
     # whole length: 3 batches in the tiny set, 2 in the epoch)
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1", "--precision", "fp32", "--rounds", "2"], "round 2:"),
@@ -48,6 +54,8 @@ def test_benchmark_script_runs(script, args, expect):
         assert "network output bfloat16" in out and "network output float32" in out
     if script == "bench_stage2_throughput.py":
         assert "GFLOP per training image" in out and "UNet / SpectraFlow FLOPs per training image" in out
+    if "unetpp" in args:
+        assert "U-Net++ / SpectraFlow FLOPs per training image" in out and "U-Net++ 2D (unetpp_baseline.yaml)" in out
     if "--no-loader" in args:
         assert "not the target's measurement" in out and "network output float32" in out
 
