@@ -14,6 +14,11 @@ CASES = [
     ("bench_inference.py", ["--size", "224", "--batch", "1", "--rounds", "1", "--iters", "1"], "ratio to bare encoder"),
     ("bench_stage1.py", ["--size", "28", "--batch", "2", "--rounds", "1", "--threads", "1"], "Stage-1 / baseline"),
     (
+        "bench_stage1.py",
+        ["--size", "28", "--batch", "2", "--rounds", "1", "--threads", "1", "--precision", "bf16", "--no-breakdown"],
+        "precision bf16",
+    ),
+    (
         "bench_synapse.py",
         ["--shape", "32", "32", "4", "--size", "28", "--rounds", "1", "--metric-runs", "1", "--threads", "1"],
         "ratio",
