@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import torch
 
+from spectraflow_monai.utils.precision import PRECISION_SETTINGS, resolve_precision
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -51,15 +53,23 @@ def build_encoder(size: int, device: torch.device):
 class BaselineStep:
     """Plain training iteration: encoder forward, ``mean(final²)``, backward, AdamW step."""
 
-    def __init__(self, size: int, device: torch.device, lr: float) -> None:
+    def __init__(self, size: int, device: torch.device, lr: float, precision=None) -> None:
         self.encoder = build_encoder(size, device).train()
         self.optimizer = torch.optim.AdamW(self.encoder.trainable_parameters(), lr=lr, weight_decay=0.05)
+        self.precision = precision or resolve_precision("fp32", device, log=False)
+        self.scaler = torch.amp.GradScaler(device.type) if self.precision.use_grad_scaler else None
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> None:
         self.optimizer.zero_grad(set_to_none=False)
-        loss = self.encoder(batch["image"]).final.pow(2).mean()
-        loss.backward()
-        self.optimizer.step()
+        with self.precision.context():
+            loss = self.encoder(batch["image"]).final.float().pow(2).mean()
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
 
     def pieces(self, batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, float]:
         """Seconds of each piece of one iteration (forward, backward, optimizer step)."""
@@ -77,7 +87,7 @@ class BaselineStep:
 class Stage1Step:
     """One real ``MeanFlowPretrainer`` iteration with the bundle's Stage-1 configuration."""
 
-    def __init__(self, size: int, device: torch.device, lr: float, ema: bool) -> None:
+    def __init__(self, size: int, device: torch.device, lr: float, ema: bool, precision=None) -> None:
         from spectraflow_monai.engines import MeanFlowPretrainer
         from spectraflow_monai.losses import DispersiveLoss, MeanFlowLoss
         from spectraflow_monai.networks import MeanFlowHead
@@ -100,6 +110,9 @@ class Stage1Step:
             dispersive_loss=DispersiveLoss(variant="infonce_l2", tau=0.5, normalize="dim"),
             dispersive_weight=0.4,
             ema_decay=0.999 if ema else None,
+            # as the bundle's Stage-1 trainer: autocast of the precision setting (a grad scaler for float16)
+            amp=bool(precision is not None and precision.autocast),
+            amp_kwargs=precision.amp_kwargs if precision is not None else None,
         )
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> None:
@@ -190,6 +203,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--ema", action="store_true", help="include the EMA encoder update in the Stage-1 iteration")
     parser.add_argument("--no-breakdown", action="store_true", help="skip the per-piece timing of Stage-1")
+    parser.add_argument("--precision", default="fp32", choices=PRECISION_SETTINGS,
+                        help="bundle precision setting of both iterations (default fp32; the breakdown is fp32)")  # fmt: skip
     args = parser.parse_args()
     if args.batch < 2:
         parser.error(f"--batch must be >= 2 (the dispersive loss needs in-batch negatives), got {args.batch}")
@@ -203,11 +218,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device(args.device)
+    precision = resolve_precision(args.precision, device)
+    if args.precision != "fp32" and not args.no_breakdown:
+        parser.error("--precision other than fp32 needs --no-breakdown (the per-piece timing runs in float32)")
     lr = 1e-5
     steps: dict[str, Callable] = {
-        "baseline: encoder fwd + bwd + AdamW": BaselineStep(args.size, device, lr),
+        "baseline: encoder fwd + bwd + AdamW": BaselineStep(args.size, device, lr, precision),
         "Stage-1: MeanFlowPretrainer iteration" + (" + EMA" if args.ema else ""): Stage1Step(
-            args.size, device, lr, args.ema
+            args.size, device, lr, args.ema, precision
         ),
     }
     batch = {
@@ -233,8 +251,8 @@ def main() -> None:
     names = list(steps)
     med = {name: statistics.median(times[name]) for name in names}
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
-    print(f"\nTraining iteration, ViT-S/14 at {args.size}x{args.size}, batch {args.batch}, {dev}, "
-          f"torch {torch.__version__}, median of {args.rounds} interleaved rounds\n")
+    print(f"\nTraining iteration, ViT-S/14 at {args.size}x{args.size}, batch {args.batch}, {dev}, precision "
+          f"{precision.name}, torch {torch.__version__}, median of {args.rounds} interleaved rounds\n")
     best = {name: min(times[name]) for name in names}
     print("| iteration | s/iteration | images/s | ratio to baseline | best round (s) | ratio of best rounds |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

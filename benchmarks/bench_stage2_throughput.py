@@ -1,4 +1,5 @@
-"""Stage-2 training throughput of the 2D bundle's trainer: SpectraFlow against MONAI's 2D UNet, per precision.
+"""Stage-2 training throughput of the 2D bundle's trainer: SpectraFlow against MONAI's 2D UNet and U-Net++ (the
+paper's Fig. 5 baseline), per precision.
 
 Usage::
 
@@ -6,7 +7,8 @@ Usage::
         --dataset-dir ../shared/data/kvasir-seg --threads 2 --iters 30 --precision fp32 bf16
 
 Both trainers are the ``train#trainer`` of ``bundles/spectraflow_2d_segmentation/configs/train.yaml`` (for the
-UNet merged with the bundle's ``configs/unet_baseline.yaml``, as ``kvasir_protocol.sh`` trains it): the same
+UNet merged with the bundle's ``configs/unet_baseline.yaml``, as ``kvasir_protocol.sh`` trains it, for U-Net++ with
+``configs/unetpp_baseline.yaml``): the same
 ``CacheDataset`` + ``DataLoader`` (augmentation, ``num_workers``), Dice + BCE + boundary loss, AdamW and the train
 metric; only the validation / logging handlers are left out. Each trainer runs ``--warmup`` + ``--iters`` real
 iterations per precision (one epoch of that length); the time from the end of the last warm-up iteration to the
@@ -47,8 +49,16 @@ from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUNDLE = os.path.join(HERE, "..", "bundles", "spectraflow_2d_segmentation")
-UNET_CONFIG = os.path.join(BUNDLE, "configs", "unet_baseline.yaml")
-MODELS = {"spectraflow": "SpectraFlow-S (bundle)", "unet": "MONAI UNet 2D (unet_baseline.yaml)"}
+BASELINE_CONFIGS = {  # the bundle's baseline overrides, merged on top of train.yaml
+    "unet": os.path.join(BUNDLE, "configs", "unet_baseline.yaml"),
+    "unetpp": os.path.join(BUNDLE, "configs", "unetpp_baseline.yaml"),
+}
+MODELS = {
+    "spectraflow": "SpectraFlow-S (bundle)",
+    "unet": "MONAI UNet 2D (unet_baseline.yaml)",
+    "unetpp": "U-Net++ 2D (unetpp_baseline.yaml)",
+}
+SHORT_NAMES = {"spectraflow": "SpectraFlow", "unet": "UNet", "unetpp": "U-Net++"}
 
 
 def build_trainer(model: str, precision: str, args, root: str, shared_dataset=None):
@@ -56,7 +66,7 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     iterations per run."""
     from monai.bundle import ConfigParser
 
-    files = [os.path.join(BUNDLE, "configs", "train.yaml")] + ([UNET_CONFIG] if model == "unet" else [])
+    files = [os.path.join(BUNDLE, "configs", "train.yaml")] + ([BASELINE_CONFIGS[model]] if model in BASELINE_CONFIGS else [])
     parser = ConfigParser()
     parser.read_config(files)
     overrides = {
@@ -73,7 +83,7 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     }
     if "encoder_init" in parser:  # the encoder weights do not change the throughput: no file or download needed
         overrides.update({"encoder_init": "random", "pretrained_weights": None})
-    if model == "unet" and "encoder_initialization" in parser:  # the UNet has no DINOv2 encoder to initialise
+    if model in BASELINE_CONFIGS and "encoder_initialization" in parser:  # no DINOv2 encoder to initialise
         overrides["encoder_initialization"] = None
     for name in ("batch_size", "num_workers", "cache_rate", "image_size"):
         if getattr(args, name) is not None:
@@ -163,7 +173,8 @@ def main() -> None:
     parser.add_argument("--dataset-dir", help="the dataset folder (e.g. ../shared/data/kvasir-seg)")
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=PRECISION_SETTINGS,
                         help="settings (default fp32 bf16)")  # fmt: skip
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=["spectraflow", "unet"], choices=list(MODELS),
+                        help="models to time (default spectraflow unet; unetpp: the paper's Fig. 5 baseline)")
     parser.add_argument("--iters", type=int, default=30, help="timed iterations per run (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed first iterations per run (default 3)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of runs (default 1)")
@@ -250,14 +261,21 @@ def main() -> None:
             to_unet = f"{med[(model, name)] / unet:.3f}" if unet else "-"
             print(f"| {MODELS[model]} | {name} | {med[(model, name)]:.2f} | {to_unet} | "
                   f"{med[(model, name)] / med[(model, first)]:.3f} |")  # fmt: skip
+    if "spectraflow" in args.models and "unetpp" in args.models:
+        for name in args.precision:
+            ratio = med[("spectraflow", name)] / med[("unetpp", name)]
+            print(f"SpectraFlow / U-Net++ at {name} = {ratio:.3f}x")
     if "spectraflow" in args.models and "unet" in args.models:
         for name in args.precision:
             ratio = med[("spectraflow", name)] / med[("unet", name)]
             verdict = "not the target's measurement (--no-loader)" if args.no_loader else (
                 "met" if ratio >= 1.0 else "MISSED")  # fmt: skip
             print(f"SpectraFlow / UNet at {name} = {ratio:.3f}x (target >= 1.0x: {verdict})")
-        print(f"UNet / SpectraFlow FLOPs per training image = {flops['unet'] / flops['spectraflow']:.3f} (the "
-              f"throughput ratio at equal arithmetic efficiency)")  # fmt: skip
+    for model in ("unet", "unetpp"):
+        if "spectraflow" in args.models and model in args.models:
+            print(f"{SHORT_NAMES[model]} / SpectraFlow FLOPs per training image = "
+                  f"{flops[model] / flops['spectraflow']:.3f} (the throughput ratio at equal arithmetic "
+                  "efficiency)")  # fmt: skip
     if "spectraflow" in args.models and {"fp32", "bf16"} <= set(args.precision):
         ratio = med[("spectraflow", "bf16")] / med[("spectraflow", "fp32")]
         verdict = "not the target's measurement (--no-loader)" if args.no_loader else (

@@ -1,33 +1,73 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one go: inference and Stage-2 training throughput per precision,
-# SpectraFlow against MONAI's 2D UNet, and the Stage-1 iteration cost; each part's output goes to its own file in
-# <output dir>, written as it runs.
+# The GPU checks and figures of docs/benchmarks.md in one go, each part under its own time limit, each writing its
+# own file in <output dir> as it runs:
 #
-#   bash benchmarks/gpu_benchmarks.sh <kvasir-seg dir> <output dir> [num_workers=8] [seconds per part=180]
+#   bash benchmarks/gpu_benchmarks.sh <kvasir-seg dir> <output dir> [num_workers=12] [stage1 epochs=3] [stage2 epochs=8] \
+#       [extra bundle overrides of the Kvasir protocol, split at spaces, e.g. --pretrained_weights /w/dinov2_vits14.pth]
 #
-# Each part runs under its own time limit (a part that runs over it is stopped, its file keeps what it printed, and
-# the next part starts), so one slow part cannot take the others with it on a time-limited machine. Random encoder
-# weights throughout (the weights do not change the throughput); the Kvasir-SEG copy feeds the Stage-2 trainers
-# through the bundle's own data pipeline.
+#   tests.txt      pytest -m gpu: the CUDA paths for real (Stage-1 / Stage-2 epochs in bf16 and fp16, SliceInferer,
+#                  NCCL, MONAI Label inference on cuda)
+#   inference.txt  inference images/s, fp32 / bf16, batch 32, 224x224 (bench_inference.py)
+#   stage2.txt     Stage-2 training images/s in bf16: SpectraFlow-S, MONAI UNet, U-Net++ (the bundle's trainers and
+#                  data pipeline on the Kvasir-SEG copy; bench_stage2_throughput.py)
+#   stage1.txt     Stage-1 training iteration images/s in bf16 (bench_stage1.py)
+#   kvasir.txt     a short Kvasir-SEG protocol in bf16: Stage-1 -> Stage-2 -> evaluation with the 2D bundle; the
+#                  per-epoch wall times are in its epoch log lines
+#
+# Per-part limits in seconds (environment): T_TESTS=150 T_INFER=60 T_STAGE2=120 T_STAGE1=45 T_KVASIR=200; RUN_DIR: the
+# Kvasir protocol's bundle_root (default <output dir>/kvasir_run). A part that
+# runs over is stopped (SIGINT, SIGKILL 10 s later), its file keeps what it printed, and the next part starts.
+# Encoder weights: random throughout (no model hub on a GPU machine without internet; the weights do not change the
+# throughput). The Kvasir protocol's Dice is therefore that of a random-initialised encoder, not the paper's setup.
 set -uo pipefail
-DATA=$(realpath "$1"); OUT=$(realpath -m "$2"); WORKERS=${3:-8}; LIMIT=${4:-180}
+DATA=$(realpath "$1"); OUT=$(realpath -m "$2"); WORKERS=${3:-12}; E1=${4:-3}; E2=${5:-8}; shift $(( $# < 5 ? $# : 5 ))
+EXTRA="$*"
+PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+RUN_DIR=${RUN_DIR:-$OUT/kvasir_run}   # the protocol's bundle_root (checkpoints: put it outside a size-limited folder)
+export DATA OUT WORKERS E1 E2 EXTRA PY REPO RUN_DIR
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-part() {  # part <name> <command...>: run under `timeout` (SIGINT, then SIGKILL 10 s later), output to <name>.txt
-    local name=$1; shift
-    echo "== $name: $*" | tee "$OUT/$name.txt"
-    timeout -s INT -k 10 "$LIMIT" "$@" >>"$OUT/$name.txt" 2>&1
-    echo "== $name: exit $? after $SECONDS s" | tee -a "$OUT/$name.txt"
+part() {  # part <name> <seconds> <command...>: run under `timeout`, output to <name>.txt
+    local name=$1 limit=$2; shift 2
+    local start=$SECONDS
+    echo "== $name (limit $limit s): $*" | tee "$OUT/$name.txt"
+    timeout -s INT -k 10 "$limit" "$@" >>"$OUT/$name.txt" 2>&1
+    echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/$name.txt"
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
-python -c "import torch, monai, timm; print('torch', torch.__version__, 'monai', monai.__version__, 'timm', timm.__version__)" \
-    >>"$OUT/gpu.txt" 2>&1
+kvasir_protocol() {  # Stage-1 (E1 epochs) -> Stage-2 (up to E2 epochs) -> evaluation, bf16, random encoder
+    cd "$REPO/bundles/spectraflow_2d_segmentation" || return 1
+    local common=(--bundle_root "$RUN_DIR" --dataset kvasir --dataset_dir "$DATA" --precision bf16
+        --num_workers "$WORKERS" --progress_bar False --pretrained_weights none
+        --meta_file configs/metadata.json --logging_file configs/logging.conf $EXTRA)
+    local t0=$SECONDS
+    $PY -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${common[@]}" \
+        --stage1_epochs "$E1" || return 1
+    echo "stage-1: $E1 epochs in $((SECONDS - t0)) s (process start and data caching included)"
+    t0=$SECONDS
+    $PY -m monai.bundle run --config_file configs/train.yaml "${common[@]}" --max_epochs "$E2" || return 1
+    echo "stage-2: $E2 epochs in $((SECONDS - t0)) s (process start and data caching included)"
+    t0=$SECONDS
+    $PY -m monai.bundle run --config_file "['configs/train.yaml','configs/evaluate.yaml']" "${common[@]}" || return 1
+    echo "evaluation in $((SECONDS - t0)) s"
+    cat "$RUN_DIR/eval/summary.md"
+}
+export -f kvasir_protocol
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $PY -c "import torch, monai, timm; print('torch', torch.__version__, 'monai', monai.__version__, 'timm', timm.__version__)"
+} >"$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-part inference python "$HERE/bench_inference.py" --device cuda --batch 32 --rounds 5 --iters 10 \
-    --precision fp32 bf16 fp16
-part stage2 python "$HERE/bench_stage2_throughput.py" --device cuda --dataset kvasir --dataset-dir "$DATA" \
-    --num-workers "$WORKERS" --iters 60 --warmup 5 --rounds 2 --precision fp32 bf16 fp16
-part stage1 python "$HERE/bench_stage1.py" --device cuda --batch 32 --rounds 5 --iters 5
+cd "$REPO" || exit 1
+part tests "${T_TESTS:-150}" $PY -m pytest -q -m gpu -p no:cacheprovider tests/gpu tests/label/test_monailabel_cuda.py
+part inference "${T_INFER:-60}" $PY "$HERE/bench_inference.py" --device cuda --batch 32 --rounds 5 --iters 10 \
+    --precision fp32 bf16
+part stage2 "${T_STAGE2:-120}" $PY "$HERE/bench_stage2_throughput.py" --device cuda --dataset kvasir \
+    --dataset-dir "$DATA" --num-workers "$WORKERS" --iters 40 --warmup 5 --precision bf16 \
+    --models spectraflow unet unetpp
+part stage1 "${T_STAGE1:-45}" $PY "$HERE/bench_stage1.py" --device cuda --batch 32 --rounds 5 --iters 5 \
+    --precision bf16 --no-breakdown
+part kvasir "${T_KVASIR:-200}" bash -c kvasir_protocol

@@ -14,12 +14,23 @@ CASES = [
     ("bench_inference.py", ["--size", "224", "--batch", "1", "--rounds", "1", "--iters", "1"], "ratio to bare encoder"),
     ("bench_stage1.py", ["--size", "28", "--batch", "2", "--rounds", "1", "--threads", "1"], "Stage-1 / baseline"),
     (
+        "bench_stage1.py",
+        ["--size", "28", "--batch", "2", "--rounds", "1", "--threads", "1", "--precision", "bf16", "--no-breakdown"],
+        "precision bf16",
+    ),
+    (
         "bench_synapse.py",
         ["--shape", "32", "32", "4", "--size", "28", "--rounds", "1", "--metric-runs", "1", "--threads", "1"],
         "ratio",
     ),
     ("bench_precision.py", ["--tiny", "--threads", "1"], "bf16 / fp32 speed-up"),
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1"], "SpectraFlow bf16 / fp32"),
+    # the paper's Fig. 5 baseline beside the two
+    (
+        "bench_stage2_throughput.py",
+        ["--tiny", "--threads", "1", "--precision", "fp32", "--models", "spectraflow", "unet", "unetpp"],
+        "SpectraFlow / U-Net++ at fp32",
+    ),
     # a second round keeps --warmup + --iters iterations (a rerun of a finished ignite engine would take the loader's
     # whole length: 3 batches in the tiny set, 2 in the epoch)
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1", "--precision", "fp32", "--rounds", "2"], "round 2:"),
@@ -48,6 +59,8 @@ def test_benchmark_script_runs(script, args, expect):
         assert "network output bfloat16" in out and "network output float32" in out
     if script == "bench_stage2_throughput.py":
         assert "GFLOP per training image" in out and "UNet / SpectraFlow FLOPs per training image" in out
+    if "unetpp" in args:
+        assert "U-Net++ / SpectraFlow FLOPs per training image" in out and "U-Net++ 2D (unetpp_baseline.yaml)" in out
     if "--no-loader" in args:
         assert "not the target's measurement" in out and "network output float32" in out
 

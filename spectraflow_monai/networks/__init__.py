@@ -3,7 +3,7 @@ the loading of encoder weights (``utils``)."""
 
 from .blocks import DirectAttentionalFusion, FDConv2d, RefinementBlock, SpectraFlowDecoder
 from .encoders import DINOv2Encoder, EncoderFeatures
-from .nets import MeanFlowHead, SpectraFlowNet
+from .nets import MeanFlowHead, SpectraFlowNet, UNetPlusPlus
 from .utils import initialize_encoder, load_encoder_weights, resolve_encoder_init
 
 __all__: list[str] = [
@@ -18,6 +18,7 @@ __all__: list[str] = [
     "resolve_encoder_init",
     "SpectraFlowDecoder",
     "SpectraFlowNet",
+    "UNetPlusPlus",
 ]
 
 from .nets.mae_decoder import MAEDecoder, sincos_position_embedding_2d  # noqa: E402

@@ -2,5 +2,6 @@
 
 from .meanflow_head import MeanFlowHead
 from .spectraflow import SpectraFlowNet
+from .unetpp import UNetPlusPlus
 
-__all__: list[str] = ["MeanFlowHead", "SpectraFlowNet"]
+__all__: list[str] = ["MeanFlowHead", "SpectraFlowNet", "UNetPlusPlus"]

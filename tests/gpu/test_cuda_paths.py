@@ -1,0 +1,173 @@
+"""The CUDA paths for real (``pytest -m gpu``; skipped where CUDA is not available).
+
+On a CUDA device: one Stage-1 epoch (MeanFlow JVP + dispersive loss) and one Stage-2 epoch (Dice + BCE + boundary) of
+the 2D bundle in bf16 and in fp16 (fp16 with its gradient scaler), each a ``monai.bundle`` workflow on a tiny
+synthetic set; the Synapse bundle's slice-wise inference (``monai.inferers.SliceInferer``) of a CT volume on CUDA; and
+a NCCL process group of one process around the Stage-2 network (``torchrun``, the multi-GPU config). Tiny settings: 56x56
+inputs, a 2-block encoder, a handful of images.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from spectraflow_monai.apps.synapse import synthetic_ct_volume
+from tests.bundles.helpers import load_weights, parse_config
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS_2D = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
+CONFIGS_3D = REPO / "bundles" / "spectraflow_synapse_segmentation" / "configs"
+NET = {"image_size": 56, "encoder_kwargs": {"depth": 2}}
+TINY = {
+    **NET,
+    "synthetic_size": {"num_train": 4, "num_val": 2},
+    "batch_size": 2,
+    "val_batch_size": 2,
+    "num_workers": 0,
+    "progress_bar": False,
+    "pretrained_weights": "none",
+    "encoder_init": "random",
+    "device": "$torch.device('cuda')",
+}
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _run_workflow(parser) -> None:
+    """The config's ``initialize`` then ``run`` lists, evaluated as ``monai.bundle run`` does."""
+    for section in ("initialize", "run"):
+        for i in range(len(parser[section])):
+            parser.get_parsed_content(f"{section}::{i}")
+
+
+def _record_output_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
+    dtypes: set[torch.dtype] = set()
+
+    def hook(_module, _inputs, output):
+        tensors = output if isinstance(output, (tuple, list)) else [output]
+        dtypes.update(t.dtype for t in tensors if isinstance(t, torch.Tensor))
+
+    module.register_forward_hook(hook)
+    return dtypes
+
+
+def _assert_float32_state(state: dict) -> None:
+    floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+    assert floats and all(d == torch.float32 for d in floats.values()), floats
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_stage1_epoch_on_cuda(tmp_path, precision):
+    parser = parse_config(
+        [str(CONFIGS_2D / "train.yaml"), str(CONFIGS_2D / "train_stage1.yaml")],
+        bundle_root=str(tmp_path),
+        precision=precision,
+        stage1_epochs=1,
+        stage1_batch_size=2,
+        head_hidden_channels=16,
+        head_num_blocks=1,
+        **TINY,
+    )
+    trainer = parser.get_parsed_content("stage1#trainer")
+    assert trainer.amp and trainer._autocast_kwargs["dtype"] == HALF[precision]
+    assert (trainer.scaler is not None) == (precision == "fp16")  # float16 needs its gradient scaler
+    encoder = parser.get_parsed_content("stage1#encoder")
+    assert next(encoder.parameters()).device.type == "cuda"
+    dtypes = _record_output_dtypes(encoder.vit.blocks[0].attn.qkv)
+    _run_workflow(parser)
+    assert HALF[precision] in dtypes  # the encoder's linear layers ran under CUDA autocast
+    out = trainer.state.output
+    for key in ("loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"):
+        assert math.isfinite(out[key]), out
+    _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_stage2_epoch_on_cuda(tmp_path, precision):
+    parser = parse_config(
+        str(CONFIGS_2D / "train.yaml"), bundle_root=str(tmp_path), max_epochs=1, precision=precision, **TINY
+    )
+    network = parser.get_parsed_content("network")
+    assert next(network.parameters()).device.type == "cuda"
+    dtypes = _record_output_dtypes(network)
+    trainer = parser.get_parsed_content("train#trainer")
+    assert trainer.amp == (precision == "fp16")  # MONAI's amp = float16 autocast + GradScaler
+    _run_workflow(parser)
+    assert HALF[precision] in dtypes  # the forward ran under CUDA autocast
+    assert math.isfinite(float(trainer.state.output[0]["loss"]))
+    metrics = parser.get_parsed_content("validate#evaluator").state.metrics
+    for name in ("val_mean_dice", "val_mean_iou"):
+        assert math.isfinite(float(metrics[name])), (name, metrics)
+    state = load_weights(tmp_path / "models" / "model.pt")
+    _assert_float32_state(state)
+
+
+def test_synapse_slice_inferer_on_cuda(tmp_path):
+    root = tmp_path / "bundle"
+    (root / "models").mkdir(parents=True)
+    torch.manual_seed(0)
+    net = parse_config(str(CONFIGS_3D / "inference.yaml"), bundle_root=str(root), **NET).get_parsed_content(
+        "network_def"
+    )
+    torch.save(net.state_dict(), root / "models" / "model.pt")
+    in_dir = tmp_path / "ct"
+    in_dir.mkdir()
+    image = synthetic_ct_volume(1, shape=(60, 52, 5))[0]
+    nib.save(nib.Nifti1Image(image, np.diag([0.8, 0.8, 2.5, 1.0])), str(in_dir / "case.nii.gz"))
+    common = {"bundle_root": str(root), "input_dir": str(in_dir), **NET}
+    results = {}
+    for device, precision in (("cuda", "bf16"), ("cuda", "fp32"), ("cpu", "fp32")):
+        out_dir = tmp_path / f"out_{device}_{precision}"
+        parser = parse_config(
+            str(CONFIGS_3D / "inference.yaml"),
+            output_dir=str(out_dir),
+            precision=precision,
+            device=f"$torch.device('{device}')",
+            **common,
+        )
+        network = parser.get_parsed_content("network")
+        assert next(network.parameters()).device.type == device
+        dtypes = _record_output_dtypes(network)
+        _run_workflow(parser)
+        if precision == "bf16":
+            assert torch.bfloat16 in dtypes  # every slice batch ran under CUDA autocast
+        out = nib.load(str(out_dir / "case_seg.nii.gz"))
+        assert out.shape == image.shape
+        results[(device, precision)] = np.asarray(out.dataobj)
+    # the same weights give (nearly) the same labels on CUDA and on the CPU in float32
+    agree = (results[("cuda", "fp32")] == results[("cpu", "fp32")]).mean()
+    assert agree > 0.99, agree
+
+
+def test_multi_gpu_config_with_nccl(tmp_path):
+    """``configs/multi_gpu_train.yaml`` under ``torchrun`` (one process): NCCL process group, DDP-wrapped network on
+    ``cuda:0``, one Stage-2 epoch."""
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    overrides = {**TINY, "max_epochs": 1, "precision": "bf16"}
+    overrides.pop("device")  # the multi-GPU config picks cuda:<local rank>
+    args = []
+    for key, value in overrides.items():
+        args += [f"--{key}", repr(value) if isinstance(value, dict) else str(value)]
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", "29533",
+        "-m", "monai.bundle", "run",
+        "--config_file", f"['{CONFIGS_2D / 'train.yaml'}','{CONFIGS_2D / 'multi_gpu_train.yaml'}']",
+        "--meta_file", str(CONFIGS_2D / "metadata.json"), "--logging_file", str(CONFIGS_2D / "logging.conf"),
+        "--bundle_root", str(tmp_path), *args,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "precision: bf16" in out, out[-6000:]
+    _assert_float32_state(load_weights(tmp_path / "models" / "model.pt"))
