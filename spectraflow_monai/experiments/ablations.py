@@ -1,11 +1,17 @@
 """The paper's ablation tables as experiments: Stage-1 variants, decoder design, fine-tuning depth and the lambda sweep.
 
-SpectraFlow (Chen et al.) ablates its two stages on Kvasir-SEG: the Stage-1 objective (Table 2: no Stage-1,
-image-only MeanFlow, mixed-domain MAE, mixed-domain MeanFlow, + dispersive loss), the decoder (Table 3: concat or DAF
-fusion, each with a standard, CBAM or FDConv refinement), how much of the encoder Stage-2 trains (appendix: frozen,
-last block, all blocks) and the weight lambda of the dispersive loss (appendix figure: 0.2 to 1.0). Each ablation is
-a list of :class:`Arm` s, each arm a run of the 2D bundle (Stage-1 when it has one, then Stage-2, then the clean
-evaluation), so every difference between two rows of a table is a bundle override that the report names.
+SpectraFlow (Chen et al.) ablates its two stages on ISIC-2016: the Stage-1 objective (Table 2: no Stage-1 from the
+official DINOv2 weights, image-only MeanFlow, mixed-domain MAE, mixed-domain MeanFlow, + dispersive loss), the decoder
+(Table 3: concat or DAF fusion, each with a standard, CBAM or FDConv refinement, on the encoder of Table 2's last row)
+and how much of the encoder Stage-2 trains (appendix table: frozen, last block, all blocks); the weight lambda of the
+dispersive loss (appendix figure: 0.2 to 1.0) is swept on Kvasir-SEG. :attr:`Ablation.dataset` names the paper's
+data set of each (the command line's default ``--dataset``). Each ablation is a list of :class:`Arm` s, each arm a run
+of the 2D bundle (Stage-1 when it has one, then Stage-2, then the clean evaluation), so every difference between two
+rows of a table is a bundle override that the report names.
+
+The ``stage1`` ablation has one row the paper does not: ``paper_literal``, the default Stage-1 with eqs. 1, 3 and 5
+as printed (:data:`PAPER_LITERAL_STAGE1`: no latent normalisation, no adaptive MeanFlow weight, raw squared distances
+in the dispersive loss), beside ``mixed_meanflow_dispersive`` (the bundle's defaults, which extend all three).
 
 Arms that differ only after Stage-1 (the decoder and fine-tuning tables) load one shared Stage-1 export (the run
 ``stage1``), as the paper's rows share one pretrained encoder.
@@ -19,13 +25,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
+from spectraflow_monai.experiments.runner import (
+    SCALES,
+    ExperimentRunner,
+    experiment_settings,
+    experiment_title,
+    settings_text,
+    write_csv,
+)
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.visualize.utils import save_figure
 
 __all__ = [
     "ABLATIONS",
     "DISPERSIVE_WEIGHTS",
+    "PAPER_LITERAL_STAGE1",
     "STAGE1_CONFIGS",
     "Ablation",
     "Arm",
@@ -40,6 +54,13 @@ STAGE1_CONFIGS: tuple[str, ...] = ("train.yaml", "train_stage1.yaml")
 DISPERSIVE_WEIGHTS: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
 #: the run whose Stage-1 export the arms with ``shared_stage1`` load.
 SHARED_STAGE1_RUN = "stage1"
+#: the Stage-1 bundle settings of the paper-literal objective, eqs. 1, 3 and 5 as printed: the raw final token map as
+#: z0 (no latent normalisation), the plain per-sample squared error of eq. 3 (adaptive weight power 0) and the raw
+#: squared distances of eq. 5. The one guard that keeps it finite is eq. 5's own epsilon (1e-8), with the log-mean-exp
+#: evaluated in log space (``DispersiveLoss``): raw distances of ViT features underflow ``exp``, and the term then sits
+#: at ``log(eps)`` with a zero gradient instead of ``log(0)``. Nothing clips or rescales the MeanFlow error; a
+#: non-finite loss stops the run (``StopOnNonFiniteLoss``).
+PAPER_LITERAL_STAGE1: dict[str, Any] = {"latent_norm": False, "meanflow_adaptive_p": 0.0, "dispersive_normalize": None}
 
 
 @dataclass(frozen=True)
@@ -66,12 +87,14 @@ class Arm:
 
 @dataclass(frozen=True)
 class Ablation:
-    """An ablation: its title (the paper's table or figure), the CSV/PNG/Markdown file stem and its arms."""
+    """An ablation: its title (the paper's table or figure), the CSV/PNG/Markdown file stem, its arms, the x axis of a
+    sweep (``None``: bars for a categorical table) and the data set the paper ran it on (a bundle ``dataset``)."""
 
     title: str
     stem: str
     arms: tuple[Arm, ...]
-    x_label: str | None = None  # a sweep: the x axis of its line plot (bars for a categorical table)
+    x_label: str | None = None
+    dataset: str = "isic2016"
 
 
 def _decoder_arms() -> tuple[Arm, ...]:
@@ -89,7 +112,7 @@ def dispersive_weight_ablation(weights: Sequence[float]) -> Ablation:
     arms = tuple(Arm(f"lambda_{w:g}", stage1_overrides={"dispersive_weight": float(w)}, value=float(w))
                  for w in weights)  # fmt: skip
     return Ablation("Dispersive loss weight lambda (paper appendix)", "dispersive_weight", arms,
-                    x_label="dispersive weight lambda")  # fmt: skip
+                    x_label="dispersive weight lambda", dataset="kvasir")  # fmt: skip
 
 
 #: experiment name -> its :class:`Ablation` (``dispersive-weight`` at the paper's lambda values).
@@ -103,6 +126,7 @@ ABLATIONS: dict[str, Ablation] = {
             Arm("mixed_mae", stage1=(*STAGE1_CONFIGS, "train_stage1_mae.yaml")),
             Arm("mixed_meanflow", stage1_overrides={"dispersive_weight": 0.0}),
             Arm("mixed_meanflow_dispersive"),
+            Arm("paper_literal", stage1_overrides=PAPER_LITERAL_STAGE1),
         ),
     ),
     "decoder": Ablation("Decoder design (paper Table 3)", "decoder", _decoder_arms()),
@@ -152,7 +176,7 @@ def run_ablation(
         if unknown or not arms:
             raise ValueError(f"arms must be a non-empty subset of {names}, got {list(arms)!r}.")
         ablation = replace(ablation, arms=tuple(arm for arm in ablation.arms if arm.name in arms))
-    common = {"progress_bar": False, **dict(data), **SCALES[scale], **dict(overrides or {})}
+    common = experiment_settings(data, SCALES[scale], overrides)
     runner = ExperimentRunner(output, ablation.stem, common)
     shared: dict[str, Any] = {}
     if any(arm.shared_stage1 for arm in ablation.arms):
@@ -168,12 +192,12 @@ def run_ablation(
         rows.append({"arm": arm.name, "value": arm.value, **scores})
     out = Path(output)
     write_csv(out / f"{ablation.stem}.csv", rows)
-    _plot(out / f"{ablation.stem}.png", rows, ablation)
+    _plot(out / f"{ablation.stem}.png", rows, ablation, experiment_title(ablation.title, common))
     write_text_atomic(out / f"{ablation.stem}.md", ablation_markdown(rows, ablation, scale, common))
     return rows
 
 
-def _plot(path: Path, rows: Sequence[Mapping[str, Any]], ablation: Ablation) -> None:
+def _plot(path: Path, rows: Sequence[Mapping[str, Any]], ablation: Ablation, title: str) -> None:
     """mDSC per arm: bars for a table, a line against the swept value for a sweep."""
     from matplotlib.figure import Figure
 
@@ -187,7 +211,7 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]], ablation: Ablation) -> 
         ax.bar(range(len(rows)), dice, color="tab:blue")
         ax.set_xticks(range(len(rows)), [r["arm"].replace("_", "\n") for r in rows], fontsize=7)
     ax.set_ylabel("mDSC (%)")
-    ax.set_title(ablation.title, fontsize=9)
+    fig.suptitle(title, fontsize=8)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     save_figure(fig, path)
@@ -198,11 +222,10 @@ def ablation_markdown(
 ) -> str:
     """The report section: one row per arm with what sets it apart (its overrides), mDSC and HD95."""
     arms = {arm.name: arm for arm in ablation.arms}
-    shown = ", ".join(f"`{k}={v}`" for k, v in settings.items() if k != "progress_bar")
     lines = [
-        f"## {ablation.title}",
+        f"## {experiment_title(ablation.title, settings)}",
         "",
-        f"Scale `{scale}`; bundle settings: {shown}.",
+        settings_text(scale, settings),
         "",
         "| arm | Stage-1 | Stage-2 overrides | mDSC (%) | HD95 (px, missed = diagonal) |",
         "| --- | --- | --- | ---: | ---: |",
@@ -226,6 +249,8 @@ def _stage1_text(arm: Arm) -> str:
     if arm.stage1 is None:
         return "none"
     parts = [f"`{c}`" for c in arm.stage1 if c not in STAGE1_CONFIGS]
+    if dict(arm.stage1_overrides) == PAPER_LITERAL_STAGE1:
+        parts.append("eqs. 1, 3, 5 as printed")
     if arm.stage1_overrides:
         parts.append(_overrides_text(arm.stage1_overrides))
     return ", ".join(parts) or "default (MeanFlow + dispersive)"

@@ -32,7 +32,13 @@ import torch
 from monai.transforms import Compose, LoadImage
 
 from spectraflow_monai.experiments.ablations import ABLATIONS
-from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner
+from spectraflow_monai.experiments.runner import (
+    SCALES,
+    ExperimentRunner,
+    experiment_settings,
+    experiment_title,
+    settings_text,
+)
 from spectraflow_monai.metrics.frequency import DEFAULT_BAND_EDGES, compute_frequency_band_error
 from spectraflow_monai.networks.utils import initialize_encoder
 from spectraflow_monai.transforms.mixed_domain import MaskToImage
@@ -42,12 +48,33 @@ from spectraflow_monai.visualize import paper_figures as pf
 from spectraflow_monai.visualize.overlays import overlay_arrays
 from spectraflow_monai.visualize.predictions import find_prediction
 
-__all__ = ["FIGURE_FILES", "NO_DISPERSIVE_ARM", "SPECTRAFLOW_ARM", "error_spectrum", "figures_markdown", "run_figures"]
+__all__ = [
+    "FIGURES_DATASET",
+    "FIGURES_TITLE",
+    "FIGURE_FILES",
+    "NO_DISPERSIVE_ARM",
+    "SPECTRAFLOW_ARM",
+    "error_spectrum",
+    "figures_markdown",
+    "run_figures",
+]
+
+#: the default data set of the figures: that of the ``stage1`` ablation (ISIC-2016), whose runs they reuse. The paper
+#: names no data set for Figs. 1d, 3 and 6 and shows all three 2D data sets in Fig. 7.
+FIGURES_DATASET = "isic2016"
+FIGURES_TITLE = "Analysis figures (paper Figs. 1d, 3, 6, 7)"
 
 #: the arms of the ``stage1`` ablation the figures use: the full Stage-1 (then Stage-2) and Stage-1 without dispersion.
 SPECTRAFLOW_ARM = "mixed_meanflow_dispersive"
 NO_DISPERSIVE_ARM = "mixed_meanflow"
 
+#: figure -> its title (with the random-initialisation note when the encoder started from random weights).
+FIGURE_NAMES: dict[str, str] = {
+    "tsne": "Stage-1 features, t-SNE (paper Fig. 3)",
+    "gates": "DAF gates (paper Fig. 6)",
+    "spectra": "Error spectra (paper Fig. 1d)",
+    "panel": "Predictions (paper Fig. 7)",
+}
 #: figure -> PNG file name in the experiment folder.
 FIGURE_FILES: dict[str, str] = {
     "tsne": "figure_tsne.png",
@@ -119,12 +146,13 @@ def run_figures(
     for name, value in (("num_images", num_images), ("max_tsne_images", max_tsne_images)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-    common = {"progress_bar": False, **dict(data), **SCALES[scale], **dict(overrides or {})}
+    common = {**dict(data), **SCALES[scale], **dict(overrides or {})}
     if common.get("label_classes") is not None:
         raise ValueError(
             f"label_classes={common['label_classes']!r}: the figures experiment draws binary masks (one foreground); "
             "the other experiments take label maps."
         )
+    common = experiment_settings(data, SCALES[scale], overrides)
     stage1 = ABLATIONS["stage1"]
     arms = {arm.name: arm for arm in stage1.arms}
     ablation = ExperimentRunner(output, stage1.stem, common)  # the runs of `spectraflow experiment stage1`
@@ -150,15 +178,18 @@ def run_figures(
     samples = [_load_sample(load, normalize, entry) for entry in test]
     shown = _spread_indices(len(test), num_images)
     files: dict[str, str] = {}
-    files["tsne"], spread = _draw_tsne(ablation, sf, samples, _spread_indices(len(test), max_tsne_images), out)
-    gates = _draw_gates(sf, samples, shown, out)
+    titles = {name: experiment_title(what, common) for name, what in FIGURE_NAMES.items()}
+    tsne_idx = _spread_indices(len(test), max_tsne_images)
+    files["tsne"], spread = _draw_tsne(ablation, sf, samples, tsne_idx, out, titles["tsne"])
+    gates = _draw_gates(sf, samples, shown, out, titles["gates"])
     if gates is not None:
         files["gates"] = gates
     predictions = {name: _read_predictions(path / "eval" / "clean", test, samples) for name, path in eval_dirs.items()}
     labels = [s["gt"] for s in samples]
     # Fig. 1d: the error spectra of SpectraFlow and the baseline, the bands of every model
     spectra = {name: error_spectrum(predictions[name], labels) for name in ("spectraflow", "baseline")}
-    files["spectra"] = pf.plot_error_spectra(spectra, out / FIGURE_FILES["spectra"], DEFAULT_BAND_EDGES)
+    files["spectra"] = pf.plot_error_spectra(spectra, out / FIGURE_FILES["spectra"], DEFAULT_BAND_EDGES,
+                                             titles["spectra"])  # fmt: skip
     gt = torch.as_tensor(np.stack(labels)[:, None], dtype=torch.float32)
     bands = {
         name: compute_frequency_band_error(torch.as_tensor(np.stack(preds)[:, None], dtype=torch.float32), gt)[:, 0]
@@ -172,6 +203,7 @@ def run_figures(
         [samples[i]["gt"] for i in shown],
         {name: [preds[i] for i in shown] for name, preds in predictions.items()},
         out / FIGURE_FILES["panel"],
+        titles["panel"],
     )
     result = {"files": files, "spread": spread, "bands": bands, "scores": scores, "num_test": len(test)}
     write_text_atomic(out / "figures.md", figures_markdown(result, scale, common))
@@ -184,23 +216,23 @@ def _spread_indices(n: int, k: int) -> list[int]:
 
 
 def _draw_tsne(
-    ablation: ExperimentRunner, sf: _Run, samples: Sequence[Mapping], idx: Sequence[int], out: Path
+    ablation: ExperimentRunner, sf: _Run, samples: Sequence[Mapping], idx: Sequence[int], out: Path, title: str
 ) -> tuple[str, dict[str, dict[str, float]]]:
     """Fig. 3: t-SNE of the pooled penultimate features of both Stage-1 exports, for test images and their masks."""
     render = MaskToImage(channels=3, mean=sf.get("image_mean"), std=sf.get("image_std"))
     inputs = torch.stack([samples[i]["input"] for i in idx] + [render(samples[i]["label"]) for i in idx])
     classes = np.repeat([0, 1], len(idx))
     groups, spread = {}, {}
-    for run, title in ((SPECTRAFLOW_ARM, "MeanFlow + dispersive"), (NO_DISPERSIVE_ARM, "MeanFlow only")):
+    for run, panel in ((SPECTRAFLOW_ARM, "MeanFlow + dispersive"), (NO_DISPERSIVE_ARM, "MeanFlow only")):
         net = _Run(ablation, run, ["train.yaml"]).get("network_def")
         initialize_encoder(net, "stage1", None, ablation.run_dir(run) / "models" / "encoder_stage1.pt")
         feats = _pooled_features(net, inputs)
-        groups[title] = (feats, classes)
+        groups[panel] = (feats, classes)
         spread[run] = {"distance": pf.mean_pairwise_distance(feats), "spread": pf.feature_spread(feats)}
-    return pf.plot_feature_tsne(groups, out / FIGURE_FILES["tsne"]), spread
+    return pf.plot_feature_tsne(groups, out / FIGURE_FILES["tsne"], title=title), spread
 
 
-def _draw_gates(sf: _Run, samples: Sequence[Mapping], shown: Sequence[int], out: Path) -> str | None:
+def _draw_gates(sf: _Run, samples: Sequence[Mapping], shown: Sequence[int], out: Path, title: str) -> str | None:
     """Fig. 6: the DAF gate maps of the trained SpectraFlow (float32); None for a network without DAF."""
     net = sf.get("network_def")
     _load_model_weights(net, sf.dir / "models" / "model.pt")
@@ -211,7 +243,7 @@ def _draw_gates(sf: _Run, samples: Sequence[Mapping], shown: Sequence[int], out:
         return None
     gates = [g.mean(0).T.numpy() for g in gate.float()]  # channel mean, display orientation
     images, labels = [samples[i]["rgb"] for i in shown], [samples[i]["gt"] for i in shown]
-    return pf.plot_gate_maps(images, gates, labels, out / FIGURE_FILES["gates"])
+    return pf.plot_gate_maps(images, gates, labels, out / FIGURE_FILES["gates"], title)
 
 
 def _load_sample(load: Any, normalize: Any, entry: Mapping) -> dict[str, Any]:
@@ -250,13 +282,12 @@ def _read_predictions(eval_dir: Path, test: Sequence[Mapping], samples: Sequence
 
 def figures_markdown(result: Mapping[str, Any], scale: str, settings: Mapping[str, Any]) -> str:
     """The report section: the four figures, the feature spread and the error energy per frequency band."""
-    shown = ", ".join(f"`{k}={v}`" for k, v in settings.items() if k != "progress_bar")
     files = result["files"]
     low, mid, high = (f"{a:g}-{b:g}" for a, b in zip(DEFAULT_BAND_EDGES, DEFAULT_BAND_EDGES[1:]))
     lines = [
-        "## Analysis figures (paper Figs. 1d, 3, 6, 7)",
+        f"## {experiment_title(FIGURES_TITLE, settings)}",
         "",
-        f"Scale `{scale}`; bundle settings: {shown}; {result['num_test']} test images.",
+        f"{settings_text(scale, settings)} {result['num_test']} test images.",
         "",
         "Stage-1 features (pooled penultimate block, test images and their masks), t-SNE; distance = mean pairwise "
         "Euclidean distance, spread = distance / mean norm:",

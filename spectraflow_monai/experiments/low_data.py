@@ -1,11 +1,11 @@
 """Label efficiency (SpectraFlow paper, Fig. 4): Dice and HD95 with 10 / 20 / 50 / 100 % of the training images.
 
-SpectraFlow (Chen et al.) trains on nested subsets of the training set and compares the full method with the same
-network without Stage-1 and with a baseline. Here every arm is a run of the 2D bundle at ``data_fraction`` f (the
-seeded, nested subsets of :func:`spectraflow_monai.data.low_data_subset`): ``spectraflow`` (Stage-1 on the masks and
-images of the same subset, then Stage-2), ``no_stage1`` (Stage-2 from ``pretrained_weights``: ``encoder_init
-pretrained``, the paper's "no Stage-1" row) and ``baseline`` (the bundle's MONAI UNet by default), each evaluated on
-the whole test split.
+SpectraFlow (Chen et al.) trains on random subsets of the ISIC-2016 training set and compares the full method with the
+same network fine-tuned from the official DINOv2 weights without Stage-1 and with baselines it does not name. Here
+every arm is a run of the 2D bundle at ``data_fraction`` f (the seeded, nested subsets of
+:func:`spectraflow_monai.data.low_data_subset`): ``spectraflow`` (Stage-1 on the masks and images of the same subset,
+then Stage-2), ``no_stage1`` (Stage-2 from ``pretrained_weights``: ``encoder_init pretrained``, the paper's "no
+Stage-1" row) and ``baseline`` (the bundle's MONAI UNet by default), each evaluated on the whole test split.
 """
 
 from __future__ import annotations
@@ -15,11 +15,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
+from spectraflow_monai.experiments.runner import (
+    SCALES,
+    ExperimentRunner,
+    experiment_settings,
+    experiment_title,
+    settings_text,
+    write_csv,
+)
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.visualize.utils import save_figure
 
-__all__ = ["LOW_DATA_SCALES", "low_data_markdown", "run_low_data"]
+__all__ = ["LOW_DATA_DATASET", "LOW_DATA_SCALES", "LOW_DATA_TITLE", "low_data_markdown", "run_low_data"]
+
+#: the data set of the paper's Fig. 4 (a bundle ``dataset``).
+LOW_DATA_DATASET = "isic2016"
+LOW_DATA_TITLE = "Label efficiency (paper Fig. 4)"
 
 #: bundle overrides and fractions of each scale (``paper``: the bundle's own settings).
 LOW_DATA_SCALES: dict[str, dict[str, Any]] = {
@@ -55,7 +66,7 @@ def run_low_data(
     fractions = tuple(preset["fractions"] if fractions is None else fractions)
     if not fractions or any(isinstance(f, bool) or not 0.0 < float(f) <= 1.0 for f in fractions):
         raise ValueError(f"fractions must be numbers in (0, 1], got {list(fractions)!r}.")
-    common = {"progress_bar": False, **dict(data), **preset["overrides"], **dict(overrides or {})}
+    common = experiment_settings(data, preset["overrides"], overrides)
     runner = ExperimentRunner(output, "low_data", common)
     rows: list[dict[str, Any]] = []
     for fraction in fractions:
@@ -73,12 +84,12 @@ def run_low_data(
             rows.append({"fraction": float(fraction), "model": arm, **runner.evaluate(run, configs, "clean", settings)})
     out = Path(output)
     write_csv(out / "low_data.csv", rows)
-    _plot(out / "low_data.png", rows)
+    _plot(out / "low_data.png", rows, experiment_title(LOW_DATA_TITLE, common))
     write_text_atomic(out / "low_data.md", low_data_markdown(rows, scale, common))
     return rows
 
 
-def _plot(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+def _plot(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
     """mDSC against the training fraction, one line per arm."""
     from matplotlib.figure import Figure
 
@@ -91,17 +102,17 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     ax.set_ylabel("mDSC (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
 
 
 def low_data_markdown(rows: Sequence[Mapping[str, Any]], scale: str, settings: Mapping[str, Any]) -> str:
     """The report section: mDSC and HD95 per training fraction and arm."""
-    shown = ", ".join(f"`{k}={v}`" for k, v in settings.items() if k != "progress_bar")
     lines = [
-        "## Label efficiency (paper Fig. 4)",
+        f"## {experiment_title(LOW_DATA_TITLE, settings)}",
         "",
-        f"Scale `{scale}`; bundle settings: {shown}.",
+        settings_text(scale, settings),
         "",
         "| training images | model | mDSC (%) | HD95 (px, missed = diagonal) |",
         "| ---: | --- | ---: | ---: |",

@@ -17,12 +17,34 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.experiments.runner import SCALES, ExperimentRunner, write_csv
+from spectraflow_monai.experiments.runner import (
+    SCALES,
+    ExperimentRunner,
+    experiment_settings,
+    experiment_title,
+    settings_text,
+    write_csv,
+)
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS, MAX_SEVERITY
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.visualize.utils import save_figure
 
-__all__ = ["ROBUSTNESS_SCALES", "robustness_markdown", "run_robustness"]
+__all__ = [
+    "EXTRA_BASELINES",
+    "ROBUSTNESS_BASELINE",
+    "ROBUSTNESS_DATASET",
+    "ROBUSTNESS_SCALES",
+    "ROBUSTNESS_TITLE",
+    "robustness_markdown",
+    "run_robustness",
+]
+
+#: the data set of the paper's Fig. 5 (a bundle ``dataset``) and its baseline, U-Net++ (a bundle config).
+ROBUSTNESS_DATASET = "kvasir"
+ROBUSTNESS_BASELINE = "unetpp_baseline.yaml"
+#: optional extra arms: name -> bundle config merged over ``train.yaml`` (the command line's ``--extra-arms``).
+EXTRA_BASELINES: dict[str, str] = {"unet": "unet_baseline.yaml"}
+ROBUSTNESS_TITLE = "Robustness to distribution shift (paper Fig. 5)"
 
 #: bundle overrides and severities of each scale: ``small`` finishes in tens of minutes on 2 CPU cores with a real
 #: data set; ``paper`` keeps the bundle's own (the paper's) settings.
@@ -46,10 +68,11 @@ def run_robustness(
     scale: str = "small",
     kinds: Sequence[str] = CORRUPTION_KINDS,
     severities: Sequence[int] | None = None,
-    baseline_config: str = "unet_baseline.yaml",
+    baseline_config: str = ROBUSTNESS_BASELINE,
     overrides: Mapping[str, Any] | None = None,
+    extra_baselines: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Train SpectraFlow and the baseline, evaluate both under every corruption; write the CSV, figure and report.
+    """Train SpectraFlow and the baselines, evaluate each under every corruption; write the CSV, figure and report.
 
     Args:
         output: the experiment folder (``robustness/`` runs, ``robustness.csv``, ``robustness.png``, ``report.md``).
@@ -57,9 +80,11 @@ def run_robustness(
         scale: ``"small"`` or ``"paper"`` (:data:`ROBUSTNESS_SCALES`). Defaults to ``"small"``.
         kinds: corruptions (default all four of Fig. 5).
         severities: levels 1..5 (default: the scale's). Severity 0 is the clean evaluation, always run.
-        baseline_config: a config of the bundle (or a path) merged over ``train.yaml`` to train the baseline.
-            Defaults to the bundle's MONAI UNet.
+        baseline_config: a config of the bundle (or a path) merged over ``train.yaml`` to train the baseline (the
+            model ``baseline``). Defaults to the paper's U-Net++ (``unetpp_baseline.yaml``).
         overrides: more bundle overrides of every step (they win over the scale's).
+        extra_baselines: more arms, model name -> bundle config (e.g. :data:`EXTRA_BASELINES`), trained and evaluated
+            as the baseline. Defaults to none.
 
     Returns:
         One row per model, corruption and severity (``clean`` / 0 included).
@@ -69,9 +94,14 @@ def run_robustness(
     preset = ROBUSTNESS_SCALES[scale]
     severities = tuple(preset["severities"] if severities is None else severities)
     _check(kinds, severities)
-    common = {"progress_bar": False, **dict(data), **preset["overrides"], **dict(overrides or {})}
+    extra = dict(extra_baselines or {})
+    clash = [name for name in extra if name in ("spectraflow", "baseline")]
+    if clash or any(not isinstance(v, str) or not v for v in extra.values()):
+        raise ValueError(f"extra_baselines must map new model names to bundle configs, got {extra!r}.")
+    common = experiment_settings(data, preset["overrides"], overrides)
     runner = ExperimentRunner(output, "robustness", common)
     models = {"spectraflow": ["train.yaml"], "baseline": ["train.yaml", baseline_config]}
+    models.update({name: ["train.yaml", config] for name, config in extra.items()})
     runner.step("spectraflow", "stage1", ["train.yaml", "train_stage1.yaml"])
     for name, configs in models.items():
         runner.step(name, "stage2", configs)
@@ -91,13 +121,16 @@ def run_robustness(
             rows.append(row)
     out = Path(output)
     write_csv(out / "robustness.csv", rows)
-    _plot(out / "robustness.png", rows, kinds)
-    section = robustness_markdown(rows, scale, common)
+    labels = {name: f"{name} ({Path(configs[-1]).stem})" for name, configs in models.items() if name != "spectraflow"}
+    _plot(out / "robustness.png", rows, kinds, experiment_title(ROBUSTNESS_TITLE, common), labels)
+    section = robustness_markdown(rows, scale, common, labels)
     write_text_atomic(out / "robustness.md", section)
     return rows
 
 
-def _plot(path: Path, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -> None:
+def _plot(
+    path: Path, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str], title: str, labels: Mapping[str, str]
+) -> None:
     """mDSC against severity, one panel per corruption, one line per model (severity 0 = clean)."""
     from matplotlib.figure import Figure
 
@@ -107,31 +140,37 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -
         for model in dict.fromkeys(r["model"] for r in rows):
             mine = [r for r in rows if r["model"] == model and r["corruption"] in (kind, "clean")]
             pts = [(r["severity"], 100 * r["mDSC"]) for r in mine]
-            ax.plot(*zip(*sorted(pts)), marker="o", label=model)
+            ax.plot(*zip(*sorted(pts)), marker="o", label=labels.get(model, model))
         ax.set_title(kind.replace("_", " "))
         ax.set_xlabel("severity")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("mDSC (%)")
     axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)
 
 
-def robustness_markdown(rows: Sequence[Mapping[str, Any]], scale: str, settings: Mapping[str, Any]) -> str:
-    """The report section: the table of mDSC / HD95 and their drop from clean per model, corruption, severity."""
+def robustness_markdown(
+    rows: Sequence[Mapping[str, Any]],
+    scale: str,
+    settings: Mapping[str, Any],
+    labels: Mapping[str, str] | None = None,
+) -> str:
+    """The report section: the table of mDSC / HD95 and their drop from clean per model, corruption, severity
+    (``labels``: model -> the name the table shows, e.g. with its config)."""
+    labels = dict(labels or {})
     lines = [
-        "## Robustness to distribution shift (paper Fig. 5)",
+        f"## {experiment_title(ROBUSTNESS_TITLE, settings)}",
         "",
-        f"Scale `{scale}`; bundle settings: "
-        + ", ".join(f"`{k}={v}`" for k, v in settings.items() if k not in ("progress_bar",))
-        + ".",
+        settings_text(scale, settings),
         "",
         "| model | corruption | severity | mDSC (%) | change (points) | HD95 (px, missed = diagonal) | change (px) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['corruption']} | {r['severity']} | {100 * r['mDSC']:.2f} | "
+            f"| {labels.get(r['model'], r['model'])} | {r['corruption']} | {r['severity']} | {100 * r['mDSC']:.2f} | "
             f"{100 * r['mDSC_change']:+.2f} | {r['hd95_monai_empty_as_diagonal']:.2f} | "
             f"{r['hd95_monai_empty_as_diagonal_change']:+.2f} |"
         )

@@ -6,6 +6,12 @@ overrides, so every experiment setting is a bundle setting. A step that finished
 ``<run>/<step>.done.json`` (its configs, overrides and time); a later call with the same settings skips it, so an
 interrupted experiment resumes where it stopped (an interrupted Stage-1 / Stage-2 also resumes inside the step, from
 the bundle's own checkpoints). Changed settings run the step again.
+
+Encoder weights: every experiment starts from the bundle's ``pretrained_weights`` default (``timm``: the paper's
+DINOv2 weights) unless told otherwise. :func:`resolve_encoder_weights` loads them once before any step, so an
+unreachable hub or a missing file stops the experiment before training with :class:`EncoderWeightsError`, naming the
+setting and the ways forward; random initialisation (``pretrained_weights: none``) runs only when asked for, and
+:func:`experiment_title` then says so in the title of every table and figure.
 """
 
 from __future__ import annotations
@@ -18,10 +24,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.utils.bundles import bundle_path, run_bundle_configs
+from spectraflow_monai.utils.bundles import bundle_parser, bundle_path, run_bundle_configs
+from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
-__all__ = ["EXPERIMENT_METRICS", "SCALES", "ExperimentRunner", "read_summary", "write_csv"]
+__all__ = [
+    "EXPERIMENT_METRICS",
+    "RANDOM_INIT_NOTE",
+    "SCALES",
+    "EncoderWeightsError",
+    "ExperimentRunner",
+    "experiment_settings",
+    "experiment_title",
+    "read_summary",
+    "resolve_encoder_weights",
+    "settings_text",
+    "write_csv",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +57,98 @@ SCALES: dict[str, dict[str, Any]] = {
     "small": {"image_size": 112, "stage1_epochs": 2, "max_epochs": 8, "ema_decay": 0.9},
     "paper": {},
 }
+
+
+#: what the title of every table and figure of an experiment adds when its encoder starts from random weights.
+RANDOM_INIT_NOTE = "random encoder initialisation, not the paper's DINOv2 weights"
+
+
+class EncoderWeightsError(SettingError):
+    """The encoder weights of an experiment (``pretrained_weights``) could not be loaded; nothing was trained."""
+
+
+def _weights_error(value: Any, encoder_name: str, exc: BaseException) -> EncoderWeightsError:
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return EncoderWeightsError(
+        f"pretrained_weights={value!r} (the experiments' --pretrained-weights; default: the bundle's 'timm', the "
+        f"paper's DINOv2 weights) could not be loaded into {encoder_name}, so nothing was trained:\n"
+        f"  {type(exc).__name__}: {first}\n"
+        "Ways forward:\n"
+        "  - on a machine with internet access keep the default: timm downloads the weights once into the Hugging "
+        "Face cache, and later runs read them from there;\n"
+        "  - pass a local copy: --pretrained-weights /path/dinov2_vits14_pretrain.pth (the official facebookresearch "
+        f"checkpoint of the paper) or a timm state dict of {encoder_name};\n"
+        "  - opt into random initialisation: --pretrained-weights none (not the paper's setting; every table and "
+        "figure title then says so)."
+    )
+
+
+def resolve_encoder_weights(common: Mapping[str, Any], bundle: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The settings ``common`` with ``pretrained_weights`` made explicit, after loading those weights once.
+
+    The weights are ``common["pretrained_weights"]`` when set, else the bundle's default (``timm``, the paper's DINOv2
+    weights). They are loaded into an encoder built from the runs' settings (``encoder_name``, ``image_size``,
+    ``encoder_kwargs``) before any step runs, so an experiment without access to them stops before training.
+
+    Args:
+        common: the bundle overrides of every step of the experiment.
+        bundle: the bundle folder. Defaults to the installed ``spectraflow_2d_segmentation``.
+
+    Returns:
+        ``common`` with ``pretrained_weights`` set: ``"timm"``, the file path, or ``"none"`` (random initialisation,
+        logged as a warning).
+
+    Raises:
+        EncoderWeightsError: the weights could not be loaded (no hub access, a missing or unfitting file); the message
+            names the setting and the ways forward.
+    """
+    from spectraflow_monai.networks import DINOv2Encoder
+    from spectraflow_monai.networks.utils import load_encoder_weights, normalize_weights_source
+
+    bundle = Path(bundle) if bundle is not None else bundle_path("spectraflow_2d_segmentation")
+    parser = bundle_parser(bundle, ["train.yaml"], dict(common))
+    if "pretrained_weights" in common:
+        value = common["pretrained_weights"]
+    else:
+        value = parser.get_parsed_content("pretrained_weights")  # the bundle's default
+    source = normalize_weights_source(value)
+    if source is None:
+        logger.warning("encoder weights: none: every run starts from a random encoder (%s)", RANDOM_INIT_NOTE)
+        return {**common, "pretrained_weights": "none"}
+    name = parser.get_parsed_content("encoder_name")
+    try:
+        encoder = DINOv2Encoder(name, img_size=parser.get_parsed_content("image_size"),
+                                model_kwargs=parser.get_parsed_content("encoder_kwargs"))  # fmt: skip
+        load_encoder_weights(encoder, source)
+    except (ValueError, OSError) as exc:  # SettingError (the hub), FileNotFoundError, a file that does not fit
+        raise _weights_error(value, name, exc) from exc
+    return {**common, "pretrained_weights": source}
+
+
+def experiment_settings(
+    data: Mapping[str, Any], scale: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The bundle overrides of every step of an experiment: ``data``, then the ``scale``'s, then ``overrides`` (each
+    winning over the one before; no progress bars), with the encoder weights made explicit and loaded once by
+    :func:`resolve_encoder_weights` (so that no weights means no training)."""
+    return resolve_encoder_weights({"progress_bar": False, **dict(data), **dict(scale), **dict(overrides or {})})
+
+
+def _random_init(settings: Mapping[str, Any]) -> bool:
+    from spectraflow_monai.networks.utils import normalize_weights_source
+
+    return "pretrained_weights" in settings and normalize_weights_source(settings["pretrained_weights"]) is None
+
+
+def experiment_title(title: str, settings: Mapping[str, Any]) -> str:
+    """``title`` of a table or figure, with :data:`RANDOM_INIT_NOTE` when ``settings`` start from random weights."""
+    return f"{title}: {RANDOM_INIT_NOTE}" if _random_init(settings) else title
+
+
+def settings_text(scale: str, settings: Mapping[str, Any]) -> str:
+    """The report line that names an experiment's scale and bundle settings."""
+    shown = ", ".join(f"`{k}={v}`" for k, v in settings.items() if k != "progress_bar")
+    return f"Scale `{scale}`; bundle settings: {shown}."
 
 
 def _plain(value: Any) -> Any:

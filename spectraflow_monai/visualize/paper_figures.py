@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,11 +48,17 @@ def feature_spread(features: np.ndarray) -> float:
     return float(distance / max(np.sqrt((x**2).sum(1)).mean(), 1e-12))
 
 
+def _suptitle(fig: Any, title: str | None) -> None:
+    if title:
+        fig.suptitle(title, fontsize=8)
+
+
 def plot_feature_tsne(
     groups: Mapping[str, tuple[np.ndarray, np.ndarray]],
     path: str | os.PathLike,
     class_names: Sequence[str] = ("image", "mask"),
     seed: int = 0,
+    title: str | None = None,
 ) -> str:
     """One t-SNE panel per feature set (paper Fig. 3), points coloured by class (image or mask input).
 
@@ -60,6 +67,7 @@ def plot_feature_tsne(
         path: PNG output.
         class_names: the names of the class indices. Defaults to ``("image", "mask")``.
         seed: t-SNE random state. Defaults to 0.
+        title: the figure's title (above the panels), or None. Defaults to None.
     """
     from matplotlib.figure import Figure
     from sklearn.manifold import TSNE
@@ -68,28 +76,33 @@ def plot_feature_tsne(
         raise ValueError("groups must hold at least one feature set.")
     fig = Figure(figsize=(3.4 * len(groups), 3.4))
     axes = fig.subplots(1, len(groups), squeeze=False)[0]
-    for ax, (title, (features, classes)) in zip(axes, groups.items()):
+    for ax, (panel, (features, classes)) in zip(axes, groups.items()):
         features = np.asarray(features, dtype=np.float32)
         classes = np.asarray(classes)
         if features.ndim != 2 or len(features) != len(classes) or len(features) < 3:
-            raise ValueError(f"{title}: need (N >= 3, C) features and N classes, got {features.shape}, "
+            raise ValueError(f"{panel}: need (N >= 3, C) features and N classes, got {features.shape}, "
                              f"{classes.shape}.")  # fmt: skip
         perplexity = float(min(30.0, (len(features) - 1) / 3.0))
         xy = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(features)
         for k, name in enumerate(class_names):
             sel = classes == k
             ax.scatter(xy[sel, 0], xy[sel, 1], s=6, alpha=0.7, label=name)
-        ax.set_title(f"{title}\ndistance {mean_pairwise_distance(features):.3g}, spread {feature_spread(features):.3f}",
+        ax.set_title(f"{panel}\ndistance {mean_pairwise_distance(features):.3g}, spread {feature_spread(features):.3f}",
                      fontsize=8)  # fmt: skip
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0].legend(fontsize=7, markerscale=2)
+    _suptitle(fig, title)
     fig.tight_layout()
     return save_figure(fig, path)
 
 
 def plot_gate_maps(
-    images: Sequence[np.ndarray], gates: Sequence[np.ndarray], labels: Sequence[np.ndarray], path: str | os.PathLike
+    images: Sequence[np.ndarray],
+    gates: Sequence[np.ndarray],
+    labels: Sequence[np.ndarray],
+    path: str | os.PathLike,
+    title: str | None = None,
 ) -> str:
     """Each image with its ground-truth contour next to its DAF gate map (paper Fig. 6).
 
@@ -98,6 +111,7 @@ def plot_gate_maps(
         gates: (h, w) gate maps in [0, 1] (e.g. the channel mean of the gate M), shown over the image.
         labels: (H, W) ground-truth masks.
         path: PNG output.
+        title: a line above the figure's own title, or None. Defaults to None.
     """
     from matplotlib.figure import Figure
 
@@ -119,7 +133,7 @@ def plot_gate_maps(
         for ax in axes[row]:
             ax.set_axis_off()
     axes[0][0].set_title("image, ground truth", fontsize=8)
-    fig.suptitle("DAF gate M (channel mean), each map's own range", fontsize=8)
+    _suptitle(fig, "\n".join(t for t in (title, "DAF gate M (channel mean), each map's own range") if t))
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -128,6 +142,7 @@ def plot_error_spectra(
     spectra: Mapping[str, tuple[np.ndarray, np.ndarray]],
     path: str | os.PathLike,
     band_edges: Sequence[float] = (),
+    title: str | None = None,
 ) -> str:
     """Radial error spectrum of each model (paper Fig. 1d): error power per frequency bin, band edges marked.
 
@@ -135,6 +150,7 @@ def plot_error_spectra(
         spectra: model -> ``(bin centres (cycles/pixel), mean error power per bin)``.
         path: PNG output.
         band_edges: inner band edges drawn as vertical lines.
+        title: the figure's title, or None. Defaults to None.
     """
     from matplotlib.figure import Figure
 
@@ -150,6 +166,7 @@ def plot_error_spectra(
     ax.set_ylabel("error power per image (pixels)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    _suptitle(fig, title)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -159,9 +176,10 @@ def plot_model_panel(
     labels: Sequence[np.ndarray],
     predictions: Mapping[str, Sequence[np.ndarray]],
     path: str | os.PathLike,
+    title: str | None = None,
 ) -> str:
     """A grid of images (rows) by models (columns): ground truth (green) and each model's prediction (red) contours
-    (paper Fig. 7)."""
+    (paper Fig. 7), under ``title`` when given."""
     from matplotlib.figure import Figure
 
     if not images or len(labels) != len(images) or any(len(p) != len(images) for p in predictions.values()):
@@ -179,5 +197,6 @@ def plot_model_panel(
             ax.set_axis_off()
             if row == 0:
                 ax.set_title(columns[col], fontsize=8)
+    _suptitle(fig, title)
     fig.tight_layout()
     return save_figure(fig, path)

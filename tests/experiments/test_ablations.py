@@ -9,13 +9,17 @@ import shutil
 import pytest
 import torch
 
+import spectraflow_monai.experiments.ablations as ablations_module
 import spectraflow_monai.experiments.runner as runner_module
 from spectraflow_monai.experiments import ABLATIONS, dispersive_weight_ablation, run_ablation
+from spectraflow_monai.experiments.ablations import PAPER_LITERAL_STAGE1
 from spectraflow_monai.experiments.cli import main
+from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE
 from tests.experiments.test_robustness import TINY
 
 ARMS = {
-    "stage1": ["no_stage1", "image_meanflow", "mixed_mae", "mixed_meanflow", "mixed_meanflow_dispersive"],
+    "stage1": ["no_stage1", "image_meanflow", "mixed_mae", "mixed_meanflow", "mixed_meanflow_dispersive",
+               "paper_literal"],
     "decoder": ["concat_standard", "concat_cbam", "concat_fdconv", "daf_standard", "daf_cbam", "daf_fdconv"],
     "finetune": ["frozen", "last_block", "full"],
     "dispersive-weight": ["lambda_0.2", "lambda_1"],
@@ -50,7 +54,7 @@ def test_one_row_per_arm_with_csv_figure_and_report(experiment):
         assert [r["arm"] for r in csv.DictReader(f)] == ARMS[name]
     assert (out / f"{stem}.png").stat().st_size > 0
     text = (out / f"{stem}.md").read_text()
-    assert text.startswith(f"## {ABLATIONS[name].title}")
+    assert text.startswith(f"## {ABLATIONS[name].title}: {RANDOM_INIT_NOTE}\n")  # pretrained_weights none
     assert all(f"| {arm} |" in text for arm in ARMS[name])
 
 
@@ -64,7 +68,13 @@ def test_each_arm_runs_the_settings_it_names(experiment):
         image_only = _marker(out, stem, "image_meanflow", "stage1")["overrides"]
         assert image_only["mask_ratio"] == 0.0 and image_only["dispersive_weight"] == 0.0
         assert _marker(out, stem, "mixed_meanflow", "stage1")["overrides"]["dispersive_weight"] == 0.0
-        assert "dispersive_weight" not in _marker(out, stem, "mixed_meanflow_dispersive", "stage1")["overrides"]
+        default = _marker(out, stem, "mixed_meanflow_dispersive", "stage1")["overrides"]
+        assert not {"dispersive_weight", *PAPER_LITERAL_STAGE1} & set(default)
+        literal = _marker(out, stem, "paper_literal", "stage1")["overrides"]
+        assert {k: literal[k] for k in PAPER_LITERAL_STAGE1} == {
+            "latent_norm": False, "meanflow_adaptive_p": 0.0, "dispersive_normalize": None
+        }  # fmt: skip
+        assert "eqs. 1, 3, 5 as printed" in (out / f"{stem}.md").read_text()
         # every Stage-1 variant trained its own encoder: the exports differ
         exports = [torch.load(out / stem / arm / "models" / "encoder_stage1.pt", weights_only=True)
                    for arm in ARMS[name][1:]]  # fmt: skip
@@ -87,13 +97,17 @@ def test_each_arm_runs_the_settings_it_names(experiment):
 def test_second_call_does_no_training(experiment, monkeypatch):
     name, out, data, rows = experiment
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    titles = []
+    monkeypatch.setattr(ablations_module, "save_figure", lambda fig, path: titles.append(fig.get_suptitle()))
     assert run_ablation(out, _ablation(name), data, overrides=TINY) == rows
+    assert titles == [f"{ABLATIONS[name].title}: {RANDOM_INIT_NOTE}"]  # the figure says so too
 
 
 def test_cli_maps_to_the_same_runs(experiment, monkeypatch):
     name, out, _, _ = experiment
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
-    argv = [name, "--output", str(out), "--dataset-dir", str(out / "data"), "--precision", "fp32"]
+    argv = [name, "--output", str(out), "--dataset", "synthetic", "--dataset-dir", str(out / "data"),
+            "--pretrained-weights", "none", "--precision", "fp32"]  # fmt: skip
     argv += [f"--override={k}={v}" for k, v in TINY.items() if k != "precision"]
     if name == "dispersive-weight":
         argv += ["--weights", "0.2", "1.0"]

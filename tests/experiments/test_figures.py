@@ -9,7 +9,9 @@ import pytest
 
 import spectraflow_monai.experiments.runner as runner_module
 from spectraflow_monai.experiments import run_ablation
-from spectraflow_monai.experiments.figures import FIGURE_FILES, error_spectrum, run_figures
+from spectraflow_monai.experiments.figures import FIGURE_FILES, FIGURES_TITLE, error_spectrum, run_figures
+from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE
+from spectraflow_monai.visualize import paper_figures
 from tests.experiments.test_robustness import TINY
 
 
@@ -57,7 +59,11 @@ def test_stage1_ablation_reuses_the_figures_runs(experiment, monkeypatch):
 def test_second_call_does_no_training(experiment, monkeypatch):
     out, data, result = experiment
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    titles = []
+    monkeypatch.setattr(paper_figures, "save_figure", lambda fig, path: titles.append(fig.get_suptitle()) or path)
     again = run_figures(out, data, overrides=TINY, num_images=2)
+    assert len(titles) == 4 and all(RANDOM_INIT_NOTE in t for t in titles)  # every figure says so in its title
+    assert (out / "figures.md").read_text().startswith(f"## {FIGURES_TITLE}: {RANDOM_INIT_NOTE}\n")
     assert again["spread"] == result["spread"]
     assert {k: again["bands"][k] for k in ("spectraflow", "baseline")} == result["bands"]
 
@@ -92,5 +98,5 @@ def test_panel_and_bands_take_the_other_evaluated_stage1_arms(experiment, monkey
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
     again = run_figures(out, data, overrides=TINY, num_images=2)
     assert list(again["bands"]) == ["spectraflow", "baseline", "no_stage1", "image_meanflow", "mixed_mae",
-                                    "mixed_meanflow"]  # fmt: skip
+                                    "mixed_meanflow", "paper_literal"]  # fmt: skip
     assert "| mixed_mae |" in (out / "figures.md").read_text()

@@ -8,8 +8,11 @@ import shutil
 
 import pytest
 
+import spectraflow_monai.experiments.low_data as low_data_module
 import spectraflow_monai.experiments.runner as runner_module
 from spectraflow_monai.experiments import run_low_data
+from spectraflow_monai.experiments.low_data import LOW_DATA_TITLE
+from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE
 from tests.experiments.test_robustness import TINY
 
 SYNTH = {"num_train": 6, "num_val": 2}
@@ -33,7 +36,8 @@ def test_three_arms_per_fraction(experiment):
     with open(out / "low_data.csv") as f:
         assert len(list(csv.DictReader(f))) == 6
     assert (out / "low_data.png").stat().st_size > 0
-    assert "| 50 % | no_stage1 |" in (out / "low_data.md").read_text()
+    text = (out / "low_data.md").read_text()
+    assert text.startswith(f"## {LOW_DATA_TITLE}: {RANDOM_INIT_NOTE}\n") and "| 50 % | no_stage1 |" in text
 
 
 def test_arms_train_on_the_subset_and_no_stage1_skips_stage1(experiment):
@@ -51,7 +55,10 @@ def test_arms_train_on_the_subset_and_no_stage1_skips_stage1(experiment):
 def test_second_call_does_no_training(experiment, monkeypatch):
     out, data, overrides, rows = experiment
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
+    titles = []
+    monkeypatch.setattr(low_data_module, "save_figure", lambda fig, path: titles.append(fig.get_suptitle()))
     assert run_low_data(out, data, fractions=[0.5, 1.0], overrides=overrides) == rows
+    assert titles == [f"{LOW_DATA_TITLE}: {RANDOM_INIT_NOTE}"]
 
 
 @pytest.mark.parametrize("kwargs,match", [({"scale": "huge"}, "scale"), ({"fractions": [0.0]}, "fractions")])

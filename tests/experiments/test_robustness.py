@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 
 import pytest
 
+import spectraflow_monai.experiments.robustness as robustness_module
 import spectraflow_monai.experiments.runner as runner_module
 from spectraflow_monai.experiments import run_robustness
 from spectraflow_monai.experiments.cli import main
+from spectraflow_monai.experiments.robustness import EXTRA_BASELINES, ROBUSTNESS_TITLE
+from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE
 from spectraflow_monai.utils import bundle_path
 
 # 112 px: a multiple of the ViT patch (14) and of the UNet's total stride (16)
@@ -31,28 +35,38 @@ TINY = {
 def experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("robustness")
     data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
-    rows = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY)
+    rows = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY,
+                          extra_baselines=EXTRA_BASELINES)  # fmt: skip
     yield out, data, rows
     shutil.rmtree(out, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
 
-def test_rows_cover_both_models_clean_and_shifted(experiment):
+def test_rows_cover_every_model_clean_and_shifted(experiment):
     out, _, rows = experiment
     assert [(r["model"], r["corruption"], r["severity"]) for r in rows] == [
-        ("spectraflow", "clean", 0),
-        ("spectraflow", "gaussian_noise", 3),
-        ("baseline", "clean", 0),
-        ("baseline", "gaussian_noise", 3),
+        (model, kind, severity)
+        for model in ("spectraflow", "baseline", "unet")
+        for kind, severity in (("clean", 0), ("gaussian_noise", 3))
     ]
     for r in rows:
         assert 0.0 <= r["mDSC"] <= 1.0
         if r["corruption"] == "clean":
             assert r["mDSC_change"] == 0.0
     with open(out / "robustness.csv") as f:
-        assert len(list(csv.DictReader(f))) == 4
+        assert len(list(csv.DictReader(f))) == 6
     assert (out / "robustness.png").stat().st_size > 0
     text = (out / "robustness.md").read_text()
-    assert "paper Fig. 5" in text and "| baseline | gaussian_noise | 3 |" in text
+    assert text.startswith(f"## {ROBUSTNESS_TITLE}: {RANDOM_INIT_NOTE}\n")
+    assert "| baseline (unetpp_baseline) | gaussian_noise | 3 |" in text
+    assert "| unet (unet_baseline) | clean | 0 |" in text
+
+
+def test_baseline_is_unetpp_by_the_same_stage2_and_unet_an_extra_arm(experiment):
+    out, _, _ = experiment
+    runs = out / "robustness"
+    configs = {m: json.loads((runs / m / "stage2.done.json").read_text())["configs"] for m in ("baseline", "unet")}
+    assert configs == {"baseline": ["train.yaml", "unetpp_baseline.yaml"], "unet": ["train.yaml", "unet_baseline.yaml"]}
+    assert not (runs / "baseline" / "stage1.done.json").exists()
 
 
 @pytest.mark.parametrize("corruption", [None, "gaussian_noise", "contrast"])
@@ -80,21 +94,28 @@ def test_second_call_does_no_training(experiment, monkeypatch):
         raise AssertionError(f"a finished step ran again: {args[2:]}")
 
     monkeypatch.setattr(runner_module, "run_bundle_configs", refuse)
-    assert run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY) == rows
+    titles = []
+    monkeypatch.setattr(robustness_module, "save_figure", lambda fig, path: titles.append(fig.get_suptitle()))
+    again = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY,
+                           extra_baselines=EXTRA_BASELINES)  # fmt: skip
+    assert again == rows and titles == [f"{ROBUSTNESS_TITLE}: {RANDOM_INIT_NOTE}"]
 
 
 def test_cli_writes_the_report(experiment, monkeypatch, capsys):
     out, _, _ = experiment
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail("nothing should run"))
-    argv = ["robustness", "--output", str(out), "--dataset-dir", str(out / "data"), "--kinds", "gaussian_noise",
-            "--severities", "3", "--precision", "fp32"]  # fmt: skip
+    argv = ["robustness", "--output", str(out), "--dataset", "synthetic", "--dataset-dir", str(out / "data"),
+            "--pretrained-weights", "none", "--kinds", "gaussian_noise", "--severities", "3", "--precision", "fp32",
+            "--extra-arms", "unet"]  # fmt: skip
     argv += [f"--override={k}={v}" for k, v in TINY.items() if k != "precision"]
     assert main(argv) == 0
     assert "## Robustness to distribution shift" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("kwargs,match", [({"scale": "huge"}, "scale"), ({"severities": [0]}, "severities"),
-                                          ({"kinds": ["fog"]}, "kinds")])  # fmt: skip
+                                          ({"kinds": ["fog"]}, "kinds"),
+                                          ({"extra_baselines": {"baseline": "unet_baseline.yaml"}}, "extra_baselines"),
+                                          ({"extra_baselines": {"unet": ""}}, "extra_baselines")])  # fmt: skip
 def test_bad_settings_are_named(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_robustness(tmp_path, {"dataset": "synthetic"}, **kwargs)
