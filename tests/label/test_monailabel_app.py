@@ -128,6 +128,11 @@ def _make_bundles(root: Path, studies: Path, names=(NAME_2D, NAME_3D), weights: 
     return bundles
 
 
+def _served(bundles: Path, name: str) -> Path:
+    """The server's own copy of bundle ``name`` (``--conf model_dir``, default ``<app>/model``)."""
+    return bundles / "monailabel_app" / "model" / name
+
+
 def _write_studies(studies: Path) -> None:
     """A 70x90 RGB PNG (``img_a``), the same image as a JPEG (``img_j``) and a 40x36x6 CT volume (``ct_a``) with a
     flipped affine."""
@@ -370,20 +375,25 @@ def _fine_tune(tmp_path: Path, name: str, write_pairs) -> tuple:
     bundles = _make_bundles(tmp_path, studies, names=(name,))
     (studies / "labels" / "final").mkdir(parents=True)
     write_pairs(studies)
-    model_pt = bundles / name / "models" / "model.pt"
-    before = torch.load(model_pt, weights_only=True)
+    installed = bundles / name / "models" / "model.pt"
+    before = torch.load(installed, weights_only=True)
     # the app's encoder-weight settings (no hub here): random init, then models/model.pt is loaded over it
     conf = {f"overrides.{name}": json.dumps({**SIZE[name], **TRAIN}), "pretrained_weights": "none"}
     app = _app(bundles, studies, models=name, encoder_init="pretrained", **conf)
     app.train({"model": name, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
-    after = torch.load(model_pt, weights_only=True)
+    after = torch.load(_served(bundles, name) / "models" / "model.pt", weights_only=True)
+    # the installed bundle is never written: the server trains and serves its own copy
+    assert torch.equal(torch.load(installed, weights_only=True)["decoder.head.conv.weight"],
+                       before["decoder.head.conv.weight"])  # fmt: skip
+    assert not (bundles / name / "logs").exists()
+    assert not any((_served(bundles, name) / "runs").iterdir())  # the run's folder is gone once its model serves
     assert set(after) == set(before)
     # started from model.pt (frozen encoder blocks unchanged) and fine-tuned the rest
     torch.testing.assert_close(
         after["encoder.vit.blocks.0.attn.qkv.weight"], before["encoder.vit.blocks.0.attn.qkv.weight"]
     )
     assert not torch.equal(after["decoder.head.conv.weight"], before["decoder.head.conv.weight"])
-    assert (bundles / name / "logs").is_dir()
+    assert (_served(bundles, name) / "logs").is_dir()
     return app, bundles
 
 
@@ -410,7 +420,7 @@ def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
 
     app, bundles = _fine_tune(tmp_path, NAME_3D, pairs)
     # the volumes were sliced once into the bundle's cache (one file per axial slice)
-    cache = bundles / NAME_3D / "cache" / f"monailabel_{SIZE[NAME_3D]['image_size']}"
+    cache = _served(bundles, NAME_3D) / "cache" / f"monailabel_{SIZE[NAME_3D]['image_size']}"
     assert len(list(cache.rglob("*.npz"))) == 3 * VOLUME_SHAPE[2]
     result = app.infer({"model": NAME_3D, "image": "ct0", "device": "cpu"})
     assert nib.load(result["file"]).shape == VOLUME_SHAPE
@@ -434,7 +444,7 @@ def test_train_2d_multi_class_from_own_label_maps(tmp_path):
     conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN, **classes}), "pretrained_weights": "none"}
     app = _app(bundles, studies, models=NAME_2D, encoder_init="random", **conf)
     app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
-    state = torch.load(bundles / NAME_2D / "models" / "model.pt", weights_only=True)
+    state = torch.load(_served(bundles, NAME_2D) / "models" / "model.pt", weights_only=True)
     assert state["decoder.head.conv.weight"].shape[0] == 3  # one output channel per class (softmax)
     served = _app(bundles, studies, models=NAME_2D, **conf)  # a restarted app serves the trained model.pt
     result = served.infer({"model": NAME_2D, "image": "m0", "device": "cpu"})
