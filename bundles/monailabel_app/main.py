@@ -110,11 +110,15 @@ __all__ = [
     "SpectraFlowInferTask",
     "SpectraFlowTrainTask",
     "TRAIN_OPTIONS",
+    "check_id",
+    "check_tag",
     "check_train_options",
     "client_request",
     "find_bundles",
     "image_problem",
     "parse_overrides",
+    "redact_paths",
+    "served_copy",
 ]
 
 logger = logging.getLogger(__name__)

@@ -240,11 +240,13 @@ def _relative_pair(pair: Any) -> Any:
     root = getattr(app_instance().datastore(), "_datastore_path", None)
     if not isinstance(pair, dict):
         return pair
+    root = os.path.realpath(root) if root else None
     shown = {}
     for key, value in pair.items():
         if isinstance(value, str) and os.path.isabs(value):
-            inside = root and os.path.realpath(value).startswith(os.path.realpath(root) + os.sep)
-            value = os.path.relpath(os.path.realpath(value), os.path.realpath(root)) if inside else os.path.basename(value)
+            real = os.path.realpath(value)
+            inside = root is not None and real.startswith(root + os.sep)
+            value = os.path.relpath(real, root) if inside else os.path.basename(value)
         shown[key] = value
     return shown
 
