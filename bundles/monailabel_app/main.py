@@ -16,6 +16,11 @@ Settings (``--conf KEY VALUE``):
 - ``models``: comma-separated bundle names (default: every bundle found in ``bundles_dir``). A name that is not a
   bundle there stops the server with the list of the bundles that are.
 - ``bundles_dir``: folder that holds the bundles (default: the parent folder of this app, i.e. ``bundles/``).
+- ``model_dir``: where the server keeps its own copy of each served bundle (default: ``model/`` inside this app's
+  folder). The server never reads configs from the installed bundle while serving nor writes to it: at every start
+  ``<model_dir>/<bundle>/configs`` is made identical to the installed bundle's, and the installed ``models/`` files
+  the copy lacks are copied (``lib/served.py``); the copy's ``models/model.pt`` is the served model, which every
+  training request replaces. It must not overlap the studies folder.
 - ``overrides``: a JSON object of bundle config ids and values applied to every served bundle, for both inference
   and training, in the same form as ``python -m monai.bundle run --<id> <value>``; use it to serve a model trained
   with non-default network settings, e.g. ``'{"encoder_name": "vit_base_patch14_dinov2"}'``.
@@ -33,17 +38,22 @@ Settings (``--conf KEY VALUE``):
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
-without it is served for training only, and an inference request for it is answered with HTTP 404 and the reason.
+without it is served for training only (an inference request is answered with HTTP 404 and the reason) until a
+training request has written it. Every training request is a new run on the datastore's current labels, from the
+served ``model.pt`` (``pretrained``, default) or the bundle's initial weights; its best model then replaces the served
+one and the log says so (``lib/trainers.py``).
 Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id: 404, a file that
 cannot be read as an image: 415, a 2D image sent to a volume model or the reverse: 422, a training option that is
 not accepted: 422) and the server keeps serving.
 
 What a client may send (``lib/checks.py``): an image is the id of a datastore image, a file uploaded with the
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
-A training request may set only the options of ``lib.trainers.TRAIN_OPTIONS`` (types and ranges checked), never a
-string that the bundle config parser would evaluate (``$``, ``@``, ``%``, ``_target_``, ...). Label maps are written
-losslessly (PNG for 2D images, JPEG inputs included; NIfTI/NRRD for volumes). See docs/monailabel.md, "Serving
-safely".
+Datastore ids are plain names and label tags ``final``, ``original`` or a simple name, on every datastore route
+(else 400, nothing read or written). ``model_filename`` names a ``.pt`` file of the bundle's ``models/`` folder (else
+one and the same 422 answer). A training request may set only the options of ``lib.trainers.TRAIN_OPTIONS`` (types
+and ranges checked), never a string that the bundle config parser would evaluate (``$``, ``@``, ``%``,
+``_target_``, ...). No answer shows a server path. Label maps are written losslessly (PNG for 2D images, JPEG inputs
+included; NIfTI/NRRD for volumes). See docs/monailabel.md, "Serving safely".
 """
 
 from __future__ import annotations
