@@ -274,3 +274,33 @@ def test_answers_show_no_server_path(server):
     r = requests.get(f"{base}/datastore/image/info", params={"image": "img_a"}, timeout=60)
     assert r.status_code == 200 and r.json()["name"] == "img_a.png", r.text
     _no_server_path(r.text, server)
+
+
+def test_sessions_take_plain_ids_and_no_archives(server, tmp_path):
+    """MONAI Label joins session ids into paths of its session folder (and removes that folder), unpacks uploaded
+    archives with ``shutil.unpack_archive`` (tar members may point anywhere) and answers with server paths."""
+    base = server.base
+    with open(server.studies / "img_a.png", "rb") as f:
+        data = f.read()
+    r = requests.put(f"{base}/session/", files={"files": ("img_a.png", data)}, timeout=60)
+    assert r.status_code == 200, r.text
+    _no_server_path(r.text, server)
+    session_id = r.json()["session_id"]
+    r = requests.get(f"{base}/session/{session_id}", timeout=60)
+    assert r.status_code == 200 and r.json()["image"] == "img_a.png", r.text
+    _no_server_path(r.text, server)
+    form = {"params": (None, json.dumps({"device": "cpu"}))}
+    r = requests.post(f"{base}/infer/{NAME_2D}", params={"session_id": session_id}, files=form, timeout=120)
+    assert r.status_code == 200, r.text
+    for bad, statuses in (("%2E%2E", (400,)), ("%2E%2E%2Fx", (400, 404))):  # "../x" does not match the route
+        for method in ("GET", "DELETE"):
+            r = requests.request(method, f"{base}/session/{bad}", timeout=60)
+            assert r.status_code in statuses, (method, bad, r.status_code, r.text)
+    r = requests.post(f"{base}/infer/{NAME_2D}", params={"session_id": "../x"}, files=form, timeout=60)
+    assert r.status_code == 404, r.text
+    archive = shutil.make_archive(str(tmp_path / "study"), "tar", root_dir=server.studies, base_dir="img_a.png")
+    with open(archive, "rb") as f:
+        r = requests.put(f"{base}/session/", params={"uncompress": "true"}, files={"files": ("study.tar", f.read())},
+                         timeout=60)  # fmt: skip
+    assert r.status_code == 422 and "uncompress" in r.text, r.text
+    assert requests.delete(f"{base}/session/{session_id}", timeout=60).status_code == 200

@@ -9,6 +9,8 @@
   ``original`` or a simple name (:func:`check_tag`): no path separator, ``..``, absolute path or empty name, so
   that no request reads or writes a file outside the studies folder (MONAI Label 0.8.5's ``LocalDatastore`` joins
   both into file paths unchecked). Anything else is answered with HTTP 400 before a file is written.
+- Sessions: session ids are plain names too, an uploaded archive is not unpacked (``uncompress``), and session
+  answers name files without their folders.
 - Answers name no server path: reader messages are stripped of paths (:func:`redact_paths`), and the training
   status (``GET /train/``) shows neither the server's bundle folder nor the paths of its log lines.
 
@@ -17,8 +19,9 @@ background process whose failure the client never sees as an HTTP status. :func:
 the app once the server runs it, ``server_mode(True)``) therefore wraps MONAI Label 0.8.5 endpoint helpers:
 ``monailabel.endpoints.infer.run_inference`` records what the request carries (:func:`client_request`), the
 ``AsyncTask`` of ``monailabel.endpoints.train`` checks the training options with the app first, its ``status``
-answers without server paths, and ``add_image`` / ``save_label`` of ``monailabel.endpoints.datastore`` check the id
-and tag before the upload is buffered (the app's datastore checks them again, for every route).
+answers without server paths, ``add_image`` / ``save_label`` of ``monailabel.endpoints.datastore`` check the id
+and tag before the upload is buffered (the app's datastore checks them again, for every route), and the helpers of
+``monailabel.endpoints.session`` check session ids.
 """
 
 from __future__ import annotations
@@ -195,7 +198,7 @@ def resolve_image(image: str, datastore: Any, sessions: Any = None) -> tuple[str
     served = current_client_request()
     if served.upload and _is_upload(image):
         return image, "the uploaded file"
-    if served.session_id and sessions is not None:
+    if served.session_id and _plain_name(served.session_id) and sessions is not None:
         session = sessions.get_session(served.session_id)
         if session is not None and getattr(session, "image", None) == image:
             return image, "the session image"
@@ -265,6 +268,58 @@ def _public_task(task: Any) -> Any:
     return shown
 
 
+def _public_session(answer: Any) -> Any:
+    # MONAI Label's session answers carry the session folder and the image's path on the server: names only
+    if isinstance(answer, dict):
+        answer = dict(answer)
+        if isinstance(answer.get("session_info"), dict):
+            answer["session_info"] = _public_session(answer["session_info"])
+        for key in ("path", "image"):
+            if isinstance(answer.get(key), str):
+                answer[key] = os.path.basename(answer[key].rstrip("/\\"))
+    return answer
+
+
+def _install_session_checks() -> None:
+    """Session ids are plain names (MONAI Label joins them into the session folder's paths, and removes that
+    folder), answers name no server path, and archives are not unpacked (``uncompress``: MONAI Label unpacks an
+    uploaded archive with ``shutil.unpack_archive``, whose tar members may point anywhere)."""
+    from monailabel.endpoints import session as session_endpoint
+
+    get_session = session_endpoint.get_session
+    if getattr(get_session, "spectraflow_checked", False):
+        return
+
+    @functools.wraps(get_session)
+    def checked_get_session(session_id, update_ts=False, image=False):
+        check_id(session_id, "session")
+        answer = get_session(session_id, update_ts, image)
+        return answer if image else _public_session(answer)
+
+    remove_session = session_endpoint.remove_session
+
+    @functools.wraps(remove_session)
+    def checked_remove_session(session_id):
+        return _public_session(remove_session(check_id(session_id, "session")))
+
+    create_session = session_endpoint.create_session
+
+    @functools.wraps(create_session)
+    def checked_create_session(background_tasks, uncompress=False, expiry=0, files=None):
+        if uncompress:
+            raise HTTPException(
+                status_code=422,
+                detail="uncompress is not accepted: upload the image file, or the files of a DICOM series, as they are",
+            )
+        return _public_session(create_session(background_tasks, uncompress, expiry, files))
+
+    for wrapper in (checked_get_session, checked_remove_session, checked_create_session):
+        wrapper.spectraflow_checked = True
+    session_endpoint.get_session = checked_get_session
+    session_endpoint.remove_session = checked_remove_session
+    session_endpoint.create_session = checked_create_session
+
+
 def install_server_checks() -> None:
     """Wrap MONAI Label's inference, training and datastore endpoint helpers (see the module docstring);
     idempotent."""
@@ -282,6 +337,8 @@ def install_server_checks() -> None:
                 options = json.loads(params) if params else {}
             except (TypeError, ValueError):
                 options = {}
+            if session_id and not _plain_name(session_id):  # MONAI Label would read <session store>/<id>/meta.info
+                raise HTTPException(status_code=404, detail=UNKNOWN_IMAGE)
             # an "image" in params replaces the upload's path: it is then an id like any other
             replaced = isinstance(options, dict) and "image" in options
             with client_request(upload=bool(file) and not replaced, session_id=session_id):
@@ -315,6 +372,8 @@ def install_server_checks() -> None:
 
         public_listing.spectraflow_checked = True
         datastore_endpoint.datastore = public_listing
+
+    _install_session_checks()
 
     # ids and tags are checked before MONAI Label buffers the upload in a temporary file
     add_image = datastore_endpoint.add_image
