@@ -476,6 +476,22 @@ def test_every_training_is_a_new_run_on_the_current_labels(tmp_path):
     assert "resuming from" not in text, text  # (what a resumed run logs)
 
 
+def test_a_run_without_a_model_keeps_the_served_one(tmp_path):
+    # val_split 0: nothing is validated, so the run has no best model; the served model stays, the run's folder goes
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    _write_2d_pairs(studies, 2)
+    conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN}), "pretrained_weights": "none"}
+    app = _app(bundles, studies, models=NAME_2D, encoder_init="pretrained", **conf)
+    copy = Path(app._trainers[NAME_2D].bundle_path)
+    served = (copy / "models" / "model.pt").read_bytes()
+    with pytest.raises(RuntimeError, match="saved no model"):
+        app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.0})
+    assert (copy / "models" / "model.pt").read_bytes() == served
+    assert not any((copy / "runs").iterdir())
+
+
 def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
     def pairs(studies):
         for i in range(3):

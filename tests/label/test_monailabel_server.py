@@ -274,6 +274,14 @@ def test_answers_show_no_server_path(server):
     r = requests.get(f"{base}/datastore/image/info", params={"image": "img_a"}, timeout=60)
     assert r.status_code == 200 and r.json()["name"] == "img_a.png", r.text
     _no_server_path(r.text, server)
+    # an inference's JSON result
+    form = {"params": (None, json.dumps({"device": "cpu"}))}
+    for output in ("json", "all"):
+        r = requests.post(
+            f"{base}/infer/{NAME_2D}", params={"image": "img_a", "output": output}, files=form, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        _no_server_path(r.text if output == "json" else r.content.decode("latin-1"), server)
 
 
 def test_sessions_take_plain_ids_and_no_archives(server, tmp_path):

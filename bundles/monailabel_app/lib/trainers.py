@@ -319,14 +319,16 @@ class SpectraFlowTrainTask(BundleTrainTask):
         run_dir = self.new_run(request)
         try:
             result = super().__call__(request, datastore)
+            self.promote(run_dir)
         finally:
             self._request_overrides = {}
-        self.promote(run_dir)
+            # a run is never continued by a later request: its checkpoints go, whether it ended well or not
+            shutil.rmtree(run_dir, ignore_errors=True)
         return result
 
     def new_run(self, request: dict[str, Any]) -> str:
-        """Prepare a new run: its own folder ``runs/<time>-<pid>/`` for the resumable checkpoints and the best model,
-        nothing resumed (an earlier request's run, its optimizer, early stopping and best score are never
+        """Prepare a new run: its own folder ``runs/<time>-<pid>-<n>/`` for the resumable checkpoints and the best
+        model, nothing resumed (an earlier request's run, its optimizer, early stopping and best score are never
         continued), and the bundle's own training handlers (MONAI Label inserts its checkpoint loader into them).
 
         Returns:
@@ -354,7 +356,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
 
     def promote(self, run_dir: str) -> None:
         """Replace the served ``models/model.pt`` with the best model of the run in ``run_dir`` (atomically: the
-        inference task reloads it at its next request) and remove the run's folder.
+        inference task reloads it at its next request).
 
         Raises:
             RuntimeError: the run saved no model (no validation pair, or no finite validation score); the served
@@ -371,7 +373,6 @@ class SpectraFlowTrainTask(BundleTrainTask):
         os.makedirs(os.path.dirname(served), exist_ok=True)
         replaced = os.path.isfile(served)
         os.replace(best, served)
-        shutil.rmtree(run_dir, ignore_errors=True)
         logger.info(
             f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
             f"{' (it replaced the previous one)' if replaced else ''}"
