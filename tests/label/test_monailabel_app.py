@@ -528,10 +528,12 @@ def test_train_2d_multi_class_from_own_label_maps(tmp_path):
     app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
     state = torch.load(_served(bundles, NAME_2D) / "models" / "model.pt", weights_only=True)
     assert state["decoder.head.conv.weight"].shape[0] == 3  # one output channel per class (softmax)
-    served = _app(bundles, studies, models=NAME_2D, **conf)  # a restarted app serves the trained model.pt
-    result = served.infer({"model": NAME_2D, "image": "m0", "device": "cpu"})
-    pred = np.asarray(Image.open(result["file"]))
-    assert pred.shape == (56, 56) and set(np.unique(pred).tolist()) <= {0, 1, 2}
+    # the app, which served the bundle for training only, serves the trained model.pt now; so does a restarted one
+    assert NAME_2D in app.info()["models"]
+    for served in (app, _app(bundles, studies, models=NAME_2D, **conf)):
+        result = served.infer({"model": NAME_2D, "image": "m0", "device": "cpu"})
+        pred = np.asarray(Image.open(result["file"]))
+        assert pred.shape == (56, 56) and set(np.unique(pred).tolist()) <= {0, 1, 2}
 
 
 # ---------------------------------------------------------------- 5. end to end over HTTP
