@@ -11,8 +11,11 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-# run outputs that may sit inside a bundle folder (see .gitignore); never shipped
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "data", "logs", "cache", "eval", "predictions", "models")
+# run outputs that may sit inside a bundle folder (see .gitignore), and the MONAI Label app's copies of the bundles
+# it serves (bundles/monailabel_app/model); never shipped
+_IGNORE = shutil.ignore_patterns(
+    "__pycache__", "*.pyc", "data", "logs", "cache", "eval", "predictions", "models", "model"
+)
 
 
 class BuildPyWithBundles(build_py):

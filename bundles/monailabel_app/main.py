@@ -16,6 +16,11 @@ Settings (``--conf KEY VALUE``):
 - ``models``: comma-separated bundle names (default: every bundle found in ``bundles_dir``). A name that is not a
   bundle there stops the server with the list of the bundles that are.
 - ``bundles_dir``: folder that holds the bundles (default: the parent folder of this app, i.e. ``bundles/``).
+- ``model_dir``: where the server keeps its own copy of each served bundle (default: ``model/`` inside this app's
+  folder). The server never reads configs from the installed bundle while serving nor writes to it: at every start
+  ``<model_dir>/<bundle>/configs`` is made identical to the installed bundle's, and the installed ``models/`` files
+  the copy lacks are copied (``lib/served.py``); the copy's ``models/model.pt`` is the served model, which every
+  training request replaces. It must not overlap the studies folder.
 - ``overrides``: a JSON object of bundle config ids and values applied to every served bundle, for both inference
   and training, in the same form as ``python -m monai.bundle run --<id> <value>``; use it to serve a model trained
   with non-default network settings, e.g. ``'{"encoder_name": "vit_base_patch14_dinov2"}'``.
@@ -33,17 +38,22 @@ Settings (``--conf KEY VALUE``):
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
-without it is served for training only, and an inference request for it is answered with HTTP 404 and the reason.
+without it is served for training only (an inference request is answered with HTTP 404 and the reason) until a
+training request has written it. Every training request is a new run on the datastore's current labels, from the
+served ``model.pt`` (``pretrained``, default) or the bundle's initial weights; its best model then replaces the served
+one and the log says so (``lib/trainers.py``).
 Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id: 404, a file that
 cannot be read as an image: 415, a 2D image sent to a volume model or the reverse: 422, a training option that is
 not accepted: 422) and the server keeps serving.
 
 What a client may send (``lib/checks.py``): an image is the id of a datastore image, a file uploaded with the
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
-A training request may set only the options of ``lib.trainers.TRAIN_OPTIONS`` (types and ranges checked), never a
-string that the bundle config parser would evaluate (``$``, ``@``, ``%``, ``_target_``, ...). Label maps are written
-losslessly (PNG for 2D images, JPEG inputs included; NIfTI/NRRD for volumes). See docs/monailabel.md, "Serving
-safely".
+Datastore ids are plain names and label tags ``final``, ``original`` or a simple name, on every datastore route
+(else 400, nothing read or written). ``model_filename`` names a ``.pt`` file of the bundle's ``models/`` folder (else
+one and the same 422 answer). A training request may set only the options of ``lib.trainers.TRAIN_OPTIONS`` (types
+and ranges checked), never a string that the bundle config parser would evaluate (``$``, ``@``, ``%``,
+``_target_``, ...). No answer shows a server path. Label maps are written losslessly (PNG for 2D images, JPEG inputs
+included; NIfTI/NRRD for volumes). See docs/monailabel.md, "Serving safely".
 """
 
 from __future__ import annotations
@@ -86,7 +96,15 @@ def _import_lib() -> None:
 
 _import_lib()
 
-from lib.checks import client_request, install_server_checks, resolve_image  # noqa: E402
+from lib.checks import (  # noqa: E402
+    check_id,
+    check_tag,
+    client_request,
+    install_server_checks,
+    redact_paths,
+    resolve_image,
+)
+from lib.served import check_apart, served_copy  # noqa: E402
 from lib.infers import DropSingletonChanneld, SpectraFlowInferTask, image_problem  # noqa: E402
 from lib.trainers import (  # noqa: E402
     TRAIN_OPTIONS,
@@ -102,11 +120,15 @@ __all__ = [
     "SpectraFlowInferTask",
     "SpectraFlowTrainTask",
     "TRAIN_OPTIONS",
+    "check_id",
+    "check_tag",
     "check_train_options",
     "client_request",
     "find_bundles",
     "image_problem",
     "parse_overrides",
+    "redact_paths",
+    "served_copy",
 ]
 
 logger = logging.getLogger(__name__)
@@ -191,13 +213,72 @@ def _check_weights(path: str, network: torch.nn.Module, name: str) -> None:
 
 
 class _CheckedLocalDatastore(LocalDatastore):
-    """Local datastore that refuses an uploaded image MONAI cannot read (HTTP 415) instead of storing it."""
+    """Local datastore for requests: plain ids and tags only (``lib.checks.check_id`` / ``check_tag``, HTTP 400),
+    unknown ids answered with 404, and an uploaded image or label that MONAI cannot read refused with 415 instead of
+    being stored. Every datastore route of MONAI Label (upload, save label, download, info, delete; image and label)
+    goes through these methods."""
+
+    def _upload_problem(self, filename: str, what: str) -> None:
+        problem = image_problem(filename)
+        if problem is not None:
+            reason = redact_paths(problem[1], {filename: "the upload", os.path.realpath(filename): "the upload"})
+            raise HTTPException(status_code=415, detail=f"the upload is not a readable {what} ({reason})")
+
+    def _known(self, image_id: str) -> None:
+        if image_id not in self._datastore.objects:
+            raise HTTPException(status_code=404, detail="image not found: GET /datastore/?output=all lists the ids")
 
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
-        problem = image_problem(image_filename)
-        if problem is not None:
-            raise HTTPException(status_code=415, detail=f"the upload is not a readable image ({problem[1]})")
+        check_id(image_id or self._to_id(os.path.basename(image_filename))[0])
+        self._upload_problem(image_filename, "image")
         return super().add_image(image_id, image_filename, image_info)
+
+    def remove_image(self, image_id: str) -> None:
+        self._known(check_id(image_id))
+        return super().remove_image(image_id)
+
+    def save_label(self, image_id: str, label_filename: str, label_tag: str, label_info: dict[str, Any]) -> str:
+        check_tag(label_tag)
+        self._known(check_id(image_id))
+        self._upload_problem(label_filename, "label map")
+        return super().save_label(image_id, label_filename, label_tag, label_info)
+
+    def remove_label(self, label_id: str, label_tag: str) -> None:
+        return super().remove_label(check_id(label_id, "label"), check_tag(label_tag))
+
+    def get_image(self, image_id: str, params: Any = None) -> Any:
+        return super().get_image(check_id(image_id), params)
+
+    def get_image_uri(self, image_id: str) -> str:
+        return super().get_image_uri(check_id(image_id))
+
+    def get_image_info(self, image_id: str) -> dict[str, Any]:
+        info = super().get_image_info(check_id(image_id))
+        info.pop("path", None)  # the server path of the file: the answer shows ids only
+        return info
+
+    def update_image_info(self, image_id: str, info: dict[str, Any]) -> None:
+        self._known(check_id(image_id))
+        return super().update_image_info(image_id, info)
+
+    def get_label(self, label_id: str, label_tag: str, params: Any = None) -> Any:
+        return super().get_label(check_id(label_id, "label"), check_tag(label_tag), params)
+
+    def get_label_uri(self, label_id: str, label_tag: str) -> str:
+        return super().get_label_uri(check_id(label_id, "label"), check_tag(label_tag))
+
+    def get_label_info(self, label_id: str, label_tag: str) -> dict[str, Any]:
+        return super().get_label_info(check_id(label_id, "label"), check_tag(label_tag))
+
+    def update_label_info(self, label_id: str, label_tag: str, info: dict[str, Any]) -> None:
+        check_id(label_id, "label")
+        check_tag(label_tag)
+        if self._datastore.label(label_id, label_tag) is None:
+            raise HTTPException(status_code=404, detail="label not found: GET /datastore/?output=all lists the ids")
+        return super().update_label_info(label_id, label_tag, info)
+
+    def get_labels_by_image_id(self, image_id: str) -> dict[str, str]:
+        return super().get_labels_by_image_id(check_id(image_id))
 
 
 class SpectraFlowApp(MONAILabelApp):
@@ -224,7 +305,14 @@ class SpectraFlowApp(MONAILabelApp):
             )
         if not requested:
             raise ValueError(f"no bundle (configs/metadata.json + configs/inference.*) found in {self.bundles_dir}.")
-        self.bundles = {m: available[m] for m in requested}
+        # the server's own copy of each bundle (lib/served.py): configs mirrored from the installed bundle at every
+        # start, the served model.pt, and everything a training run writes; never a folder requests write to
+        self.installed = {m: available[m] for m in requested}
+        self.model_dir = os.path.abspath(conf.get("model_dir") or os.path.join(app_dir, "model"))
+        check_apart(self.model_dir, "--conf model_dir", studies)
+        for name, path in self.installed.items():
+            check_apart(path, f"bundle {name!r}", studies)
+        self.bundles = {m: served_copy(path, os.path.join(self.model_dir, m)) for m, path in self.installed.items()}
         self.overrides = {m: parse_overrides(conf, m) for m in self.bundles}
         self.weight_settings = weight_settings(conf)
         self.precision = precision_setting(conf)
@@ -251,26 +339,34 @@ class SpectraFlowApp(MONAILabelApp):
             read_only=settings.MONAI_LABEL_DATASTORE_READ_ONLY,
         )
 
+    def _infer_task(self, name: str) -> SpectraFlowInferTask | None:
+        """The inference task of bundle ``name`` (its served copy), or None when it has no weights yet."""
+        path = self.bundles[name]
+        model_pt = os.path.join(path, "models", "model.pt")
+        if not (os.path.isfile(model_pt) or os.path.isfile(os.path.join(path, "models", "model.ts"))):
+            # the answer names the file relative to the bundle; the server log has the folder
+            self.untrained[name] = (
+                f"bundle {name!r} has no trained weights (models/model.pt is missing): train it first "
+                f"(POST /train/{name}) or put a model.pt into the installed bundle's models/ folder"
+            )
+            logger.warning(f"+++ {self.untrained[name]} ({path}); serving it for training only")
+            return None
+        task = SpectraFlowInferTask(path, self.conf, overrides={**self.overrides[name], **self.precision})
+        if not task.is_valid():
+            raise ValueError(f"bundle {name!r} at {path} cannot be served for inference (see the log above).")
+        if os.path.isfile(model_pt):
+            _check_weights(model_pt, task.network, name)
+        self.untrained.pop(name, None)
+        precision = task.overrides.get("precision", "the bundle's setting")
+        logger.info(f"+++ Adding Inferer:: {name} => {path} (labels {task.labels}; precision {precision})")
+        return task
+
     def init_infers(self) -> dict[str, InferTask]:
         infers: dict[str, InferTask] = {}
-        for name, path in self.bundles.items():
-            model_pt = os.path.join(path, "models", "model.pt")
-            model_ts = os.path.join(path, "models", "model.ts")
-            if not (os.path.isfile(model_pt) or os.path.isfile(model_ts)):
-                self.untrained[name] = (
-                    f"bundle {name!r} has no trained weights ({model_pt} is missing): train it first "
-                    f"(POST /train/{name}, or configs/train.yaml with --bundle_root {path}) or copy a model.pt there"
-                )
-                logger.warning(f"+++ {self.untrained[name]}; serving it for training only")
-                continue
-            task = SpectraFlowInferTask(path, self.conf, overrides={**self.overrides[name], **self.precision})
-            if not task.is_valid():
-                raise ValueError(f"bundle {name!r} at {path} cannot be served for inference (see the log above).")
-            if os.path.isfile(model_pt):
-                _check_weights(model_pt, task.network, name)
-            precision = task.overrides.get("precision", "the bundle's setting")
-            logger.info(f"+++ Adding Inferer:: {name} => {path} (labels {task.labels}; precision {precision})")
-            infers[name] = task
+        for name in self.bundles:
+            task = self._infer_task(name)
+            if task is not None:
+                infers[name] = task
         return infers
 
     def init_trainers(self) -> dict[str, TrainTask]:
@@ -290,6 +386,25 @@ class SpectraFlowApp(MONAILabelApp):
         return {"random": Random(), "first": First()}
 
     # ------------------------------------------------------------------ requests
+    def _serve_trained(self) -> None:
+        """Serve for inference each bundle that had no weights at start once a training run has written them."""
+        for name in list(self.untrained):
+            if os.path.isfile(os.path.join(self.bundles[name], "models", "model.pt")):
+                task = self._infer_task(name)
+                if task is not None:
+                    self._infers[name] = task
+
+    def info(self) -> dict[str, Any]:
+        self._serve_trained()
+        return super().info()
+
+    def next_sample(self, request: dict[str, Any]) -> dict[str, Any]:
+        """MONAI Label's next sample without the server path of the image (clients download it by its id)."""
+        result = super().next_sample(request)
+        if isinstance(result, dict):
+            result.pop("path", None)
+        return result
+
     def server_mode(self, mode: bool) -> None:
         """Called by the server once it runs this app: install the request checks of ``lib/checks.py``."""
         super().server_mode(mode)
@@ -300,6 +415,7 @@ class SpectraFlowApp(MONAILabelApp):
         """``MONAILabelApp.infer`` for datastore ids and uploads only, answering bad requests with 4xx
         ``HTTPException`` s instead of server errors."""
         model = request.get("model")
+        self._serve_trained()
         if not isinstance(model, str) or model not in self._infers:
             if isinstance(model, str) and model in self.untrained:
                 raise HTTPException(status_code=404, detail=self.untrained[model])
@@ -320,7 +436,8 @@ class SpectraFlowApp(MONAILabelApp):
             loader = task.image_loader() if isinstance(task, SpectraFlowInferTask) else None
             problem = image_problem(path, loader, getattr(task, "input_rank", None))
             if problem is not None and problem[0] == 415:
-                detail = f"{shown} cannot be read as an image by model {model!r} ({problem[1]})"
+                reason = redact_paths(problem[1], {path: shown, os.path.realpath(path): shown})
+                detail = f"{shown} cannot be read as an image by model {model!r} ({reason})"
                 raise HTTPException(status_code=415, detail=detail)
             if problem is not None:
                 detail = f"{shown} does not suit model {model!r}: {problem[1]}"

@@ -20,7 +20,8 @@ def _np_state(rs: np.random.RandomState) -> dict[str, Any]:
 
 
 def _set_np_state(rs: np.random.RandomState, state: Mapping[str, Any]) -> None:
-    keys = state["keys"].numpy().astype(np.uint32)
+    # a checkpoint loaded with map_location='cuda' (the bundles' CheckpointLoader on a GPU) holds CUDA tensors
+    keys = state["keys"].cpu().numpy().astype(np.uint32)
     rs.set_state((state["kind"], keys, state["pos"], state["has_gauss"], state["gauss"]))
 
 

@@ -4,7 +4,7 @@ On a CUDA device: one Stage-1 epoch (MeanFlow JVP + dispersive loss) and one Sta
 the 2D bundle in bf16 and in fp16 (fp16 with its gradient scaler), each a ``monai.bundle`` workflow on a tiny
 synthetic set; the Synapse bundle's slice-wise inference (``monai.inferers.SliceInferer``) of a CT volume on CUDA; and
 a NCCL process group of one process around the Stage-2 network (``torchrun``, the multi-GPU config). Tiny settings: 56x56
-inputs, a 2-block encoder, a handful of images.
+inputs, a 2-block encoder, a handful of images. A Stage-1 run resumed on CUDA (its checkpoint mapped to the GPU).
 """
 
 from __future__ import annotations
@@ -92,6 +92,21 @@ def test_stage1_epoch_on_cuda(tmp_path, precision):
     _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
 
 
+def test_stage1_resumes_on_cuda(tmp_path):
+    """A Stage-1 run continued on the GPU: the checkpoint (random states included) loads onto ``cuda``."""
+    settings = {
+        "bundle_root": str(tmp_path), "precision": "bf16", "stage1_batch_size": 2, "head_hidden_channels": 16,
+        "head_num_blocks": 1, **TINY,
+    }  # fmt: skip
+    configs = [str(CONFIGS_2D / "train.yaml"), str(CONFIGS_2D / "train_stage1.yaml")]
+    _run_workflow(parse_config(configs, stage1_epochs=1, **settings))
+    parser = parse_config(configs, stage1_epochs=2, **settings)
+    _run_workflow(parser)
+    trainer = parser.get_parsed_content("stage1#trainer")
+    assert trainer.state.epoch == 2 and trainer.state.iteration == 2 * trainer.state.epoch_length
+    _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_stage2_epoch_on_cuda(tmp_path, precision):
     parser = parse_config(
@@ -99,7 +114,8 @@ def test_stage2_epoch_on_cuda(tmp_path, precision):
     )
     network = parser.get_parsed_content("network")
     assert next(network.parameters()).device.type == "cuda"
-    dtypes = _record_output_dtypes(network)
+    # the encoder's linear layers show the autocast (CUDA autocast runs the final upsampling in float32)
+    dtypes = _record_output_dtypes(network.encoder.vit.blocks[0].attn.qkv)
     trainer = parser.get_parsed_content("train#trainer")
     assert trainer.amp == (precision == "fp16")  # MONAI's amp = float16 autocast + GradScaler
     _run_workflow(parser)
@@ -137,7 +153,7 @@ def test_synapse_slice_inferer_on_cuda(tmp_path):
         )
         network = parser.get_parsed_content("network")
         assert next(network.parameters()).device.type == device
-        dtypes = _record_output_dtypes(network)
+        dtypes = _record_output_dtypes(network.encoder.vit.blocks[0].attn.qkv)
         _run_workflow(parser)
         if precision == "bf16":
             assert torch.bfloat16 in dtypes  # every slice batch ran under CUDA autocast

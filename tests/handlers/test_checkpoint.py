@@ -128,6 +128,32 @@ def test_random_state_round_trip_restores_every_generator():
     assert np.array_equal(first[2], second[2]) and first[3] == second[3]
 
 
+class _DeviceTensor(torch.Tensor):
+    """Stands for a tensor that a checkpoint loaded with ``map_location='cuda'`` puts on the GPU: ``numpy()`` refuses
+    it, as torch does for a CUDA tensor, until ``cpu()`` copies it to the host."""
+
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() first.")
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor)
+
+
+def test_random_state_loads_from_device_tensors():
+    """Resume on a GPU: the bundles' CheckpointLoader maps the checkpoint to the training device."""
+    transforms = Compose([RandFlipd("x", prob=0.5)])
+    handler = RandomStateHandler(transforms=[transforms])
+    state = handler.state_dict()
+    on_device = {
+        **state,
+        "torch": state["torch"].as_subclass(_DeviceTensor),
+        "numpy": {**state["numpy"], "keys": state["numpy"]["keys"].as_subclass(_DeviceTensor)},
+        "transforms": [{**t, "keys": t["keys"].as_subclass(_DeviceTensor)} for t in state["transforms"]],
+    }
+    handler.load_state_dict(on_device)
+    assert torch.equal(torch.get_rng_state(), state["torch"])
+
+
 def test_random_state_rejects_another_pipeline():
     state = RandomStateHandler(transforms=[RandFlipd("x", prob=0.5)]).state_dict()
     with pytest.raises(ValueError, match="random transforms"):

@@ -14,8 +14,10 @@ The module is skipped when MONAI Label is not installed (the ``label`` extra, do
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import socket
@@ -128,6 +130,11 @@ def _make_bundles(root: Path, studies: Path, names=(NAME_2D, NAME_3D), weights: 
     return bundles
 
 
+def _served(bundles: Path, name: str) -> Path:
+    """The server's own copy of bundle ``name`` (``--conf model_dir``, default ``<app>/model``)."""
+    return bundles / "monailabel_app" / "model" / name
+
+
 def _write_studies(studies: Path) -> None:
     """A 70x90 RGB PNG (``img_a``), the same image as a JPEG (``img_j``) and a 40x36x6 CT volume (``ct_a``) with a
     flipped affine."""
@@ -138,6 +145,16 @@ def _write_studies(studies: Path) -> None:
     Image.fromarray(image[: IMAGE_2D_SHAPE[0], : IMAGE_2D_SHAPE[1]]).save(studies / "img_j.jpg", quality=95)
     volume, _ = synthetic_ct_volume(1, shape=VOLUME_SHAPE)
     nib.save(nib.Nifti1Image(volume, AFFINE), str(studies / "ct_a.nii.gz"))
+
+
+def _write_2d_pairs(studies: Path, count: int, seed: int = 1) -> None:
+    """``count`` synthetic 56x56 images ``s<i>.png`` with their 0/1 label maps in ``labels/final``."""
+    (studies / "labels" / "final").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        image, mask = synthesize_pair(rng, 56)
+        Image.fromarray(image).save(studies / f"s{i}.png")
+        Image.fromarray((mask > 0).astype(np.uint8)).save(studies / "labels" / "final" / f"s{i}.png")
 
 
 def _bundle_inference(name: str, bundle: Path, image: Path, out_dir: Path) -> Path:
@@ -370,34 +387,109 @@ def _fine_tune(tmp_path: Path, name: str, write_pairs) -> tuple:
     bundles = _make_bundles(tmp_path, studies, names=(name,))
     (studies / "labels" / "final").mkdir(parents=True)
     write_pairs(studies)
-    model_pt = bundles / name / "models" / "model.pt"
-    before = torch.load(model_pt, weights_only=True)
+    installed = bundles / name / "models" / "model.pt"
+    before = torch.load(installed, weights_only=True)
     # the app's encoder-weight settings (no hub here): random init, then models/model.pt is loaded over it
     conf = {f"overrides.{name}": json.dumps({**SIZE[name], **TRAIN}), "pretrained_weights": "none"}
     app = _app(bundles, studies, models=name, encoder_init="pretrained", **conf)
     app.train({"model": name, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
-    after = torch.load(model_pt, weights_only=True)
+    after = torch.load(_served(bundles, name) / "models" / "model.pt", weights_only=True)
+    # the installed bundle is never written: the server trains and serves its own copy
+    assert torch.equal(torch.load(installed, weights_only=True)["decoder.head.conv.weight"],
+                       before["decoder.head.conv.weight"])  # fmt: skip
+    assert not (bundles / name / "logs").exists()
+    assert not any((_served(bundles, name) / "runs").iterdir())  # the run's folder is gone once its model serves
     assert set(after) == set(before)
     # started from model.pt (frozen encoder blocks unchanged) and fine-tuned the rest
     torch.testing.assert_close(
         after["encoder.vit.blocks.0.attn.qkv.weight"], before["encoder.vit.blocks.0.attn.qkv.weight"]
     )
     assert not torch.equal(after["decoder.head.conv.weight"], before["decoder.head.conv.weight"])
-    assert (bundles / name / "logs").is_dir()
+    assert (_served(bundles, name) / "logs").is_dir()
     return app, bundles
 
 
 def test_fine_tune_2d_from_datastore_labels(tmp_path):
-    def pairs(studies):
-        rng = np.random.default_rng(1)
-        for i in range(5):
-            image, mask = synthesize_pair(rng, 56)
-            Image.fromarray(image).save(studies / f"s{i}.png")
-            Image.fromarray((mask > 0).astype(np.uint8)).save(studies / "labels" / "final" / f"s{i}.png")  # 0/1 map
-
-    app, _ = _fine_tune(tmp_path, NAME_2D, pairs)
+    app, _ = _fine_tune(tmp_path, NAME_2D, lambda studies: _write_2d_pairs(studies, 5))
     result = app.infer({"model": NAME_2D, "image": "s0", "device": "cpu"})  # serves the fine-tuned model.pt
     assert np.asarray(Image.open(result["file"])).shape == (56, 56)
+
+
+class _Lines(logging.Handler):
+    """The messages of one logger (a bundle run's logging.conf replaces the root handlers, pytest's included)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_every_training_is_a_new_run_on_the_current_labels(tmp_path):
+    """A second training with the same options once resumed the finished first run and trained nothing. Each request
+    is a new run: from the served model.pt (fine-tuning) or the bundle's initial weights (``pretrained`` false),
+    and its best model replaces the served one, with a log line."""
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    _write_2d_pairs(studies, 4)
+    frozen, head = "encoder.vit.blocks.0.attn.qkv.weight", "decoder.head.conv.weight"
+    # a deployed model whose frozen encoder differs from the initial one (the same seed would make them equal)
+    deployed = torch.load(bundles / NAME_2D / "models" / "model.pt", weights_only=True)
+    deployed[frozen] += 0.5
+    torch.save(deployed, bundles / NAME_2D / "models" / "model.pt")
+    conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN}), "pretrained_weights": "none"}
+    app = _app(bundles, studies, models=NAME_2D, encoder_init="pretrained", **conf)
+    served = Path(app._trainers[NAME_2D].bundle_path) / "models" / "model.pt"
+    request = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.5}
+    states = [torch.load(served, weights_only=True)]
+    lines = _Lines()
+    loggers = [logging.getLogger(type(app._trainers[NAME_2D]).__module__), logging.getLogger("spectraflow_monai")]
+    for log in loggers:
+        log.addHandler(lines)
+        log.setLevel(logging.INFO)
+    try:
+        app.train(dict(request))
+        states.append(torch.load(served, weights_only=True))
+        # new labels for the same images, then the same request again
+        for i in range(4):
+            corrected = np.zeros((56, 56), np.uint8)
+            corrected[10 + i : 40, 8:44] = 1
+            Image.fromarray(corrected).save(tmp_path / "corrected.png")
+            app.datastore().save_label(f"s{i}", str(tmp_path / "corrected.png"), "final", {})
+        app.train(dict(request))
+        states.append(torch.load(served, weights_only=True))
+        app.train({**request, "pretrained": False})
+        states.append(torch.load(served, weights_only=True))
+    finally:
+        for log in loggers:
+            log.removeHandler(lines)
+    for earlier, later in zip(states, states[1:]):
+        assert not torch.equal(earlier[head], later[head])  # every request trained and replaced the served model
+    torch.testing.assert_close(states[2][frozen], states[0][frozen])  # fine-tuning: frozen blocks from model.pt
+    assert not torch.equal(states[3][frozen], states[0][frozen])  # pretrained false: the initial (random) encoder
+    text = "\n".join(lines.lines)
+    assert text.count("starting from fine-tuning from models/model.pt") == 2
+    assert text.count("starting from the bundle's initial weights") == 1
+    assert text.count("now serves as models/model.pt (it replaced the previous one)") == 3
+    assert "resuming from" not in text, text  # (what a resumed run logs)
+
+
+def test_a_run_without_a_model_keeps_the_served_one(tmp_path):
+    # val_split 0: nothing is validated, so the run has no best model; the served model stays, the run's folder goes
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    _write_2d_pairs(studies, 2)
+    conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN}), "pretrained_weights": "none"}
+    app = _app(bundles, studies, models=NAME_2D, encoder_init="pretrained", **conf)
+    copy = Path(app._trainers[NAME_2D].bundle_path)
+    served = (copy / "models" / "model.pt").read_bytes()
+    with pytest.raises(RuntimeError, match="saved no model"):
+        app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.0})
+    assert (copy / "models" / "model.pt").read_bytes() == served
+    assert not any((copy / "runs").iterdir())
 
 
 def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
@@ -410,7 +502,7 @@ def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
 
     app, bundles = _fine_tune(tmp_path, NAME_3D, pairs)
     # the volumes were sliced once into the bundle's cache (one file per axial slice)
-    cache = bundles / NAME_3D / "cache" / f"monailabel_{SIZE[NAME_3D]['image_size']}"
+    cache = _served(bundles, NAME_3D) / "cache" / f"monailabel_{SIZE[NAME_3D]['image_size']}"
     assert len(list(cache.rglob("*.npz"))) == 3 * VOLUME_SHAPE[2]
     result = app.infer({"model": NAME_3D, "image": "ct0", "device": "cpu"})
     assert nib.load(result["file"]).shape == VOLUME_SHAPE
@@ -434,12 +526,14 @@ def test_train_2d_multi_class_from_own_label_maps(tmp_path):
     conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN, **classes}), "pretrained_weights": "none"}
     app = _app(bundles, studies, models=NAME_2D, encoder_init="random", **conf)
     app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.34})
-    state = torch.load(bundles / NAME_2D / "models" / "model.pt", weights_only=True)
+    state = torch.load(_served(bundles, NAME_2D) / "models" / "model.pt", weights_only=True)
     assert state["decoder.head.conv.weight"].shape[0] == 3  # one output channel per class (softmax)
-    served = _app(bundles, studies, models=NAME_2D, **conf)  # a restarted app serves the trained model.pt
-    result = served.infer({"model": NAME_2D, "image": "m0", "device": "cpu"})
-    pred = np.asarray(Image.open(result["file"]))
-    assert pred.shape == (56, 56) and set(np.unique(pred).tolist()) <= {0, 1, 2}
+    # the app, which served the bundle for training only, serves the trained model.pt now; so does a restarted one
+    assert NAME_2D in app.info()["models"]
+    for served in (app, _app(bundles, studies, models=NAME_2D, **conf)):
+        result = served.infer({"model": NAME_2D, "image": "m0", "device": "cpu"})
+        pred = np.asarray(Image.open(result["file"]))
+        assert pred.shape == (56, 56) and set(np.unique(pred).tolist()) <= {0, 1, 2}
 
 
 # ---------------------------------------------------------------- 5. end to end over HTTP
@@ -447,98 +541,33 @@ def _server_log(path: Path) -> str:
     return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
 
-def test_server_end_to_end(tmp_path):
+@contextlib.contextmanager
+def running_server(workdir: Path, studies: Path, bundles: Path, conf: dict[str, str]):
+    """``monailabel start_server`` on 127.0.0.1 (a free port) with the app in ``bundles``; yields
+    ``(base_url, log_file)`` once ``GET /info/`` answers, and stops the server afterwards."""
     requests = pytest.importorskip("requests")
-    studies = tmp_path / "studies"
-    _write_studies(studies)
-    bundles = _make_bundles(tmp_path, studies)
     port = _free_port()
     cmd = [sys.executable, "-m", "monailabel.main", "start_server", "--app", str(bundles / "monailabel_app"),
            "--studies", str(studies), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    for key, value in _conf(models=f"{NAME_3D},{NAME_2D}").items():
+    for key, value in conf.items():
         cmd += ["--conf", key, value]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    log = tmp_path / "server.log"
+    log = workdir / "server.log"
     base = f"http://127.0.0.1:{port}"
-    params = {"params": (None, json.dumps({"device": "cpu"}))}
     with open(log, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=workdir)
         try:
             deadline = time.monotonic() + SERVER_START_TIMEOUT
             while True:
                 assert proc.poll() is None, f"server exited with {proc.returncode}:\n{_server_log(log)}"
                 try:
-                    info = requests.get(f"{base}/info/", timeout=5)
-                    if info.status_code == 200:
+                    if requests.get(f"{base}/info/", timeout=5).status_code == 200:
                         break
                 except requests.ConnectionError:
                     pass
                 assert time.monotonic() < deadline, f"server not up after {SERVER_START_TIMEOUT} s:\n{_server_log(log)}"
                 time.sleep(0.5)
-            assert set(info.json()["models"]) == {NAME_2D, NAME_3D}
-
-            # automatic segmentation of a 3D CT from the datastore
-            r = requests.post(
-                f"{base}/infer/{NAME_3D}", params={"image": "ct_a", "output": "image"}, files=params, timeout=120
-            )
-            assert r.status_code == 200, r.text
-            (tmp_path / "pred.nii.gz").write_bytes(r.content)
-            out = nib.load(str(tmp_path / "pred.nii.gz"))
-            assert out.shape == VOLUME_SHAPE
-            np.testing.assert_allclose(out.affine, AFFINE, atol=1e-5)
-            assert set(np.unique(np.asarray(out.dataobj)).tolist()) <= set(range(9))
-
-            # bad requests: 4xx with a message
-            r = requests.post(
-                f"{base}/infer/{NAME_3D}", params={"image": "no_such_image", "output": "image"}, timeout=60
-            )
-            detail = r.json()["detail"]  # names neither the id nor a path: see the server-side paths below
-            assert r.status_code == 404 and "image not found" in detail and "no_such_image" not in detail, r.text
-            r = requests.post(f"{base}/infer/no_such_model", params={"image": "ct_a", "output": "image"}, timeout=60)
-            assert r.status_code == 404 and "no_such_model" in r.json()["detail"], r.text
-            r = requests.post(
-                f"{base}/infer/{NAME_3D}", params={"output": "image"},
-                files={"file": ("notes.nii.gz", b"not an image")}, timeout=60,
-            )  # fmt: skip
-            assert r.status_code == 415 and "cannot be read as an image" in r.json()["detail"], r.text
-
-            # a server-side path (existing image, unreadable file, '../' path, missing file) is an unknown id
-            (tmp_path / "junk.nii.gz").write_text("not an image")
-            images = ["no_such_image", str(studies / "img_a.png"), str(tmp_path / "junk.nii.gz"),
-                      f"../{tmp_path.name}/studies/img_a.png", str(studies / "missing.png")]  # fmt: skip
-            unknown = requests.post(
-                f"{base}/infer/{NAME_2D}", params={"image": images[0], "output": "image"}, files=params, timeout=60
-            )
-            assert unknown.status_code == 404, unknown.text
-            for image in images:  # as the image of the query, and as "image" in params (which replaces it)
-                for query, options in ((image, {}), ("img_a", {"image": image})):
-                    form = {"params": (None, json.dumps({"device": "cpu", **options}))}
-                    r = requests.post(
-                        f"{base}/infer/{NAME_2D}", params={"image": query, "output": "image"}, files=form, timeout=60
-                    )
-                    assert (r.status_code, r.content) == (404, unknown.content), (image, options, r.text)
-
-            # training options that the bundle config parser would evaluate: 422 naming the option, nothing runs
-            marker = tmp_path / "marker"
-            payload = f"$__import__('pathlib').Path({str(marker)!r}).touch() or 1"
-            for option, run_sync in (("max_epochs", "true"), ("max_epochs", "false"), ("device", "false")):
-                r = requests.post(
-                    f"{base}/train/{NAME_2D}", params={"run_sync": run_sync}, json={option: payload}, timeout=60
-                )
-                assert r.status_code == 422 and repr(option) in r.json()["detail"], r.text
-            assert requests.get(f"{base}/train/", timeout=30).status_code == 404  # no training task was queued
-            assert not marker.exists()
-
-            # the server keeps serving: a 2D image upload
-            with open(studies / "img_a.png", "rb") as f:
-                r = requests.post(
-                    f"{base}/infer/{NAME_2D}", params={"output": "image"},
-                    files={"file": ("img_a.png", f.read()), **params}, timeout=120,
-                )  # fmt: skip
-            assert r.status_code == 200, r.text
-            (tmp_path / "pred.png").write_bytes(r.content)
-            mask = np.asarray(Image.open(tmp_path / "pred.png"))
-            assert mask.shape == IMAGE_2D_SHAPE and set(np.unique(mask).tolist()) <= {0, 1}
+            yield base, log
         finally:
             proc.terminate()
             try:
@@ -546,3 +575,77 @@ def test_server_end_to_end(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=20)
+
+
+def test_server_end_to_end(tmp_path):
+    requests = pytest.importorskip("requests")
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies)
+    params = {"params": (None, json.dumps({"device": "cpu"}))}
+    with running_server(tmp_path, studies, bundles, _conf(models=f"{NAME_3D},{NAME_2D}")) as (base, _):
+        info = requests.get(f"{base}/info/", timeout=30)
+        assert set(info.json()["models"]) == {NAME_2D, NAME_3D}
+
+        # automatic segmentation of a 3D CT from the datastore
+        r = requests.post(
+            f"{base}/infer/{NAME_3D}", params={"image": "ct_a", "output": "image"}, files=params, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        (tmp_path / "pred.nii.gz").write_bytes(r.content)
+        out = nib.load(str(tmp_path / "pred.nii.gz"))
+        assert out.shape == VOLUME_SHAPE
+        np.testing.assert_allclose(out.affine, AFFINE, atol=1e-5)
+        assert set(np.unique(np.asarray(out.dataobj)).tolist()) <= set(range(9))
+
+        # bad requests: 4xx with a message
+        r = requests.post(
+            f"{base}/infer/{NAME_3D}", params={"image": "no_such_image", "output": "image"}, timeout=60
+        )
+        detail = r.json()["detail"]  # names neither the id nor a path: see the server-side paths below
+        assert r.status_code == 404 and "image not found" in detail and "no_such_image" not in detail, r.text
+        r = requests.post(f"{base}/infer/no_such_model", params={"image": "ct_a", "output": "image"}, timeout=60)
+        assert r.status_code == 404 and "no_such_model" in r.json()["detail"], r.text
+        r = requests.post(
+            f"{base}/infer/{NAME_3D}", params={"output": "image"},
+            files={"file": ("notes.nii.gz", b"not an image")}, timeout=60,
+        )  # fmt: skip
+        assert r.status_code == 415 and "cannot be read as an image" in r.json()["detail"], r.text
+
+        # a server-side path (existing image, unreadable file, '../' path, missing file) is an unknown id
+        (tmp_path / "junk.nii.gz").write_text("not an image")
+        images = ["no_such_image", str(studies / "img_a.png"), str(tmp_path / "junk.nii.gz"),
+                  f"../{tmp_path.name}/studies/img_a.png", str(studies / "missing.png")]  # fmt: skip
+        unknown = requests.post(
+            f"{base}/infer/{NAME_2D}", params={"image": images[0], "output": "image"}, files=params, timeout=60
+        )
+        assert unknown.status_code == 404, unknown.text
+        for image in images:  # as the image of the query, and as "image" in params (which replaces it)
+            for query, options in ((image, {}), ("img_a", {"image": image})):
+                form = {"params": (None, json.dumps({"device": "cpu", **options}))}
+                r = requests.post(
+                    f"{base}/infer/{NAME_2D}", params={"image": query, "output": "image"}, files=form, timeout=60
+                )
+                assert (r.status_code, r.content) == (404, unknown.content), (image, options, r.text)
+
+        # training options that the bundle config parser would evaluate: 422 naming the option, nothing runs
+        marker = tmp_path / "marker"
+        payload = f"$__import__('pathlib').Path({str(marker)!r}).touch() or 1"
+        for option, run_sync in (("max_epochs", "true"), ("max_epochs", "false"), ("device", "false")):
+            r = requests.post(
+                f"{base}/train/{NAME_2D}", params={"run_sync": run_sync}, json={option: payload}, timeout=60
+            )
+            assert r.status_code == 422 and repr(option) in r.json()["detail"], r.text
+        assert requests.get(f"{base}/train/", timeout=30).status_code == 404  # no training task was queued
+        assert not marker.exists()
+
+        # the server keeps serving: a 2D image upload
+        with open(studies / "img_a.png", "rb") as f:
+            r = requests.post(
+                f"{base}/infer/{NAME_2D}", params={"output": "image"},
+                files={"file": ("img_a.png", f.read()), **params}, timeout=120,
+            )  # fmt: skip
+        assert r.status_code == 200, r.text
+        (tmp_path / "pred.png").write_bytes(r.content)
+        mask = np.asarray(Image.open(tmp_path / "pred.png"))
+        assert mask.shape == IMAGE_2D_SHAPE and set(np.unique(mask).tolist()) <= {0, 1}

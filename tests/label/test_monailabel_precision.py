@@ -4,6 +4,9 @@ other option of ``lib.trainers.TRAIN_OPTIONS``)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/monailabel.md)")
@@ -59,7 +62,12 @@ def test_request_precision_becomes_the_bundle_setting(served, monkeypatch):
     app = _app(served["bundles"], served["studies"], models=NAME_2D, precision="fp32")
     task = app._trainers[NAME_2D]
     seen = []
-    monkeypatch.setattr(task, "run_single_gpu", lambda request, overrides: seen.append(overrides["precision"]))
+
+    def run_single_gpu(request, overrides):  # records the setting; the run's "best model" is the served one
+        seen.append(overrides["precision"])
+        shutil.copy(os.path.join(task.bundle_path, "models", "model.pt"), overrides["validate#model_saver#save_dir"])
+
+    monkeypatch.setattr(task, "run_single_gpu", run_single_gpu)
     base = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.0}
     app.train({**base, "precision": "bf16"})
     app.train(base)  # without the option: the app's --conf precision

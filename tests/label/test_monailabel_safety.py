@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +18,6 @@ import pytest
 pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/monailabel.md)")
 
 from PIL import Image  # noqa: E402
-
-from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
 
 from .test_monailabel_app import (  # noqa: E402,F401  (fixtures used by name)
     IMAGE_2D_SHAPE,
@@ -30,6 +29,7 @@ from .test_monailabel_app import (  # noqa: E402,F401  (fixtures used by name)
     _make_bundles,
     _quiet_app,
     _status,
+    _write_2d_pairs,
     _write_studies,
     app,
     app_main,
@@ -80,12 +80,7 @@ def test_train_payload_never_runs(tmp_path):
     studies = tmp_path / "studies"
     _write_studies(studies)
     bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
-    (studies / "labels" / "final").mkdir(parents=True)
-    rng = np.random.default_rng(1)
-    for i in range(3):
-        image, mask = synthesize_pair(rng, 56)
-        Image.fromarray(image).save(studies / f"s{i}.png")
-        Image.fromarray((mask > 0).astype(np.uint8)).save(studies / "labels" / "final" / f"s{i}.png")
+    _write_2d_pairs(studies, 3)
     app = _app(bundles, studies, models=NAME_2D, **{f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN})})
     marker = tmp_path / "marker"
     request = {"model": NAME_2D, "device": "cpu", "multi_gpu": False, "val_split": 0.34}
@@ -115,6 +110,91 @@ def test_train_accepts_what_monai_label_clients_send(app):
     }  # fmt: skip
     # MONAI Label's deprecated POST /train/ also passes each model's options under its name
     assert app.check_train_request({**request, NAME_3D: {"max_epochs": 2}}) == checked
+
+
+def test_train_accepts_what_monai_label_adds(app):
+    """A queued training (``run_sync=false``) reaches the app from MONAI Label's task subprocess with ``local_rank``
+    added, ``gpus`` set to ``all`` and the server's ``bundle_path``; MONAI Label's client adds ``client_id``. Once
+    refused (the task ended ERROR), they are accepted and none of them reaches the bundle."""
+    task = app._trainers[NAME_2D]
+    request = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "local_rank": 0, "gpus": "all",
+               "bundle_path": task.bundle_path, "client_id": None}  # fmt: skip
+    assert app.check_train_request(request) == {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "gpus": "all"}
+    assert app.check_train_request({**request, "client_id": "slicer-1"})["model"] == NAME_2D
+    from fastapi import HTTPException
+
+    for bad in ({"local_rank": "$0"}, {"local_rank": -1}, {"client_id": "$x"}):
+        with pytest.raises(HTTPException) as info:
+            app.check_train_request({**request, **bad})
+        assert _status(info)[0] == 422
+
+
+def test_server_runs_its_own_copy_of_each_bundle(tmp_path):
+    """Configs are never read from a folder a request could write to: the app serves and trains a copy of each
+    bundle whose configs are the installed ones at every start; the copy's model.pt (the trained one) stays."""
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    app = _app(bundles, studies, models=NAME_2D)
+    copy = Path(app.bundles[NAME_2D])
+    assert copy == bundles / "monailabel_app" / "model" / NAME_2D
+    assert Path(app._trainers[NAME_2D].bundle_path) == copy and Path(app._infers[NAME_2D].bundle_path) == copy
+    installed = bundles / NAME_2D / "configs"
+    assert sorted(p.name for p in (copy / "configs").iterdir()) == sorted(p.name for p in installed.iterdir())
+    # the copy is changed behind the server's back; the next start restores its configs
+    (copy / "configs" / "train.yaml").write_text("imports: ['$print(1)']\n")
+    (copy / "configs" / "extra.yaml").write_text("x: 1\n")
+    (copy / "models" / "model.pt").write_bytes((copy / "models" / "model.pt").read_bytes())  # "trained"
+    trained = (copy / "models" / "model.pt").stat().st_mtime_ns
+    _app(bundles, studies, models=NAME_2D)
+    assert (copy / "configs" / "train.yaml").read_bytes() == (installed / "train.yaml").read_bytes()
+    assert not (copy / "configs" / "extra.yaml").exists()
+    assert (copy / "models" / "model.pt").stat().st_mtime_ns == trained
+
+
+@pytest.mark.parametrize("where", ["inside", "holding"])
+def test_model_dir_apart_from_the_studies(tmp_path, where):
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    model_dir = studies / "model" if where == "inside" else tmp_path
+    with pytest.raises(ValueError, match="--conf model_dir .* and the studies folder .* overlap"):
+        _app(bundles, studies, models=NAME_2D, model_dir=str(model_dir))
+
+
+@pytest.mark.parametrize(
+    "value, plain", [("img_a", True), ("case 0001.2", True), ("", False), ("..", False), ("a/../b", False),
+                     ("/etc/passwd", False), ("a\\b", False), ("C:x", False), ("x..y", False), (" a", False),
+                     ("a\nb", False), ("x" * 256, False), (None, False)],
+)  # fmt: skip
+def test_plain_ids(value, plain):
+    from fastapi import HTTPException
+
+    if plain:
+        assert app_main.check_id(value) == value
+    else:
+        with pytest.raises(HTTPException) as info:
+            app_main.check_id(value)
+        with pytest.raises(HTTPException) as reference:
+            app_main.check_id("a/b")
+        assert _status(info) == _status(reference) and _status(info)[0] == 400  # one answer, not naming the value
+
+
+@pytest.mark.parametrize("tag, ok", [("final", True), ("original", True), ("review_2", True), ("", False),
+                                     ("../x", False), ("/abs", False), ("-x", False), ("a.b", False)])  # fmt: skip
+def test_label_tags(app, tmp_path, tag, ok):
+    from fastapi import HTTPException
+
+    label = tmp_path / "label.png"
+    Image.fromarray(np.zeros((70, 90), np.uint8)).save(label)
+    store = app.datastore()
+    if ok:
+        assert store.save_label("img_a", str(label), tag, {}) == "img_a"
+        store.remove_label("img_a", tag)
+        return
+    with pytest.raises(HTTPException) as info:
+        store.save_label("img_a", str(label), tag, {})
+    assert _status(info)[0] == 400
 
 
 def test_training_can_be_disabled(served):

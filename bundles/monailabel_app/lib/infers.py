@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import numpy as np
+from fastapi import HTTPException
 from monai.bundle import ConfigParser
 from monai.data import MetaTensor
 from monai.transforms import LoadImage, LoadImaged, MapTransform
@@ -15,6 +16,7 @@ from monai.transforms import LoadImage, LoadImaged, MapTransform
 from monailabel.tasks.infer.bundle import BundleInferTask
 
 __all__ = [
+    "DEFAULT_WEIGHTS",
     "LABEL_EXTENSION_2D",
     "LABEL_EXTENSIONS_3D",
     "DropSingletonChanneld",
@@ -22,6 +24,8 @@ __all__ = [
     "image_problem",
     "input_rank",
     "has_volume_format",
+    "unknown_weights",
+    "weight_files",
 ]
 
 # label maps are written losslessly: PNG for 2D images (whatever the input's format, JPEG included), NIfTI or NRRD
@@ -29,6 +33,31 @@ __all__ = [
 LABEL_EXTENSION_2D = ".png"
 LABEL_EXTENSIONS_3D = (".nii.gz", ".nii", ".nrrd", ".seg.nrrd")
 _MAX_REASON = 400
+#: the served model of a bundle (``models/model.pt``), the default ``model_filename`` of inference and training
+DEFAULT_WEIGHTS = "model.pt"
+
+
+def weight_files(bundle_path: str) -> list[str]:
+    """Names of the weight files a request may choose (``model_filename``): the ``*.pt`` files directly in the
+    bundle's ``models/`` folder (links leading out of it excluded), shortest name first as MONAI Label lists them."""
+    models = os.path.realpath(os.path.join(bundle_path, "models"))
+    if not os.path.isdir(models):
+        return []
+    names = []
+    for name in os.listdir(models):
+        path = os.path.join(models, name)
+        if name.endswith(".pt") and os.path.isfile(path) and os.path.dirname(os.path.realpath(path)) == models:
+            names.append(name)
+    return sorted(names, key=lambda n: (len(n), n))
+
+
+def unknown_weights(bundle_path: str) -> str:
+    """The one answer to a ``model_filename`` that is not in :func:`weight_files` (a path, a missing name): it
+    lists the names a request may choose and never repeats the value nor shows a server path."""
+    return (
+        f"model_filename must be the name of a weight file in the model's models/ folder: one of "
+        f"{weight_files(bundle_path)}"
+    )
 
 
 def _short(exc: BaseException) -> str:
@@ -154,6 +183,27 @@ class SpectraFlowInferTask(BundleInferTask):
         if self.overrides:
             parser.update(self.overrides)
         return parser
+
+    def _get_network(self, device: str, data: Any) -> Any:
+        """MONAI Label's network loading, with the request's ``model_filename`` confined to the bundle's
+        ``models/`` folder: a name of :func:`weight_files` (default ``model.pt``); a path or an unknown name is
+        answered with HTTP 422 and :func:`unknown_weights` (MONAI Label would join it to the folder unchecked, load
+        any file of the server, or silently fall back); a file that does not fit the network: 422 naming it."""
+        if not data or not self._config.get("model_filename"):
+            return super()._get_network(device, data)
+        value = data.get("model_filename")
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        value = value if value not in (None, "") else DEFAULT_WEIGHTS
+        if not isinstance(value, str) or value not in weight_files(self.bundle_path):
+            raise HTTPException(status_code=422, detail=unknown_weights(self.bundle_path))
+        try:
+            return super()._get_network(device, {**data, "model_filename": value})
+        except Exception as e:
+            if value == DEFAULT_WEIGHTS:
+                raise
+            raise HTTPException(
+                status_code=422, detail=f"model_filename {value!r} does not fit the network of this model"
+            ) from e
 
     def image_loader(self) -> Any:
         """The bundle's own ``LoadImaged`` (the first of its preprocessing), or None."""

@@ -8,10 +8,14 @@ resolves ``@`` / ``%`` references and ``_target_`` objects. A request may theref
 
 from __future__ import annotations
 
+import copy
+import itertools
 import logging
 import math
 import os
 import re
+import shutil
+import time
 from typing import Any, Callable
 
 from monai.bundle import ConfigParser
@@ -20,7 +24,7 @@ from monailabel.utils.others.generic import device_map
 
 from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
-from .infers import has_volume_format
+from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
 
 __all__ = [
     "MAX_EPOCHS",
@@ -45,6 +49,7 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.pt")
 _GPUS = re.compile(r"\d{1,2}(,\d{1,2}){0,15}")
 _DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?")
 _NONE = (None, "", "None", "none")
+_RUNS = itertools.count()
 #: the values of the bundles' ``precision`` setting
 PRECISION_CHOICES = PRECISION_SETTINGS
 
@@ -129,11 +134,23 @@ def _precision(value: Any) -> str:
     return value.strip().lower()
 
 
+_MODEL_FILENAME_RULE = "must be the name of a .pt file in the bundle's models/ folder, such as 'model.pt'"
+
+
 def _model_filename(value: Any) -> str:
     value = _first(value)
+    if value in _NONE:
+        return DEFAULT_WEIGHTS
     if not isinstance(value, str) or not _FILE_NAME.fullmatch(value) or ".." in value:
-        raise ValueError("must be the name of a .pt file in the bundle's models/ folder, such as 'model.pt'")
+        raise ValueError(_MODEL_FILENAME_RULE)
     return value
+
+
+def _local_rank(value: Any) -> None:
+    # added by MONAI Label's task subprocess (monailabel.interfaces.utils.app) to every queued training request
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1024:
+        raise ValueError("must be a process rank (an integer >= 0)")
+    return None
 
 
 # option -> (check returning the value to use, or None to leave the option out; what it means)
@@ -153,7 +170,12 @@ TRAIN_OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "run_id": (_run_id, "'run' only"),
     "precision": (_precision, "'auto', 'bf16', 'fp16' (CUDA) or 'fp32' (default: the app's --conf precision, "
                   "else the bundle's 'auto')"),
+    # added by MONAI Label itself: its client sends client_id, its task subprocess adds local_rank
+    "client_id": (_text, "ignored (MONAI Label's client adds it)"),
+    "local_rank": (_local_rank, "ignored (MONAI Label's task subprocess adds it)"),
 }
+# options whose refusal does not repeat the value: a path is answered as an unknown name
+_QUIET = ("model_filename",)
 
 
 # app settings (--conf KEY VALUE) passed to every bundle's training as the bundle settings of the same name
@@ -245,7 +267,8 @@ def check_train_options(request: dict[str, Any], bundle_path: str | None = None)
             try:
                 value = check(value)
             except ValueError as e:
-                raise ValueError(f"train option {key!r} {e}, got {_show(value)}.") from None
+                shown = "" if key in _QUIET else f", got {_show(value)}"
+                raise ValueError(f"train option {key!r} {e}{shown}.") from None
             if value is not None:
                 checked[key] = value
         else:
@@ -269,22 +292,91 @@ class SpectraFlowTrainTask(BundleTrainTask):
 
     def __init__(self, path: str, conf: dict[str, str], overrides: dict[str, Any] | None = None, **kwargs: Any):
         self.overrides = dict(overrides or {})
+        self._request_overrides: dict[str, Any] = {}
         kwargs.setdefault("load_strict", True)
         super().__init__(path, conf, **kwargs)
         self.volume_input = has_volume_format(path)
+        self._train_handlers = (
+            copy.deepcopy(self.bundle_config.get(self.const.key_train_handlers(), [])) if self.is_valid() else []
+        )
 
     def check_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """:func:`check_train_options` for this bundle (raises ValueError naming a refused option)."""
-        return check_train_options(request, getattr(self, "bundle_path", None))
+        """:func:`check_train_options` for this bundle (raises ValueError naming a refused option); a
+        ``model_filename`` must also be a file of the bundle's ``models/`` folder, or ``model.pt`` (which, while it
+        does not exist yet, means the bundle's initial weights). A path and an unknown name get the same answer."""
+        checked = check_train_options(request, getattr(self, "bundle_path", None))
+        name = checked.get("model_filename", DEFAULT_WEIGHTS)
+        if name != DEFAULT_WEIGHTS and name not in weight_files(self.bundle_path):
+            raise ValueError(f"train option 'model_filename' {_MODEL_FILENAME_RULE}.")
+        return checked
 
     def __call__(self, request: dict[str, Any], datastore: Any) -> Any:
+        """One training request: a new run on the datastore's current labels (:meth:`new_run`), whose best model
+        then replaces the served ``models/model.pt`` (:meth:`promote`)."""
         request = self.check_request(request)
         # the request's precision becomes the bundle setting of this run (over the app's --conf precision)
         self._request_overrides = {"precision": request["precision"]} if "precision" in request else {}
+        run_dir = self.new_run(request)
         try:
-            return super().__call__(request, datastore)
+            result = super().__call__(request, datastore)
+            self.promote(run_dir)
         finally:
             self._request_overrides = {}
+            # a run is never continued by a later request: its checkpoints go, whether it ended well or not
+            shutil.rmtree(run_dir, ignore_errors=True)
+        return result
+
+    def new_run(self, request: dict[str, Any]) -> str:
+        """Prepare a new run: its own folder ``runs/<time>-<pid>-<n>/`` for the resumable checkpoints and the best
+        model, nothing resumed (an earlier request's run, its optimizer, early stopping and best score are never
+        continued), and the bundle's own training handlers (MONAI Label inserts its checkpoint loader into them).
+
+        Returns:
+            the run folder.
+        """
+        name = os.path.basename(self.bundle_path)
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_RUNS)}"
+        run_dir = os.path.join(self.bundle_path, "runs", run_id)
+        os.makedirs(run_dir)
+        self._request_overrides.update(
+            {
+                "stage2_dir": os.path.join(run_dir, "checkpoints"),
+                "validate#model_saver#save_dir": run_dir,
+                "train#resume_path": "$None",  # (a None override would be dropped by monai.bundle.run)
+            }
+        )
+        self.bundle_config[self.const.key_train_handlers()] = copy.deepcopy(self._train_handlers)
+        start = os.path.join("models", request.get("model_filename", DEFAULT_WEIGHTS))
+        if request.get("pretrained", True) and os.path.isfile(os.path.join(self.bundle_path, start)):
+            origin = f"fine-tuning from {start}"
+        else:
+            origin = "the bundle's initial weights (encoder_init; decoder from scratch)"
+        logger.info(f"+++ {name}: new training run {run_id} on the datastore's labels, starting from {origin}")
+        return run_dir
+
+    def promote(self, run_dir: str) -> None:
+        """Replace the served ``models/model.pt`` with the best model of the run in ``run_dir`` (atomically: the
+        inference task reloads it at its next request).
+
+        Raises:
+            RuntimeError: the run saved no model (no validation pair, or no finite validation score); the served
+                model is kept.
+        """
+        name = os.path.basename(self.bundle_path)
+        best = os.path.join(run_dir, DEFAULT_WEIGHTS)
+        if not os.path.isfile(best):
+            raise RuntimeError(
+                f"{name}: training run {os.path.basename(run_dir)} saved no model (it needs validation pairs: "
+                "val_split > 0 and enough labelled images); the served model is unchanged."
+            )
+        served = os.path.join(self.bundle_path, "models", DEFAULT_WEIGHTS)
+        os.makedirs(os.path.dirname(served), exist_ok=True)
+        replaced = os.path.isfile(served)
+        os.replace(best, served)
+        logger.info(
+            f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
+            f"{' (it replaced the previous one)' if replaced else ''}"
+        )
 
     def config(self) -> dict[str, Any]:
         options = super().config()
