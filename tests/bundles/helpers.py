@@ -139,3 +139,28 @@ def kill_when_file_appears(proc: subprocess.Popen, path: Path, timeout: float = 
         time.sleep(0.001)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+
+
+def run_workflow(parser: ConfigParser) -> None:
+    """The config's ``initialize`` then ``run`` lists, evaluated as ``monai.bundle run`` does."""
+    for section in ("initialize", "run"):
+        for i in range(len(parser[section])):
+            parser.get_parsed_content(f"{section}::{i}")
+
+
+def record_output_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
+    """The dtypes of ``module``'s outputs, collected by a forward hook from now on."""
+    dtypes: set[torch.dtype] = set()
+
+    def hook(_module, _inputs, output):
+        tensors = output if isinstance(output, (tuple, list)) else [output]
+        dtypes.update(t.dtype for t in tensors if isinstance(t, torch.Tensor))
+
+    module.register_forward_hook(hook)
+    return dtypes
+
+
+def assert_float32_state(state: dict) -> None:
+    """Every floating-point entry of a state dict is float32 (what the bundles save, whatever the precision)."""
+    floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+    assert floats and all(d == torch.float32 for d in floats.values()), floats

@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from spectraflow_monai.apps.synapse import synthetic_ct_volume
-from tests.bundles.helpers import error_text, load_weights, parse_config
+from tests.bundles.helpers import (
+    assert_float32_state,
+    error_text,
+    load_weights,
+    parse_config,
+    record_output_dtypes,
+    run_workflow,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS_2D = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
@@ -49,36 +56,14 @@ def precision_log(caplog):
     logger.disabled = disabled
 
 
-def _run_workflow(parser) -> None:
-    """The config's ``initialize`` then ``run`` lists, evaluated as ``monai.bundle run`` does."""
-    for section in ("initialize", "run"):
-        for i in range(len(parser[section])):
-            parser.get_parsed_content(f"{section}::{i}")
-
-
-def _record_output_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
-    dtypes: set[torch.dtype] = set()
-
-    def hook(_module, _inputs, output):
-        tensors = output if isinstance(output, (tuple, list)) else [output]
-        dtypes.update(t.dtype for t in tensors if isinstance(t, torch.Tensor))
-
-    module.register_forward_hook(hook)
-    return dtypes
-
-
-def _assert_float32_state(state: dict) -> None:
-    floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
-    assert floats and all(d == torch.float32 for d in floats.values()), floats
-
 
 def test_stage2_one_epoch_bf16_on_cpu(tmp_path, precision_log):
     parser = parse_config(
         str(CONFIGS_2D / "train.yaml"), bundle_root=str(tmp_path), max_epochs=1, precision="bf16", **TINY
     )
     network = parser.get_parsed_content("network")
-    dtypes = _record_output_dtypes(network)
-    _run_workflow(parser)
+    dtypes = record_output_dtypes(network)
+    run_workflow(parser)
     assert torch.bfloat16 in dtypes  # the forward ran under CPU autocast
     assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
     metrics = parser.get_parsed_content("validate#evaluator").state.metrics
@@ -88,7 +73,7 @@ def test_stage2_one_epoch_bf16_on_cpu(tmp_path, precision_log):
     assert math.isfinite(float(parser.get_parsed_content("train#trainer").state.output[0]["loss"]))
     # the best model is a float32 state dict that loads strictly into a float32 network and predicts finite values
     state = load_weights(tmp_path / "models" / "model.pt")
-    _assert_float32_state(state)
+    assert_float32_state(state)
     fresh = parse_config(str(CONFIGS_2D / "inference.yaml"), bundle_root=str(tmp_path), **NET)
     net = fresh.get_parsed_content("network_def")
     net.load_state_dict(state, strict=True)
@@ -111,14 +96,14 @@ def test_stage1_one_epoch_bf16_on_cpu(tmp_path, precision_log):
     )
     trainer = parser.get_parsed_content("stage1#trainer")
     assert trainer.amp and trainer._autocast_kwargs["dtype"] == torch.bfloat16 and trainer.scaler is None
-    dtypes = _record_output_dtypes(parser.get_parsed_content("stage1#encoder").vit.blocks[0].attn.qkv)
-    _run_workflow(parser)
+    dtypes = record_output_dtypes(parser.get_parsed_content("stage1#encoder").vit.blocks[0].attn.qkv)
+    run_workflow(parser)
     assert torch.bfloat16 in dtypes  # the encoder's linear layers ran under CPU autocast
     assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
     out = trainer.state.output
     for key in ("loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"):
         assert math.isfinite(out[key]), out
-    _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
+    assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
 
 
 def test_synapse_slicewise_inference_bf16_on_cpu(tmp_path, precision_log):
@@ -142,8 +127,8 @@ def test_synapse_slicewise_inference_bf16_on_cpu(tmp_path, precision_log):
         device="$torch.device('cpu')",
         **NET,
     )
-    dtypes = _record_output_dtypes(parser.get_parsed_content("network"))
-    _run_workflow(parser)
+    dtypes = record_output_dtypes(parser.get_parsed_content("network"))
+    run_workflow(parser)
     assert torch.bfloat16 in dtypes  # every slice batch ran under CPU autocast
     assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
     out = nib.load(str(tmp_path / "out" / "case_seg.nii.gz"))

@@ -21,7 +21,13 @@ import pytest
 import torch
 
 from spectraflow_monai.apps.synapse import synthetic_ct_volume
-from tests.bundles.helpers import load_weights, parse_config
+from tests.bundles.helpers import (
+    assert_float32_state,
+    load_weights,
+    parse_config,
+    record_output_dtypes,
+    run_workflow,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -43,28 +49,6 @@ TINY = {
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _run_workflow(parser) -> None:
-    """The config's ``initialize`` then ``run`` lists, evaluated as ``monai.bundle run`` does."""
-    for section in ("initialize", "run"):
-        for i in range(len(parser[section])):
-            parser.get_parsed_content(f"{section}::{i}")
-
-
-def _record_output_dtypes(module: torch.nn.Module) -> set[torch.dtype]:
-    dtypes: set[torch.dtype] = set()
-
-    def hook(_module, _inputs, output):
-        tensors = output if isinstance(output, (tuple, list)) else [output]
-        dtypes.update(t.dtype for t in tensors if isinstance(t, torch.Tensor))
-
-    module.register_forward_hook(hook)
-    return dtypes
-
-
-def _assert_float32_state(state: dict) -> None:
-    floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
-    assert floats and all(d == torch.float32 for d in floats.values()), floats
-
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_stage1_epoch_on_cuda(tmp_path, precision):
@@ -83,13 +67,13 @@ def test_stage1_epoch_on_cuda(tmp_path, precision):
     assert (trainer.scaler is not None) == (precision == "fp16")  # float16 needs its gradient scaler
     encoder = parser.get_parsed_content("stage1#encoder")
     assert next(encoder.parameters()).device.type == "cuda"
-    dtypes = _record_output_dtypes(encoder.vit.blocks[0].attn.qkv)
-    _run_workflow(parser)
+    dtypes = record_output_dtypes(encoder.vit.blocks[0].attn.qkv)
+    run_workflow(parser)
     assert HALF[precision] in dtypes  # the encoder's linear layers ran under CUDA autocast
     out = trainer.state.output
     for key in ("loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"):
         assert math.isfinite(out[key]), out
-    _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
+    assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
 
 
 def test_stage1_resumes_on_cuda(tmp_path):
@@ -99,12 +83,12 @@ def test_stage1_resumes_on_cuda(tmp_path):
         "head_num_blocks": 1, **TINY,
     }  # fmt: skip
     configs = [str(CONFIGS_2D / "train.yaml"), str(CONFIGS_2D / "train_stage1.yaml")]
-    _run_workflow(parse_config(configs, stage1_epochs=1, **settings))
+    run_workflow(parse_config(configs, stage1_epochs=1, **settings))
     parser = parse_config(configs, stage1_epochs=2, **settings)
-    _run_workflow(parser)
+    run_workflow(parser)
     trainer = parser.get_parsed_content("stage1#trainer")
     assert trainer.state.epoch == 2 and trainer.state.iteration == 2 * trainer.state.epoch_length
-    _assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
+    assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -115,17 +99,17 @@ def test_stage2_epoch_on_cuda(tmp_path, precision):
     network = parser.get_parsed_content("network")
     assert next(network.parameters()).device.type == "cuda"
     # the encoder's linear layers show the autocast (CUDA autocast runs the final upsampling in float32)
-    dtypes = _record_output_dtypes(network.encoder.vit.blocks[0].attn.qkv)
+    dtypes = record_output_dtypes(network.encoder.vit.blocks[0].attn.qkv)
     trainer = parser.get_parsed_content("train#trainer")
     assert trainer.amp == (precision == "fp16")  # MONAI's amp = float16 autocast + GradScaler
-    _run_workflow(parser)
+    run_workflow(parser)
     assert HALF[precision] in dtypes  # the forward ran under CUDA autocast
     assert math.isfinite(float(trainer.state.output[0]["loss"]))
     metrics = parser.get_parsed_content("validate#evaluator").state.metrics
     for name in ("val_mean_dice", "val_mean_iou"):
         assert math.isfinite(float(metrics[name])), (name, metrics)
     state = load_weights(tmp_path / "models" / "model.pt")
-    _assert_float32_state(state)
+    assert_float32_state(state)
 
 
 def test_synapse_slice_inferer_on_cuda(tmp_path):
@@ -153,8 +137,8 @@ def test_synapse_slice_inferer_on_cuda(tmp_path):
         )
         network = parser.get_parsed_content("network")
         assert next(network.parameters()).device.type == device
-        dtypes = _record_output_dtypes(network.encoder.vit.blocks[0].attn.qkv)
-        _run_workflow(parser)
+        dtypes = record_output_dtypes(network.encoder.vit.blocks[0].attn.qkv)
+        run_workflow(parser)
         if precision == "bf16":
             assert torch.bfloat16 in dtypes  # every slice batch ran under CUDA autocast
         out = nib.load(str(out_dir / "case_seg.nii.gz"))
@@ -186,4 +170,4 @@ def test_multi_gpu_config_with_nccl(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "precision: bf16" in out, out[-6000:]
-    _assert_float32_state(load_weights(tmp_path / "models" / "model.pt"))
+    assert_float32_state(load_weights(tmp_path / "models" / "model.pt"))
