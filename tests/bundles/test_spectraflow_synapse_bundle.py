@@ -32,7 +32,8 @@ from spectraflow_monai.apps.synapse import (
     synthetic_ct_volume,
 )
 from spectraflow_monai.data import DatasetError
-from spectraflow_monai.metrics import PAPER_ORGAN_ORDER, organ_metrics
+from spectraflow_monai.apps.synapse import PAPER_ORGAN_ORDER, SYNAPSE_ORGANS
+from spectraflow_monai.metrics import organ_metrics
 from tests.bundles.helpers import (
     REPO,
     SCHEMA,
@@ -271,7 +272,7 @@ def test_evaluate_raw_volumes(trained):
         # the CSV holds organ_metrics of the saved prediction against the mapped label, with the volume's spacing
         label_path = root / "data" / "RawData" / "Training" / "label" / f"label{case}.nii.gz"
         label = LUT[np.asarray(nib.load(str(label_path)).dataobj)]
-        expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=SPACING)
+        expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=SPACING, organ_names=SYNAPSE_ORGANS)
         for row in (r for r in rows if r["case"] == case):
             m = expected[row["organ"]]
             assert int(row["gt_voxels"]) == m["gt_voxels"] > 0 and int(row["pred_voxels"]) == m["pred_voxels"]
@@ -309,7 +310,7 @@ def test_transunet_layout_train_and_evaluate(trained, transunet_root, tmp_path):
     pred = nib.load(str(tmp_path / "eval" / "predictions" / "case0001.npy_seg.nii.gz"))
     assert pred.shape == SHAPE
     label = LUT[synthetic_ct_volume(1, shape=SHAPE)[1]]
-    expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=None)
+    expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=None, organ_names=SYNAPSE_ORGANS)
     for row in (r for r in rows if r["case"] == "0001"):
         assert float(row["dice_transunet"]) == pytest.approx(expected[row["organ"]]["dice_transunet"], rel=1e-4)
         assert float(row["hd95_transunet"]) == pytest.approx(expected[row["organ"]]["hd95_transunet"], rel=1e-4)
