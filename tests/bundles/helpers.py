@@ -30,6 +30,22 @@ def run_bundle(config_file, meta_file: str, **override) -> None:
         sys.path[:] = saved_path
 
 
+def missing_workflow_properties(config_file, workflow_type: str, meta_file: str, **override) -> list[str] | None:
+    """MONAI's own check of a bundle workflow: ``ConfigWorkflow(...).initialize()`` then ``check_properties()``
+    (required properties that are missing, optional ones whose reference does not point where MONAI expects)."""
+    from monai.bundle import ConfigWorkflow
+
+    saved_path = list(sys.path)
+    try:
+        workflow = ConfigWorkflow(
+            config_file=config_file, meta_file=meta_file, logging_file=False, workflow_type=workflow_type, **override
+        )
+        workflow.initialize()
+        return workflow.check_properties()
+    finally:
+        sys.path[:] = saved_path
+
+
 def parse_config(config_file, **override) -> ConfigParser:
     parser = ConfigParser()
     parser.read_config(config_file)

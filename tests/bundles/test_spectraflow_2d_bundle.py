@@ -30,6 +30,7 @@ from tests.bundles.helpers import (
     SCHEMA,
     assert_evaluation_skips_encoder_weights,
     config_paths,
+    missing_workflow_properties,
     run_bundle,
 )
 from tests.bundles.helpers import error_text as _error_text
@@ -274,6 +275,16 @@ def test_ckpt_export_trace_matches_eager(trained):
 
 
 # ---------------------------------------------------------------- 6. metadata and network I/O
+@pytest.mark.parametrize("workflow_type", ["train", "inference"])
+def test_monai_check_properties(trained, workflow_type):
+    # MONAI's check of a bundle workflow: nothing required is missing, every optional reference is where MONAI looks
+    config = TRAIN if workflow_type == "train" else INFERENCE
+    override = {**trained["common"], "max_epochs": 2, "batch_size": 4, "val_batch_size": 4}
+    if workflow_type == "inference":
+        override = {"bundle_root": str(trained["root"]), "input_dir": os.path.join(trained["data_dir"], "images"), **NET}
+    assert missing_workflow_properties(config, workflow_type, META, **override) == []
+
+
 def test_verify_metadata_offline():
     verify_metadata(meta_file=META, filepath=SCHEMA)
 

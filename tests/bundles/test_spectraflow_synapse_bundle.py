@@ -39,6 +39,7 @@ from tests.bundles.helpers import (
     SCHEMA,
     assert_evaluation_skips_encoder_weights,
     config_paths,
+    missing_workflow_properties,
     run_bundle,
 )
 from tests.bundles.helpers import error_text as _error_text
@@ -331,6 +332,18 @@ def _manual_prediction(net: torch.nn.Module, path: str) -> np.ndarray:
     back = torch.nn.functional.interpolate(labels.permute(1, 2, 0)[None, None], size=x.shape, mode="nearest")
     ornt = nib.orientations.ornt_transform(nib.io_orientation(ras.affine), nib.io_orientation(img.affine))
     return nib.orientations.apply_orientation(back[0, 0].numpy(), ornt).astype(np.uint8)
+
+
+@pytest.mark.parametrize("workflow_type", ["train", "inference"])
+def test_monai_check_properties(trained, workflow_type):
+    # MONAI's check of a bundle workflow: nothing required is missing, every optional reference is where MONAI looks
+    if workflow_type == "train":
+        override = {**trained["common"], "max_epochs": 1, "batch_size": 6, "val_batch_size": 12}
+        assert missing_workflow_properties(TRAIN, "train", META, **override) == []
+    else:
+        images = os.path.join(trained["common"]["dataset_dir"], "RawData", "Training", "img")
+        override = {"bundle_root": str(trained["root"]), "input_dir": images, **NET}
+        assert missing_workflow_properties(INFERENCE, "inference", META, **override) == []
 
 
 def test_inference_keeps_the_input_geometry(trained, tmp_path):
