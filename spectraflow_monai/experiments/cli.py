@@ -26,6 +26,7 @@ from spectraflow_monai.experiments.robustness import ROBUSTNESS_SCALES, run_robu
 from spectraflow_monai.experiments.runner import SCALES
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS
 from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
 __all__ = ["EXPERIMENTS", "main", "write_report"]
 
@@ -69,7 +70,8 @@ def _common_options(parser: argparse.ArgumentParser, scales: Sequence[str], base
                             help="bundle config (or path) merged over train.yaml for the baseline (default MONAI UNet)")
     parser.add_argument("--pretrained-weights", default="none",
                         help="the bundle's pretrained_weights: none (default here), timm, or a DINOv2 checkpoint file")
-    parser.add_argument("--precision", default="auto", help="the bundle's precision: auto | bf16 | fp16 | fp32")
+    parser.add_argument("--precision", default="auto", choices=PRECISION_SETTINGS,
+                        help=f"the bundle's precision: {' | '.join(PRECISION_SETTINGS)}")
     parser.add_argument("--override", action="append", type=_override, default=[], metavar="KEY=VALUE",
                         help="any other bundle override, e.g. --override max_epochs=20 (YAML values)")  # fmt: skip
 

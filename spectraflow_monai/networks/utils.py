@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.run_record import check_model_settings
 
 __all__ = [
     "ENCODER_INIT_CHOICES",
@@ -373,6 +374,7 @@ def initialize_encoder(
     encoder_init: str = "pretrained",
     pretrained_weights: Any = None,
     stage1_export: str | os.PathLike | None = None,
+    model_settings: Mapping[str, Any] | None = None,
 ) -> str | None:
     """The bundles' ``initialize`` step: resolve the settings and load the encoder weights of ``network``.
 
@@ -386,6 +388,9 @@ def initialize_encoder(
         encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``. Defaults to ``"pretrained"``.
         pretrained_weights: ``"timm"``, a DINOv2 checkpoint file, or ``None`` / ``"none"``. Defaults to ``None``.
         stage1_export: the Stage-1 encoder export (needed for ``encoder_init="stage1"``).
+        model_settings: the model settings of this run; when the Stage-1 export has its settings recorded beside it
+            (``encoder_stage1.json``), each one it holds (encoder name and arguments, image size) must agree, else
+            a :class:`SettingError` names both values instead of a raw size mismatch. Defaults to None.
 
     Returns:
         the source loaded: ``"timm"``, a file path, or ``None`` (random initialisation).
@@ -397,6 +402,13 @@ def initialize_encoder(
     choice = encoder_init.strip().lower()
     if choice == "stage1":
         label = "stage1"
+        check_model_settings(
+            source,
+            dict(model_settings or {}),
+            what="the Stage-1 export",
+            hint="Run Stage-1 with these settings first, give the export's values, or start Stage-2 from "
+            "pretrained_weights (--encoder_init pretrained).",
+        )
     elif choice == "random":
         label = "random (encoder_init)"
     else:

@@ -108,8 +108,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> None:
-    """``torchrun --nproc_per_node=2 -m monai.bundle run ...`` on CPU (gloo); asserts success with the log tail."""
+def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> str:
+    """``torchrun --nproc_per_node=2 -m monai.bundle run ...`` on CPU (gloo); asserts success with the log tail and
+    returns the output of both processes."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
@@ -118,6 +119,7 @@ def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> None
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{' '.join(cmd)}\nrc={proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
+    return proc.stdout + proc.stderr
 
 
 def bundle_args(override: dict) -> list[str]:
