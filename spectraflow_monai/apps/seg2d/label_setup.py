@@ -21,9 +21,10 @@ from monai.networks.utils import one_hot
 from monai.transforms import Activationsd, AsDiscreted
 
 from spectraflow_monai.data.label_mode import LabelMode
+from spectraflow_monai.losses.dice_bce_boundary import DiceBCEBoundaryLoss
 from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
 
-__all__ = ["LabelSetup", "OneHotOutput", "label_setup"]
+__all__ = ["LabelSetup", "OneHotOutput", "label_setup", "stage2_loss"]
 
 
 class OneHotOutput:
@@ -60,6 +61,11 @@ class LabelSetup(LabelMode):
         self.save_dtype = np.float32 if self.binary else np.uint8
         self.metric_output = from_engine(["pred", "label"]) if self.binary else OneHotOutput(self.num_classes)
 
+    def loss(self, **kwargs: Any) -> DiceBCEBoundaryLoss:
+        """:class:`~spectraflow_monai.losses.DiceBCEBoundaryLoss` for these masks: sigmoid Dice + BCE (binary) or
+        softmax Dice + cross entropy with one-hot targets (classes); ``kwargs`` are its other arguments."""
+        return DiceBCEBoundaryLoss(sigmoid=self.sigmoid, softmax=self.softmax, to_onehot_y=self.to_onehot_y, **kwargs)
+
     def postprocessing(self, keys: Any = "pred") -> list:
         """Logits -> masks: sigmoid + threshold 0.5 (binary), argmax label map (classes)."""
         if self.binary:
@@ -80,3 +86,8 @@ def label_setup(label_classes: Any = None) -> LabelSetup:
         SettingError: naming the setting and the value when it is none of the accepted forms.
     """
     return LabelSetup.read(label_classes)
+
+
+def stage2_loss(label_setup: LabelSetup, **kwargs: Any) -> DiceBCEBoundaryLoss:
+    """The 2D bundle's Stage-2 loss (config entry point): :meth:`LabelSetup.loss` of ``label_setup``."""
+    return label_setup.loss(**kwargs)
