@@ -16,6 +16,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -489,7 +490,7 @@ def test_multi_gpu_override_two_processes(tmp_path):
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
         "--pretrained_weights", "none",
     ]  # fmt: skip
-    _torchrun(
+    stage1_log = _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml", "configs/multi_gpu_train.yaml"],
         args + ["--stage1_epochs", "1", "--stage1_batch_size", "6", "--head_hidden_channels", "32",
                 "--head_num_blocks", "1"],
@@ -497,13 +498,18 @@ def test_multi_gpu_override_two_processes(tmp_path):
     )  # fmt: skip
     export_path = root / "models" / "encoder_stage1.pt"
     assert export_path.is_file()
-    _torchrun(
+    # the same program as one process: precision checked and logged by each process, Stage-1 files in models/stage1
+    precision_lines = re.compile(r"precision: (?:bf16|fp16|fp32) \(")
+    assert len(precision_lines.findall(stage1_log)) == 2 and "process group: rank 1 of 2 (gloo)" in stage1_log
+    assert (root / "models" / "stage1" / "run_record.json").is_file() and not (root / "models" / "stage2").exists()
+    stage2_log = _torchrun(
         ["configs/train.yaml", "configs/multi_gpu_train.yaml"],
         args + ["--max_epochs", "1", "--batch_size", "6", "--val_batch_size", "12"],
         BUNDLE,
     )
     index = json.loads((root / "cache" / f"synthetic_{IMAGE_SIZE}" / "index.json").read_text())
     assert sorted(index["volumes"]) == sorted(TRAIN_CASES + VAL_CASES)  # the test volumes are never sliced
+    assert len(precision_lines.findall(stage2_log)) == 2 and (root / "models" / "model.json").is_file()
     model, export = _load(root / "models" / "model.pt"), _load(export_path)
     assert not any(k.startswith("module.") for k in model)
     torch.testing.assert_close(model["encoder.vit.blocks.0.attn.qkv.weight"], export["blocks.0.attn.qkv.weight"])
