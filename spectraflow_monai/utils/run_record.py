@@ -124,12 +124,6 @@ def _read_json(path: str) -> dict | None:
         raise SettingError(f"run record {path!r} cannot be read ({exc}); move it away to start over.") from exc
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def record_run(
     run_dir: str | os.PathLike,
     settings: Mapping[str, Any],
@@ -170,7 +164,7 @@ def record_run(
     Raises:
         SettingError: the record differs from the run this restart would continue.
     """
-    from spectraflow_monai.utils.checkpoint import _as_bool, latest_checkpoint, set_aside
+    from spectraflow_monai.utils.checkpoint import _as_bool, _rank, latest_checkpoint, set_aside
 
     resume = _as_bool(resume, "resume")
     folder = os.fspath(run_dir)
