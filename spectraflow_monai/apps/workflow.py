@@ -9,8 +9,9 @@ be chains of config expressions lives here, once for both bundles:
 - :func:`trainable_parameters`: the optimizer's parameters (frozen encoder blocks left out);
 - :func:`start_training`: the ``run`` list of Stage-2 (early stopping bound to the trainer, resume, checkpoints).
 
-Importing this module also imports the subpackages the configs name in their expressions (``networks``,
-``handlers``, ``utils`` and their modules), so a config's ``imports`` list stays short.
+Importing this module also imports the modules the configs name in their expressions (``apps.seg2d``,
+``apps.synapse``, ``data``, ``engines``, ``networks``, ``handlers``, ``utils``), so a config's ``imports`` list is
+``os``, ``spectraflow_monai`` and this module (plus the error hook).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import torch.nn as nn
 from ignite.engine import Engine
 from monai.handlers import HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
 
-import spectraflow_monai.data  # noqa: F401  (named by the configs' expressions)
+import spectraflow_monai.apps.seg2d  # noqa: F401  (named by the configs' expressions)
+import spectraflow_monai.apps.synapse  # noqa: F401
+import spectraflow_monai.data  # noqa: F401
+import spectraflow_monai.engines  # noqa: F401
 import spectraflow_monai.networks.utils  # noqa: F401
 import spectraflow_monai.utils.checkpoint  # noqa: F401
 import spectraflow_monai.utils.distributed  # noqa: F401
