@@ -26,7 +26,7 @@ names. ``"test"``: the JSON's ``test`` list (or ``splits/test.txt``) when there 
 (:func:`~spectraflow_monai.data.low_data_subset`).
 
 Masks (see :func:`spectraflow_monai.data.label_mode`): with ``label_classes`` None they are binary: 0/1 or 0/255
-masks (:func:`~spectraflow_monai.data.validation.binary_mask_threshold`), or, with ``label_threshold`` given,
+masks (:func:`~spectraflow_monai.transforms.label.binary_mask_threshold`), or, with ``label_threshold`` given,
 foreground = value >= ``label_threshold`` (``1``: every non-zero value). With ``label_classes`` every mask is a label
 map whose values must be the named classes. Every file is decoded before training (``check_images`` /
 ``check_masks``); a problem raises :class:`~spectraflow_monai.data.validation.DatasetError` naming the file.

@@ -5,7 +5,7 @@ Medical Image Segmentation") are binary; its Synapse experiment is multi-class. 
 bundle serves both with one setting, ``label_classes``, read once by :func:`label_mode`:
 
 - ``null``: binary masks, one output channel, sigmoid Dice + BCE + boundary loss, threshold 0.5. A mask must be a
-  0/1 or a 0/255 mask (JPEG noise tolerated, :func:`~spectraflow_monai.data.validation.binary_mask_threshold`) unless
+  0/1 or a 0/255 mask (JPEG noise tolerated, :func:`~spectraflow_monai.transforms.label.binary_mask_threshold`) unless
   the datalist sets ``label_threshold: 1`` (foreground = every non-zero value, e.g. instance label maps);
 - a list of names, background first, e.g. ``[background, polyp, instrument]``: label maps whose values are the
   class indices 0..K-1;
@@ -14,9 +14,9 @@ bundle serves both with one setting, ``label_classes``, read once by :func:`labe
 - a mapping of names to source values, background first, e.g. ``{background: 0, polyp: 255, tool: [100, 101]}``:
   class i is the i-th name.
 
-With classes, the network has K output channels (softmax Dice + cross entropy + boundary loss, one-hot targets),
-predictions are the argmax label map (0..K-1, written as such), and metrics are per class, background excluded.
-A mask value outside the classes, or a colour mask, stops the run naming the file and the values.
+A mask value outside the classes, or a colour mask, stops the run naming the file and the values. What the bundle
+builds from the classes (K output channels, softmax Dice + cross entropy + boundary loss, argmax label maps, metrics
+per class with background excluded) is :class:`spectraflow_monai.apps.seg2d.LabelSetup`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from spectraflow_monai.data.label_map import _MAX_CLASSES, _as_int
 from spectraflow_monai.utils.errors import DataError, SettingError
 
-__all__ = ["LabelMode", "OneHotOutput", "label_mode"]
+__all__ = ["LabelMode", "label_mode"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,36 +82,16 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
     return mapping, names
 
 
-class OneHotOutput:
-    """``output_transform`` of the bundle's metric handlers for label maps: ``engine.state.output`` (decollated
-    dicts with (1, H, W) ``pred`` / ``label`` label maps) -> lists of one-hot (K, H, W) tensors."""
-
-    def __init__(self, num_classes: int, keys: Sequence[str] = ("pred", "label")) -> None:
-        self.num_classes = int(num_classes)
-        self.keys = tuple(keys)
-
-    def __call__(self, output: Any) -> tuple[list, ...]:
-        from monai.handlers import from_engine
-        from monai.networks.utils import one_hot
-
-        values = from_engine(list(self.keys))(output)
-        return tuple([one_hot(x, self.num_classes, dim=0) for x in v] for v in values)
-
-
 class LabelMode:
-    """The settings the configs derive from ``label_classes`` (see the module docstring); made by :func:`label_mode`.
+    """What the masks of a data set are, read from ``label_classes`` (see the module docstring); made by
+    :func:`label_mode`. What a bundle builds from it (output channels, loss options, postprocessing, metrics) is
+    :class:`spectraflow_monai.apps.seg2d.LabelSetup`.
 
     Attributes:
         binary: True for binary masks.
         num_classes: classes including background (2 for binary).
         class_names: names, background first.
         label_map: ``{source value: class index}`` (None for binary).
-        out_channels: network outputs (1 for binary, ``num_classes`` otherwise).
-        sigmoid, softmax, to_onehot_y: arguments of :class:`spectraflow_monai.losses.DiceBCEBoundaryLoss`.
-        include_background: of the Dice / IoU / HD95 handlers (True for the single binary channel).
-        save_scale: ``SaveImaged`` scale of predictions (255: 0/255 masks; None: label values as they are).
-        save_dtype: ``SaveImaged`` ``output_dtype`` (float32 scaled to 0/255; uint8 label values).
-        metric_output: ``output_transform`` of the metric handlers.
     """
 
     def __init__(self, label_classes: Any = None) -> None:
@@ -124,17 +102,18 @@ class LabelMode:
         else:
             self.label_map, self.class_names = _parse(label_classes)
         self.num_classes = len(self.class_names)
-        self.out_channels = 1 if self.binary else self.num_classes
-        self.sigmoid, self.softmax, self.to_onehot_y = self.binary, not self.binary, not self.binary
-        self.include_background = self.binary
-        self.save_scale = 255 if self.binary else None
-        self.save_dtype = np.float32 if self.binary else np.uint8
-        if self.binary:
-            from monai.handlers import from_engine
 
-            self.metric_output = from_engine(["pred", "label"])
-        else:
-            self.metric_output = OneHotOutput(self.num_classes)
+    @classmethod
+    def read(cls, label_classes: Any = None) -> Any:
+        """``label_classes`` as given on a command line or in a config (``"null"`` / ``"none"`` / ``""``: binary
+        masks) -> an instance of ``cls``, logged; an instance of ``cls`` is returned as it is."""
+        if isinstance(label_classes, cls):
+            return label_classes
+        if isinstance(label_classes, str) and label_classes.strip().lower() in ("", "none", "null"):
+            label_classes = None
+        mode = cls(label_classes)
+        logger.info("label_classes: %r", mode)
+        return mode
 
     def __repr__(self) -> str:
         if self.binary:
@@ -161,22 +140,6 @@ class LabelMode:
         if self.binary:
             return BinarizeLabeld(keys, check_values=True)
         return LabelClassesd(keys, self.label_map, self.class_names)
-
-    def postprocessing(self, keys: Any = "pred") -> list:
-        """Logits -> masks: sigmoid + threshold 0.5 (binary), argmax label map (classes)."""
-        from monai.transforms import Activationsd, AsDiscreted
-
-        if self.binary:
-            return [Activationsd(keys, sigmoid=True), AsDiscreted(keys, threshold=0.5)]
-        return [AsDiscreted(keys, argmax=True)]
-
-    def metric_suite(self, **kwargs: Any) -> Any:
-        """A :class:`~spectraflow_monai.metrics.SegmentationMetricSuite` for these masks (per class for label maps)."""
-        from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
-
-        if self.binary:
-            return SegmentationMetricSuite(**kwargs)
-        return SegmentationMetricSuite(num_classes=self.num_classes, class_names=self.class_names, **kwargs)
 
     def validate(
         self,
@@ -219,10 +182,4 @@ def label_mode(label_classes: Any = None) -> LabelMode:
     Raises:
         SettingError: naming the setting and the value when it is none of the accepted forms.
     """
-    if isinstance(label_classes, LabelMode):
-        return label_classes
-    if isinstance(label_classes, str) and label_classes.strip().lower() in ("", "none", "null"):
-        label_classes = None
-    mode = LabelMode(label_classes)
-    logger.info("label_classes: %r", mode)
-    return mode
+    return LabelMode.read(label_classes)

@@ -35,6 +35,7 @@ from spectraflow_monai.experiments.robustness import (
 from spectraflow_monai.experiments.runner import SCALES, EncoderWeightsError
 from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS
 from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
 __all__ = ["EXPERIMENTS", "PAPER_DATASETS", "main", "write_report"]
 
@@ -95,7 +96,8 @@ def _common_options(
                         help="the bundle's pretrained_weights: default the bundle's (timm: the paper's DINOv2 weights "
                              "from timm's hub), a DINOv2 checkpoint file, or none (random initialisation: every table "
                              "and figure title says so)")
-    parser.add_argument("--precision", default="auto", help="the bundle's precision: auto | bf16 | fp16 | fp32")
+    parser.add_argument("--precision", default="auto", choices=PRECISION_SETTINGS,
+                        help=f"the bundle's precision: {' | '.join(PRECISION_SETTINGS)}")
     parser.add_argument("--override", action="append", type=_override, default=[], metavar="KEY=VALUE",
                         help="any other bundle override, e.g. --override max_epochs=20 (YAML values)")  # fmt: skip
 

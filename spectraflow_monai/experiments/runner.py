@@ -240,8 +240,9 @@ class ExperimentRunner:
         if self.is_done(run, step, configs, overrides):
             logger.info("%s/%s: finished before (%s), skipped", run, step, marker)
             return marker.parent
-        if marker.is_file():
-            logger.info("%s/%s: settings changed since %s, running it again", run, step, marker)
+        if marker.is_file():  # a finished step with other settings: start over (its run record would refuse a resume)
+            logger.info("%s/%s: settings changed since %s, running it again from the start", run, step, marker)
+            settings = {**settings, "resume": False}
         marker.parent.mkdir(parents=True, exist_ok=True)
         seconds = run_bundle_configs(self.bundle, list(configs), settings, f"{self.root.name} / {run} / {step}")
         write_text_atomic(marker, json.dumps({**record, "seconds": round(seconds, 1)}, indent=1) + "\n")

@@ -22,6 +22,7 @@ from ignite.handlers.checkpoint import BaseSaveHandler, Checkpoint
 from monai.handlers import CheckpointSaver, EarlyStopHandler
 
 from spectraflow_monai.utils.checkpoint import NonFiniteStateError, atomic_torch_save, check_finite_state
+from spectraflow_monai.utils.run_record import write_model_settings
 
 __all__ = ["AtomicFiniteSaver", "GradScalerState", "ResumableEarlyStopHandler", "SafeCheckpointSaver"]
 
@@ -36,11 +37,17 @@ class AtomicFiniteSaver(BaseSaveHandler):
     Args:
         dirname: folder of the files.
         filename: fixed file name used for every save (``None``: the name ignite proposes).
+        model_settings: the settings that built the model; written beside every file saved
+            (:func:`~spectraflow_monai.utils.run_record.write_model_settings`: ``model.pt`` -> ``model.json``), so
+            that a model file describes itself. Defaults to None (nothing written beside).
     """
 
-    def __init__(self, dirname: str | os.PathLike, filename: str | None = None) -> None:
+    def __init__(
+        self, dirname: str | os.PathLike, filename: str | None = None, model_settings: Mapping | None = None
+    ) -> None:
         self.dirname = os.fspath(dirname)
         self.filename = filename
+        self.model_settings = model_settings
         self._pending: list[str] = []
 
     def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
@@ -50,6 +57,8 @@ class AtomicFiniteSaver(BaseSaveHandler):
         check_finite_state(checkpoint, path)
         if idist.get_rank() == 0:
             atomic_torch_save(checkpoint, path)
+            if self.model_settings is not None:
+                write_model_settings(path, self.model_settings)
             for old in pending:
                 if old != name and os.path.isfile(os.path.join(self.dirname, old)):
                     os.remove(os.path.join(self.dirname, old))
@@ -70,19 +79,23 @@ class SafeCheckpointSaver(CheckpointSaver):
     - at ``attach``, the epoch checkpoints already in ``save_dir`` (those of the run being resumed) are counted in
       ``n_saved``, so that a resumed run keeps only the newest ``n_saved`` of them all.
 
+    ``model_settings`` (a keyword of its own): the settings that built the model, written beside the key-metric file
+    (``model.pt`` -> ``model.json``, see :class:`AtomicFiniteSaver`); evaluation and inference read them.
+
     Example (bundle config)::
 
         model_saver: {_target_: spectraflow_monai.handlers.SafeCheckpointSaver, save_dir: '@ckpt_dir',
                       save_dict: {model: '@network'}, save_key_metric: true, key_metric_filename: model.pt}
     """
 
-    def __init__(self, save_dir: str, save_dict: dict, **kwargs: Any) -> None:
+    def __init__(self, save_dir: str, save_dict: dict, model_settings: Mapping | None = None, **kwargs: Any) -> None:
         super().__init__(save_dir, save_dict, **kwargs)
         fixed = {"_final_checkpoint": kwargs.get("final_filename"), "_key_metric_checkpoint": kwargs.get("key_metric_filename")}
         for attr in ("_final_checkpoint", "_key_metric_checkpoint", "_interval_checkpoint"):
             checkpoint = getattr(self, attr)
             if checkpoint is not None:
-                checkpoint.save_handler = AtomicFiniteSaver(save_dir, fixed.get(attr))
+                settings = model_settings if attr == "_key_metric_checkpoint" else None
+                checkpoint.save_handler = AtomicFiniteSaver(save_dir, fixed.get(attr), settings)
 
     def attach(self, engine: Engine) -> None:
         super().attach(engine)

@@ -11,6 +11,7 @@ Stage-1 trainer (:class:`~spectraflow_monai.engines.MeanFlowPretrainer`,
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import ignite.distributed as idist
@@ -20,6 +21,7 @@ from ignite.handlers import EMAHandler
 from torch import nn
 
 from spectraflow_monai.utils.checkpoint import atomic_torch_save, check_finite_state, cpu_state_dict
+from spectraflow_monai.utils.run_record import write_model_settings
 
 __all__ = ["EncoderExportHandler", "encoder_export_state_dict", "save_encoder_export"]
 
@@ -43,18 +45,23 @@ def encoder_export_state_dict(encoder: nn.Module) -> dict[str, torch.Tensor]:
     return cpu_state_dict(module.state_dict())
 
 
-def save_encoder_export(encoder: nn.Module, path: str | os.PathLike) -> Path:
+def save_encoder_export(encoder: nn.Module, path: str | os.PathLike, settings: Mapping | None = None) -> Path:
     """Atomically write :func:`encoder_export_state_dict` of ``encoder`` to ``path``.
 
     The file is a plain state dict of tensors (loadable with ``torch.load(..., weights_only=True)``) that
-    ``DINOv2Encoder(model_name=..., pretrained=path)`` and ``DINOv2Encoder.load_weights(path)`` accept.
+    ``DINOv2Encoder(model_name=..., pretrained=path)`` and ``DINOv2Encoder.load_weights(path)`` accept. With
+    ``settings`` (the encoder settings of the run), they are written beside it (``encoder_stage1.pt`` ->
+    ``encoder_stage1.json``), so that Stage-2 can name a setting that does not fit the export.
 
     Raises:
         NonFiniteStateError: a weight holds NaN or inf; nothing is written (an earlier export is kept).
     """
     state = encoder_export_state_dict(encoder)
     check_finite_state(state, os.fspath(path))
-    return atomic_torch_save(state, path)
+    saved = atomic_torch_save(state, path)
+    if settings is not None:
+        write_model_settings(path, settings)
+    return saved
 
 
 class EncoderExportHandler:
@@ -73,6 +80,8 @@ class EncoderExportHandler:
         path: destination file. Defaults to ``"encoder_stage1.pt"``.
         epoch_level: also save after every ``interval`` epochs (the file is overwritten). Defaults to True.
         interval: epoch interval when ``epoch_level``, ``>= 1``. Defaults to 1.
+        settings: the encoder settings of the run, written beside the export (:func:`save_encoder_export`).
+            Defaults to None.
 
     Example (bundle config)::
 
@@ -85,6 +94,7 @@ class EncoderExportHandler:
         path: str | os.PathLike = "encoder_stage1.pt",
         epoch_level: bool = True,
         interval: int = 1,
+        settings: Mapping | None = None,
     ) -> None:
         if encoder is not None and not isinstance(encoder, (nn.Module, EMAHandler)):
             raise ValueError(f"encoder must be None, an nn.Module or an EMAHandler, got {type(encoder).__name__}.")
@@ -97,6 +107,7 @@ class EncoderExportHandler:
         self.epoch_level = bool(epoch_level)
         self.interval = interval
         self._last_saved_iteration: int | None = None
+        self.settings = settings
 
     def attach(self, engine: Engine) -> None:
         """Register the save events on ``engine``."""
@@ -123,6 +134,6 @@ class EncoderExportHandler:
             return
         module = self._resolve(engine)
         if idist.get_rank() == 0:
-            save_encoder_export(module, self.path)
+            save_encoder_export(module, self.path, self.settings)
             engine.logger.info(f"encoder exported to {self.path} (iteration {iteration}).")
         self._last_saved_iteration = iteration

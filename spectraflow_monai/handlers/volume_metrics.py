@@ -91,9 +91,11 @@ class VolumeMetricsHandler(EvaluationReportHandler):
             TransUNet's preprocessed volumes, which carry no geometry). Defaults to ``"meta"``.
         name_key: item key holding the case name. Defaults to ``"case"``.
         num_classes: number of classes including background. Defaults to 9 (Synapse).
-        organ_names: class names (see :func:`~spectraflow_monai.metrics.organ_metrics`). Defaults to None (the
-            Synapse organs for 9 classes).
-        order: row order of the table, ``"paper"`` or ``"class"``. Defaults to ``"paper"``.
+        organ_names: class names (see :func:`~spectraflow_monai.metrics.organ_metrics`). Defaults to None
+            (``class_<i>``).
+        order: row order of the table, ``"class"`` or the organ names in table order (see
+            :class:`~spectraflow_monai.metrics.VolumeMetricTable`). Defaults to ``"class"``.
+        display_names: ``{organ: name shown in the table}``. Defaults to None.
         csv_name: per-case CSV file name. Defaults to ``"synapse_per_case.csv"``.
         markdown_name: organ-wise table file name. Defaults to ``"synapse_organs.md"``.
         json_name: JSON summary file name, None to skip. Defaults to ``"synapse_summary.json"``.
@@ -116,7 +118,8 @@ class VolumeMetricsHandler(EvaluationReportHandler):
         name_key: str = "case",
         num_classes: int = 9,
         organ_names: Sequence[str] | None = None,
-        order: str = "paper",
+        order: str | Sequence[str] = "class",
+        display_names: Mapping[str, str] | None = None,
         csv_name: str = "synapse_per_case.csv",
         markdown_name: str = "synapse_organs.md",
         json_name: str | None = "synapse_summary.json",
@@ -129,15 +132,14 @@ class VolumeMetricsHandler(EvaluationReportHandler):
             sp = np.atleast_1d(np.asarray(spacing, dtype=np.float64))
             if sp.ndim != 1 or not np.all(np.isfinite(sp)) or np.any(sp <= 0):
                 raise ValueError(f"spacing must be positive, got {spacing!r}.")
-        VolumeMetricTable(num_classes, organ_names, order)  # validates num_classes / organ_names / order
+        self.table = VolumeMetricTable(num_classes, organ_names, order, display_names)  # validates them
         self.spacing = spacing
-        self.num_classes, self.organ_names, self.order = num_classes, organ_names, order
+        self.table_args = (num_classes, organ_names, order, display_names)
         self.csv_name, self.markdown_name = csv_name, markdown_name
-        self.table = VolumeMetricTable(num_classes, organ_names, order)
 
     def epoch_started(self, engine: Engine) -> None:
         """Start a new table."""
-        self.table = VolumeMetricTable(self.num_classes, self.organ_names, self.order)
+        self.table = VolumeMetricTable(*self.table_args)
 
     def _names(self, engine: Engine, n: int) -> list[str]:
         data = self.batch_transform(engine.state.batch)

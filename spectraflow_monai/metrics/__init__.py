@@ -21,7 +21,6 @@ from .frequency import (
 )
 from .hd95 import HD95EmptyAsDiagonalMetric, compute_hd95
 from .per_image import EMPTY_CONVENTIONS, METRIC_KEYS, binarize_prediction, compute_segmentation_metrics
-from .reports import ORGAN_DISPLAY_NAMES
 from .segmentation import SegmentationMetricSuite, evaluate_segmentation
 from .surface import (
     HD95_DEFINITIONS,
@@ -35,7 +34,7 @@ from .surface import (
     surface_distances,
     transunet_case_metrics,
 )
-from .volume import PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, organ_metrics
+from .volume import VOLUME_METRIC_KEYS, organ_metrics
 from .volume_table import VolumeMetricTable
 
 __all__ = [
@@ -47,8 +46,6 @@ __all__ = [
     "HD95_SHORT_LABELS",
     "HD95EmptyAsDiagonalMetric",
     "METRIC_KEYS",
-    "ORGAN_DISPLAY_NAMES",
-    "PAPER_ORGAN_ORDER",
     "SegmentationMetricSuite",
     "VOLUME_METRIC_KEYS",
     "VolumeMetricTable",

@@ -21,7 +21,6 @@ from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, HD95_SHORT_LABEL
 from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = [
-    "ORGAN_DISPLAY_NAMES",
     "SEGMENTATION_SUMMARY_NAMES",
     "nanmean",
     "segmentation_markdown",
@@ -32,18 +31,6 @@ __all__ = [
 #: summary names of the per-image overlap metrics
 SEGMENTATION_SUMMARY_NAMES = {"iou": "mIoU", "dice": "mDSC", "recall": "recall", "precision": "precision"}
 _MARKDOWN_LABELS = {"mIoU": "mIoU", "mDSC": "mDSC", "recall": "Recall", "precision": "Precision"}
-#: display names of the Synapse organs (as in the SpectraFlow / TransUNet tables).
-ORGAN_DISPLAY_NAMES: dict[str, str] = {
-    "spleen": "Spleen",
-    "right_kidney": "Right kidney",
-    "left_kidney": "Left kidney",
-    "gallbladder": "Gallbladder",
-    "liver": "Liver",
-    "stomach": "Stomach",
-    "aorta": "Aorta",
-    "pancreas": "Pancreas",
-}
-
 
 def nanmean(values: Sequence[float], skip_nan: bool = True) -> tuple[float, int]:
     """Mean of ``values`` and the number of NaNs left out (``skip_nan``); NaN when nothing is left."""
@@ -118,20 +105,27 @@ def segmentation_markdown(summary: Mapping[str, Any], hd95: Sequence[str]) -> st
     return "\n".join(lines) + "\n"
 
 
-def volume_markdown(summary: Mapping[str, Any], row_order: Sequence[str], keys: Sequence[str]) -> str:
+def volume_markdown(
+    summary: Mapping[str, Any],
+    row_order: Sequence[str],
+    keys: Sequence[str],
+    display_names: Mapping[str, str] | None = None,
+) -> str:
     """The organ-wise Synapse table as Markdown: one row per organ (display names), a mean row, the definitions.
 
     Args:
         summary: :meth:`VolumeMetricTable.summary` output.
         row_order: organs in table order.
         keys: the metric keys, ``dice, hd95, dice_transunet, hd95_transunet, hd95_empty_as_diagonal``.
+        display_names: ``{organ: name shown in the table}``; organs not in it are shown as they are. Defaults to None.
     """
     s = summary
     units = s["hd95_units"]
     head = ["Organ", "DSC (%)", f"HD95 ({units})", "DSC TransUNet (%)", "HD95 TransUNet (voxels)"]
     head.append(f"HD95, empty = diagonal ({units})")
     fmt = [lambda v: _percent(v, 1), _distance, lambda v: _percent(v, 1), _distance, _distance]
-    rows = [[ORGAN_DISPLAY_NAMES.get(o, o), *(f(s["organs"][o][k]) for f, k in zip(fmt, keys))] for o in row_order]
+    shown = display_names or {}
+    rows = [[shown.get(o, o), *(f(s["organs"][o][k]) for f, k in zip(fmt, keys))] for o in row_order]
     rows.append(["**Mean**", *(f(s["mean"][k]) for f, k in zip(fmt, keys))])
     excluded = {o: {k: n for k, n in s["organs"][o]["excluded"].items() if n} for o in row_order}
     excluded = {o: v for o, v in excluded.items() if v}

@@ -34,8 +34,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from spectraflow_monai.apps.synapse.constants import SYNAPSE_ORGANS
-from spectraflow_monai.metrics.reports import ORGAN_DISPLAY_NAMES
 from spectraflow_monai.metrics.surface import (
     check_spacing,
     hd95_by_definition,
@@ -48,24 +46,11 @@ from spectraflow_monai.metrics.surface import (
 )
 
 __all__ = [
-    "ORGAN_DISPLAY_NAMES",
-    "PAPER_ORGAN_ORDER",
     "VOLUME_METRIC_KEYS",
     "check_organ_names",
     "organ_metrics",
 ]
 
-#: row order of the SpectraFlow Synapse table.
-PAPER_ORGAN_ORDER: tuple[str, ...] = (
-    "aorta",
-    "gallbladder",
-    "left_kidney",
-    "right_kidney",
-    "liver",
-    "pancreas",
-    "spleen",
-    "stomach",
-)
 #: per-organ metric keys returned by :func:`organ_metrics`.
 VOLUME_METRIC_KEYS: tuple[str, ...] = ("dice", "hd95", "dice_transunet", "hd95_transunet", "hd95_empty_as_diagonal")
 
@@ -96,8 +81,8 @@ def check_organ_names(organ_names: Sequence[str] | None, num_classes: int) -> li
     """Names of the classes ``1..num_classes-1``.
 
     Args:
-        organ_names: the foreground names, or all names with background first; ``None`` gives the Synapse organs for
-            9 classes and ``class_<i>`` otherwise.
+        organ_names: the foreground names, or all names with background first; ``None`` gives ``class_<i>`` (the
+            Synapse organ names are :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS`).
         num_classes: number of classes including background 0.
 
     Raises:
@@ -106,8 +91,6 @@ def check_organ_names(organ_names: Sequence[str] | None, num_classes: int) -> li
     if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool) or num_classes < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}.")
     if organ_names is None:
-        if num_classes == len(SYNAPSE_ORGANS):
-            return list(SYNAPSE_ORGANS[1:])
         return [f"class_{i}" for i in range(1, num_classes)]
     if isinstance(organ_names, str):
         raise ValueError(f"organ_names must be a sequence of names, got the string {organ_names!r}.")
@@ -152,8 +135,8 @@ def organ_metrics(
         spacing: voxel size (mm), one number or one per axis, used for the MONAI ``hd95``; None means unit
             spacing (voxels). TransUNet's ``hd95_transunet`` is always in voxels. Defaults to None.
         num_classes: number of classes including background 0. Defaults to 9 (Synapse).
-        organ_names: names of the classes ``1..num_classes-1`` (or of all classes, background first); defaults to
-            :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS` for 9 classes and ``class_<i>`` otherwise.
+        organ_names: names of the classes ``1..num_classes-1`` (or of all classes, background first), e.g.
+            :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS`; None gives ``class_<i>``. Defaults to None.
         fast: when both masks of an organ are non-empty, extract the surfaces once and compute both HD95
             definitions from them. False computes each definition with its own call of
             :func:`~spectraflow_monai.metrics.surface.hd95_by_definition` (the same core; a check, not faster).

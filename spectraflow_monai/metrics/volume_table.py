@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from spectraflow_monai.metrics.reports import nanmean, volume_markdown, write_rows_csv
-from spectraflow_monai.metrics.volume import PAPER_ORGAN_ORDER, VOLUME_METRIC_KEYS, check_organ_names, organ_metrics
+from spectraflow_monai.metrics.volume import VOLUME_METRIC_KEYS, check_organ_names, organ_metrics
 from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = ["VolumeMetricTable"]
@@ -40,19 +40,31 @@ class VolumeMetricTable:
 
     Args:
         num_classes: number of classes including background. Defaults to 9 (Synapse).
-        organ_names: class names as in :func:`organ_metrics`. Defaults to None (the Synapse organs).
-        order: row order of the Markdown table: ``"paper"`` (the SpectraFlow table: Aorta, Gallbladder, Left kidney,
-            Right kidney, Liver, Pancreas, Spleen, Stomach; Synapse organs only) or ``"class"`` (class index).
-            Defaults to ``"paper"``.
+        organ_names: class names as in :func:`organ_metrics` (the Synapse organs:
+            :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS`). Defaults to None (``class_<i>``).
+        order: row order of the Markdown table: ``"class"`` (class index) or the organ names in table order (the
+            SpectraFlow table: :data:`spectraflow_monai.apps.synapse.PAPER_ORGAN_ORDER`), used when they are the
+            organs of the table (class order otherwise). Defaults to ``"class"``.
+        display_names: ``{organ: name shown in the Markdown table}``
+            (:data:`spectraflow_monai.apps.synapse.ORGAN_DISPLAY_NAMES`). Defaults to None (the organ names).
     """
 
-    def __init__(self, num_classes: int = 9, organ_names: Sequence[str] | None = None, order: str = "paper") -> None:
+    def __init__(
+        self,
+        num_classes: int = 9,
+        organ_names: Sequence[str] | None = None,
+        order: str | Sequence[str] = "class",
+        display_names: Mapping[str, str] | None = None,
+    ) -> None:
         self.organ_names = check_organ_names(organ_names, num_classes)
-        if order not in ("paper", "class"):
-            raise ValueError(f"order must be 'paper' or 'class', got {order!r}.")
+        if isinstance(order, str) and order != "class":
+            raise ValueError(f"order must be 'class' or a sequence of organ names, got {order!r}.")
+        if display_names is not None and not isinstance(display_names, Mapping):
+            raise ValueError(f"display_names must be a mapping {{organ: shown name}}, got {display_names!r}.")
         self.num_classes = int(num_classes)
-        if order == "paper" and set(self.organ_names) == set(PAPER_ORGAN_ORDER):
-            self.row_order = list(PAPER_ORGAN_ORDER)
+        self.display_names = dict(display_names or {})
+        if not isinstance(order, str) and sorted(order) == sorted(self.organ_names):
+            self.row_order = list(order)
         else:
             self.row_order = list(self.organ_names)
         self._cases: dict[str, dict[str, dict[str, float]]] = {}
@@ -139,7 +151,9 @@ class VolumeMetricTable:
 
     def to_markdown(self, summary: Mapping[str, Any] | None = None) -> str:
         """The organ-wise table: one row per organ (display names), a mean row, then the metric definitions."""
-        return volume_markdown(summary if summary is not None else self.summary(), self.row_order, VOLUME_METRIC_KEYS)
+        return volume_markdown(
+            summary if summary is not None else self.summary(), self.row_order, VOLUME_METRIC_KEYS, self.display_names
+        )
 
     def save(
         self,

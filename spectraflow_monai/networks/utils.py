@@ -17,6 +17,7 @@ stops a run before any training; evaluation and inference load ``models/model.pt
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,12 +25,16 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.run_record import check_model_settings
 
 __all__ = [
     "ENCODER_INIT_CHOICES",
     "initialize_encoder",
+    "interpolate_official_pos_embed",
+    "load_dinov2_state_dict",
     "load_encoder_weights",
     "normalize_weights_source",
     "resolve_encoder_init",
@@ -42,6 +47,10 @@ ENCODER_INIT_CHOICES = ("stage1", "pretrained", "random")
 # what a command line gives for "no weights" (``--pretrained_weights none`` / ``null``)
 _NO_WEIGHTS = ("", "none", "null")
 _MAX_LISTED_KEYS = 10
+# keys under which training scripts commonly nest the state dict of a network
+_WRAPPER_KEYS = ("state_dict", "model", "encoder", "teacher", "network")
+# key prefixes added by DataParallel / torch.compile / wrapper modules
+_STRIP_PREFIXES = ("module.", "_orig_mod.", "encoder.", "vit.", "backbone.")
 
 
 def normalize_weights_source(source: Any, name: str = "pretrained_weights") -> str | None:
@@ -133,6 +142,134 @@ def _format_keys(keys: list[str]) -> str:
     return shown
 
 
+
+
+
+def _load_strict(vit: nn.Module, state: Mapping[str, torch.Tensor], where: str, what: str) -> None:
+    """Load ``state`` into ``vit`` when every key and shape fits; else a ValueError naming ``where`` and the keys."""
+    expected = vit.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [k for k in state if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)]
+    shapes = ", ".join(f"{k!r} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}" for k in wrong[:_MAX_LISTED_KEYS])
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"{where} does not match {what}: {len(missing)} missing key(s) [{_format_keys(missing)}], "
+            f"{len(unexpected)} unexpected key(s) [{_format_keys(unexpected)}], {len(wrong)} shape mismatch(es) "
+            f"(weights vs model) [{shapes}]."
+        )
+    vit.load_state_dict(dict(state), strict=True)
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def interpolate_official_pos_embed(
+    pos_embed: torch.Tensor, grid: tuple[int, int], interpolate_offset: float = 0.1, antialias: bool = False
+) -> torch.Tensor:
+    """Resize an official DINOv2 position embedding ``(1, 1 + M*M, D)`` to ``grid`` as the official code does.
+
+    facebookresearch/dinov2 ``DinoVisionTransformer.interpolate_pos_encoding``: the class position is kept; the
+    ``M x M`` patch grid, as ``(1, D, M, M)`` in float32, goes through ``F.interpolate(mode="bicubic",
+    antialias=antialias)`` with ``scale_factor = ((rows + offset) / M, (cols + offset) / M)`` when
+    ``interpolate_offset`` is non-zero and ``size = grid`` otherwise, and must come out with the size ``grid``. The
+    hub models without registers use ``interpolate_offset=0.1, antialias=False``; those with registers
+    ``interpolate_offset=0.0, antialias=True`` (``dinov2/hub/backbones.py``).
+
+    Args:
+        pos_embed: ``(1, 1 + M*M, D)`` class position followed by the patch grid.
+        grid: target ``(rows, cols)`` of patches.
+        interpolate_offset: the official offset. Defaults to 0.1.
+        antialias: the official ``interpolate_antialias``. Defaults to False.
+
+    Returns:
+        ``(1, 1 + rows*cols, D)`` in the dtype of ``pos_embed``.
+
+    Raises:
+        ValueError: the patch positions do not form a square grid, or the interpolation misses ``grid``.
+    """
+    num_patches, dim = pos_embed.shape[1] - 1, pos_embed.shape[-1]
+    side = math.isqrt(max(num_patches, 0))
+    if pos_embed.ndim != 3 or pos_embed.shape[0] != 1 or side * side != num_patches or side == 0:
+        raise ValueError(f"pos_embed must be (1, 1 + M*M, D), got {tuple(pos_embed.shape)}.")
+    rows, cols = int(grid[0]), int(grid[1])
+    if (rows, cols) == (side, side):
+        return pos_embed
+    patch = pos_embed[:, 1:].float().reshape(1, side, side, dim).permute(0, 3, 1, 2)
+    if interpolate_offset:
+        scale = (float(rows + interpolate_offset) / side, float(cols + interpolate_offset) / side)
+        patch = F.interpolate(patch, mode="bicubic", antialias=antialias, scale_factor=scale)
+    else:
+        patch = F.interpolate(patch, mode="bicubic", antialias=antialias, size=(rows, cols))
+    if tuple(patch.shape[-2:]) != (rows, cols):
+        raise ValueError(f"position grid interpolated to {tuple(patch.shape[-2:])}, expected {(rows, cols)}.")
+    patch = patch.permute(0, 2, 3, 1).reshape(1, rows * cols, dim)
+    return torch.cat([pos_embed[:, :1].float(), patch], dim=1).to(pos_embed.dtype)
+
+
+def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = "the encoder") -> None:
+    """Load a DINOv2 weight file (official facebookresearch or timm layout) into the timm ``VisionTransformer`` ``vit``.
+
+    See :meth:`spectraflow_monai.networks.encoders.DINOv2Encoder.load_weights` for the accepted layouts.
+
+    Args:
+        vit: the timm vision transformer to load into (strict: every key, every shape).
+        path: the weight file, read with ``torch.load(..., weights_only=True)``.
+        what: the model named in error messages.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: the file cannot be read, holds no state dict, or its keys/shapes do not match the model.
+    """
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    file = Path(os.fspath(path)).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"encoder weight file not found: '{file}'.")
+    try:
+        obj = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"could not read encoder weight file '{file}': {type(exc).__name__}: {exc}") from exc
+
+    while isinstance(obj, Mapping) and not _is_state_dict(obj):
+        inner = next((obj[k] for k in _WRAPPER_KEYS if k in obj and isinstance(obj[k], Mapping)), None)
+        if inner is None:
+            break
+        obj = inner
+    if not _is_state_dict(obj):
+        raise ValueError(
+            f"encoder weight file '{file}' does not hold a state dict of tensors (top-level type "
+            f"{type(obj).__name__}; nested state dicts are searched under {list(_WRAPPER_KEYS)})."
+        )
+    state = dict(obj)
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in _STRIP_PREFIXES:
+            if all(k.startswith(prefix) for k in state):
+                state = {k[len(prefix) :]: v for k, v in state.items()}
+                stripped = True
+    state = {k: v for k, v in state.items() if not k.startswith("head.")}
+    if "mask_token" in state and isinstance(state.get("pos_embed"), torch.Tensor):
+        registers = "register_tokens" in state  # official hub settings: (offset, antialias)
+        offset, antialias = (0.0, True) if registers else (0.1, False)
+        grid = tuple(int(g) for g in vit.patch_embed.grid_size)
+        try:
+            state["pos_embed"] = interpolate_official_pos_embed(state["pos_embed"], grid, offset, antialias)
+        except ValueError as exc:
+            raise ValueError(f"encoder weight file '{file}': {exc}") from exc
+
+    try:
+        state = checkpoint_filter_fn(state, vit)
+    except Exception as exc:
+        raise ValueError(
+            f"could not map encoder weight file '{file}' onto {what}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+    _load_strict(vit, state, f"encoder weight file '{file}'", what)
+
+
 def _offline_message(model_name: str, location: str, cfg: Mapping[str, Any], exc: BaseException) -> str:
     official = os.path.basename(str(cfg.get("url") or "")) or "dinov2_vits14_pretrain.pth"
     return (
@@ -150,7 +287,7 @@ def _offline_message(model_name: str, location: str, cfg: Mapping[str, Any], exc
 
 def _download_timm_state_dict(vit: nn.Module, model_name: str) -> tuple[dict[str, torch.Tensor], str]:
     """timm's pretrained DINOv2 weights of ``vit`` (Hugging Face hub, else the url of its pretrained config)."""
-    from timm.models import _hub
+    import timm.models
 
     cfg = dict(getattr(vit, "pretrained_cfg", None) or {})
     hub_id, url = cfg.get("hf_hub_id"), cfg.get("url")
@@ -159,7 +296,7 @@ def _download_timm_state_dict(vit: nn.Module, model_name: str) -> tuple[dict[str
         raise SettingError(f"pretrained_weights='timm': timm has no pretrained weights for {model_name!r}.")
     try:  # every failure of the download itself (no network, offline mode, missing cache) gets the message below
         if hub_id:
-            state = _hub.load_state_dict_from_hf(hub_id, weights_only=True)
+            state = timm.models.load_state_dict_from_hf(hub_id, weights_only=True)
         else:
             state = torch.hub.load_state_dict_from_url(url, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -174,18 +311,8 @@ def _load_timm_weights(encoder: nn.Module) -> tuple[str, int]:
     vit = encoder.vit
     state, location = _download_timm_state_dict(vit, encoder.model_name)
     state = {k: v for k, v in checkpoint_filter_fn(state, vit).items() if not k.startswith("head.")}
-    expected = vit.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    wrong = [k for k in state if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)]
-    if missing or unexpected or wrong:
-        raise ValueError(
-            f"timm's weights of {encoder.model_name} ({location}) do not match the encoder (depth {encoder.depth}, "
-            f"embed_dim {encoder.embed_dim}; check encoder_kwargs): {len(missing)} missing key(s) "
-            f"[{_format_keys(missing)}], {len(unexpected)} unexpected key(s) [{_format_keys(unexpected)}], "
-            f"{len(wrong)} shape mismatch(es) [{_format_keys(wrong)}]."
-        )
-    vit.load_state_dict(state, strict=True)
+    what = f"{encoder.model_name} (depth {encoder.depth}, embed_dim {encoder.embed_dim}; check encoder_kwargs)"
+    _load_strict(vit, state, f"timm's weights of {encoder.model_name} ({location})", what)
     return location, len(state)
 
 
@@ -247,6 +374,7 @@ def initialize_encoder(
     encoder_init: str = "pretrained",
     pretrained_weights: Any = None,
     stage1_export: str | os.PathLike | None = None,
+    model_settings: Mapping[str, Any] | None = None,
 ) -> str | None:
     """The bundles' ``initialize`` step: resolve the settings and load the encoder weights of ``network``.
 
@@ -260,6 +388,9 @@ def initialize_encoder(
         encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``. Defaults to ``"pretrained"``.
         pretrained_weights: ``"timm"``, a DINOv2 checkpoint file, or ``None`` / ``"none"``. Defaults to ``None``.
         stage1_export: the Stage-1 encoder export (needed for ``encoder_init="stage1"``).
+        model_settings: the model settings of this run; when the Stage-1 export has its settings recorded beside it
+            (``encoder_stage1.json``), each one it holds (encoder name and arguments, image size) must agree, else
+            a :class:`SettingError` names both values instead of a raw size mismatch. Defaults to None.
 
     Returns:
         the source loaded: ``"timm"``, a file path, or ``None`` (random initialisation).
@@ -271,6 +402,13 @@ def initialize_encoder(
     choice = encoder_init.strip().lower()
     if choice == "stage1":
         label = "stage1"
+        check_model_settings(
+            source,
+            dict(model_settings or {}),
+            what="the Stage-1 export",
+            hint="Run Stage-1 with these settings first, give the export's values, or start Stage-2 from "
+            "pretrained_weights (--encoder_init pretrained).",
+        )
     elif choice == "random":
         label = "random (encoder_init)"
     else:

@@ -7,7 +7,7 @@ ISIC-2016 as 0/255 PNGs, GlaS as instance label maps (foreground = label > 0, i.
 :class:`BinarizeLabeld` reads, so one transform chain serves every preset.
 
 With ``check_values=True`` (as in the 2D bundle) a mask binarised at a grey level (threshold above 1) is checked
-first with :func:`spectraflow_monai.data.validation.binary_mask_threshold`: a 0/1 mask is binarised at 1 (instead of
+first with :func:`binary_mask_threshold`: a 0/1 mask is binarised at 1 (instead of
 becoming all background), and any set of values other than 0/1 or 0/255 (JPEG noise tolerated), e.g. ``{0, 1, 2}``
 or ``{0, 128, 255}``, raises a :class:`~spectraflow_monai.utils.errors.DataError` naming the file and the values.
 
@@ -17,6 +17,7 @@ rule: :class:`LabelClassesd` maps their source values to class indices and stops
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -27,8 +28,8 @@ from monai.config.type_definitions import NdarrayOrTensor
 from monai.transforms import MapTransform, Transform
 from monai.utils import TransformBackends, convert_to_dst_type
 
-from spectraflow_monai.data.validation import binary_mask_threshold
-from spectraflow_monai.utils.errors import DataError
+from spectraflow_monai.transforms.finite import count_nonfinite
+from spectraflow_monai.utils.errors import DataError, DatasetError
 
 __all__ = [
     "BinarizeLabel",
@@ -37,7 +38,62 @@ __all__ = [
     "BinarizeLabeld",
     "LabelClasses",
     "LabelClassesd",
+    "binary_mask_threshold",
 ]
+
+
+def _values_text(arr: np.ndarray, limit: int = 12) -> str:
+    values = np.unique(arr)
+    shown = ", ".join(f"{v:g}" if isinstance(v, (float, np.floating)) else str(v) for v in values[:limit].tolist())
+    more = f", ... ({len(values)} distinct values)" if len(values) > limit else ""
+    return "{" + shown + more + "}"
+
+
+def binary_mask_threshold(mask: Any, path: str | os.PathLike = "mask", max_grey_fraction: float = 0.01) -> int:
+    """Classify a single-channel mask as a 0/1 or a 0/255 mask and return its threshold (1 or 128).
+
+    Rules (values above 255, e.g. 16-bit masks, are first rescaled to 0..255 by the maximum):
+
+    - every value is 0 or 1: a 0/1 mask, foreground = 1 (threshold 1);
+    - values near 0 and near 255 (JPEG compression noise included, e.g. Kvasir-SEG's masks hold 0..8 and
+      246..255), at most ``max_grey_fraction`` of the pixels in the mid-grey range (32, 224), and at least one value
+      >= 224: a 0/255 mask, foreground = value >= 128 (threshold 128);
+    - anything else (e.g. ``{0, 1, 2}``, ``{0, 128, 255}``, a grey-level image, negative or non-finite values)
+      raises :class:`~spectraflow_monai.utils.errors.DatasetError` naming ``path`` and the values found.
+
+    Args:
+        mask: the mask values (numpy array or torch tensor, any shape).
+        path: file name for the messages. Defaults to ``"mask"``.
+        max_grey_fraction: largest tolerated fraction of mid-grey pixels in a 0/255 mask. Defaults to 0.01.
+    """
+    if hasattr(mask, "detach"):
+        mask = mask.detach().cpu().numpy()
+    arr = np.asarray(mask)
+    path = os.fspath(path)
+    if arr.dtype == bool or arr.size == 0:
+        return 1
+    n_nan, n_inf = count_nonfinite(arr)
+    if n_nan or n_inf:
+        raise DatasetError(f"not a binary mask: {path!r} holds {n_nan} NaN and {n_inf} infinite value(s).")
+    lo, hi = arr.min(), arr.max()
+    if lo >= 0 and hi <= 1 and bool(np.all((arr == 0) | (arr == 1))):
+        return 1
+    if lo < 0:
+        raise DatasetError(f"not a binary mask: {path!r} has negative values; values found: {_values_text(arr)}.")
+    scaled = arr.astype(np.float64) * (255.0 / float(hi)) if hi > 255 else arr
+    grey = float(np.mean((scaled > 32) & (scaled < 224)))
+    if grey > max_grey_fraction:
+        raise DatasetError(
+            f"not a binary mask: {path!r} has {100 * grey:.1f}% mid-grey pixels (values in (32, 224)); "
+            f"at most {100 * max_grey_fraction:.1f}% are tolerated; values found: {_values_text(arr)}. "
+            "Expected a 0/1 or a 0/255 mask."
+        )
+    if float(scaled.max()) < 224:
+        raise DatasetError(
+            f"not a binary mask: {path!r} has values {_values_text(arr)}: neither a 0/1 mask nor a 0/255 mask "
+            "(a label map? its foreground would be read as background)."
+        )
+    return 128
 
 _REDUCTIONS = ("mean", "max", "first", None)
 

@@ -5,6 +5,7 @@ from .errors import DataError, SettingError, install_excepthook
 from .files import atomic_path, require_file, require_items, write_text_atomic
 from .bundles import BUNDLE_NAMES, bundle_command, bundle_path, run_bundle_configs
 from .settings import check_image_size
+from . import distributed, run_record  # noqa: E402,F401  (modules the bundle configs call)
 
 __all__: list[str] = [
     "BUNDLE_NAMES",

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from spectraflow_monai.utils.errors import SettingError, TrainingError
 from spectraflow_monai.utils.files import atomic_path
+from spectraflow_monai.utils.run_record import model_settings_path
 
 __all__ = [
     "NonFiniteStateError",
@@ -225,9 +226,10 @@ def resume_checkpoint(
         folder = Path(os.fspath(checkpoint_dir))
         if latest_checkpoint(folder) is not None:
             set_aside(folder, stamp)
-        for path in protect:
-            if os.path.isfile(path):
-                set_aside(path, stamp, copy=True)
+        for path in protect:  # with the settings written beside a model file (model.pt -> model.json)
+            for file in (os.fspath(path), model_settings_path(path)):
+                if os.path.isfile(file):
+                    set_aside(file, stamp, copy=True)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return None

@@ -70,7 +70,13 @@ def plot_feature_tsne(
         title: the figure's title (above the panels), or None. Defaults to None.
     """
     from matplotlib.figure import Figure
-    from sklearn.manifold import TSNE
+
+    try:
+        from sklearn.manifold import TSNE
+    except ImportError as exc:
+        raise ImportError(
+            "the t-SNE figure needs scikit-learn: pip install 'spectraflow_monai[figures]' (or scikit-learn)."
+        ) from exc
 
     if not groups:
         raise ValueError("groups must hold at least one feature set.")

@@ -30,6 +30,22 @@ def run_bundle(config_file, meta_file: str, **override) -> None:
         sys.path[:] = saved_path
 
 
+def missing_workflow_properties(config_file, workflow_type: str, meta_file: str, **override) -> list[str] | None:
+    """MONAI's own check of a bundle workflow: ``ConfigWorkflow(...).initialize()`` then ``check_properties()``
+    (required properties that are missing, optional ones whose reference does not point where MONAI expects)."""
+    from monai.bundle import ConfigWorkflow
+
+    saved_path = list(sys.path)
+    try:
+        workflow = ConfigWorkflow(
+            config_file=config_file, meta_file=meta_file, logging_file=False, workflow_type=workflow_type, **override
+        )
+        workflow.initialize()
+        return workflow.check_properties()
+    finally:
+        sys.path[:] = saved_path
+
+
 def parse_config(config_file, **override) -> ConfigParser:
     parser = ConfigParser()
     parser.read_config(config_file)
@@ -92,8 +108,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> None:
-    """``torchrun --nproc_per_node=2 -m monai.bundle run ...`` on CPU (gloo); asserts success with the log tail."""
+def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> str:
+    """``torchrun --nproc_per_node=2 -m monai.bundle run ...`` on CPU (gloo); asserts success with the log tail and
+    returns the output of both processes."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
         "--master_addr=127.0.0.1", f"--master_port={free_port()}",
@@ -102,6 +119,7 @@ def torchrun_bundle(config_files: list[str], args: list[str], cwd: Path) -> None
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{' '.join(cmd)}\nrc={proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
+    return proc.stdout + proc.stderr
 
 
 def bundle_args(override: dict) -> list[str]:

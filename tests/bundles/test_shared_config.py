@@ -19,9 +19,10 @@ SHARED_CONSTANTS = [
     "learning_rate", "weight_decay", "min_learning_rate", "lr_factor", "val_interval", "boundary_beta",
     "boundary_beta_max", "boundary_ramp_epochs", "progress_bar", "resume", "stage2_dir", "stage2_checkpoints_kept",
     "train_sampler", "val_sampler", "stage1_sampler", "image_mean", "image_std", "network", "run",
+    "encoder_settings", "process_group",
 ]  # fmt: skip
 SHARED_STAGE2 = [
-    "train#optimizer", "train#random_state", "train#checkpoint", "train#resume_path", "train#checkpoint_saver",
+    "train#run", "train#optimizer", "train#random_state", "train#checkpoint", "train#resume_path", "train#checkpoint_saver",
     "train#checkpoint_loader", "validate#lr_scheduler", "validate#model_saver", "validate#early_stop",
     "validate#evaluator",
 ]  # fmt: skip
@@ -31,7 +32,7 @@ STAGE1_CONSTANTS = [
     "dispersive_normalize", "meanflow_ratio_unequal", "ema_decay", "head_hidden_channels", "head_num_blocks",
     "head_condition_on_domain", "latent_norm", "stage1_checkpoint_interval", "stage1_checkpoints_kept",
     "stage1_views", "meanflow_adaptive_p", "meanflow_adaptive_c",
-    "resume_from", "stage1_dir",
+    "resume_from", "stage1_dir", "run_record#not_compared", "unread_settings", "run_setup#folders", "run",
 ]  # fmt: skip
 # the Synapse masks are organ label maps merged into one foreground (binarize); everything else of Stage-1 is shared
 STAGE1_DIFFERENT = {"mixed_domain"}

@@ -14,6 +14,7 @@ import csv
 import glob
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.bundles.helpers import (
     SCHEMA,
     assert_evaluation_skips_encoder_weights,
     config_paths,
+    missing_workflow_properties,
     run_bundle,
 )
 from tests.bundles.helpers import error_text as _error_text
@@ -61,6 +63,7 @@ STAGE1_ARGS = {
     "stage1_end_lr": 1e-4,
     "ema_decay": 0.5,
 }
+PRECISION_LINE = re.compile(r"precision: (?:bf16|fp16|fp32) \(")  # resolve_precision's log line
 # the module fixture trains once; with `pytest -n N --dist loadgroup` keep this module on one worker
 pytestmark = pytest.mark.xdist_group("spectraflow_2d_bundle")
 
@@ -274,6 +277,17 @@ def test_ckpt_export_trace_matches_eager(trained):
 
 
 # ---------------------------------------------------------------- 6. metadata and network I/O
+@pytest.mark.parametrize("workflow_type", ["train", "inference"])
+def test_monai_check_properties(trained, workflow_type):
+    # MONAI's check of a bundle workflow: nothing required is missing, every optional reference is where MONAI looks
+    config = TRAIN if workflow_type == "train" else INFERENCE
+    override = {**trained["common"], "max_epochs": 2, "batch_size": 4, "val_batch_size": 4}
+    if workflow_type == "inference":
+        images = os.path.join(trained["data_dir"], "images")
+        override = {"bundle_root": str(trained["root"]), "input_dir": images, **NET}
+    assert missing_workflow_properties(config, workflow_type, META, **override) == []
+
+
 def test_verify_metadata_offline():
     verify_metadata(meta_file=META, filepath=SCHEMA)
 
@@ -302,7 +316,7 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
         "--pretrained_weights", "none",
     ]  # fmt: skip
-    _torchrun(
+    stage1_log = _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml", "configs/multi_gpu_train.yaml"],
         args + ["--stage1_epochs", "1", "--stage1_batch_size", "2", "--head_hidden_channels", "32",
                 "--head_num_blocks", "1"],
@@ -311,13 +325,20 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
     export_path = root / "models" / "encoder_stage1.pt"
     assert export_path.is_file()
     assert (root / "models" / "stage1" / "checkpoint_final.pt").is_file()
-    _torchrun(
+    # the same program as one process: the precision is checked and logged, Stage-1 records itself in its folder
+    assert (root / "models" / "stage1" / "run_record.json").is_file()
+    assert (root / "models" / "encoder_stage1.json").is_file()
+    assert not (root / "models" / "stage2").exists()
+    assert len(PRECISION_LINE.findall(stage1_log)) == 2 and "process group: rank 1 of 2 (gloo)" in stage1_log
+    stage2_log = _torchrun(
         ["configs/train.yaml", "configs/multi_gpu_train.yaml"],
         args + ["--max_epochs", "1", "--batch_size", "2", "--val_batch_size", "2"],
         BUNDLE,
     )
     model_path = root / "models" / "model.pt"
-    assert model_path.is_file()
+    assert model_path.is_file() and (root / "models" / "model.json").is_file()
+    assert len(PRECISION_LINE.findall(stage2_log)) == 2  # one per process
+    assert (root / "models" / "stage2" / "run_record.json").is_file()
     # saved without the DistributedDataParallel wrapper, and started from this run's Stage-1 export
     model, export = _load(model_path), _load(export_path)
     assert not any(k.startswith("module.") for k in model)

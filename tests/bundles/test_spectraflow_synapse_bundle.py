@@ -16,6 +16,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -32,12 +33,14 @@ from spectraflow_monai.apps.synapse import (
     synthetic_ct_volume,
 )
 from spectraflow_monai.data import DatasetError
-from spectraflow_monai.metrics import PAPER_ORGAN_ORDER, organ_metrics
+from spectraflow_monai.apps.synapse import PAPER_ORGAN_ORDER, SYNAPSE_ORGANS
+from spectraflow_monai.metrics import organ_metrics
 from tests.bundles.helpers import (
     REPO,
     SCHEMA,
     assert_evaluation_skips_encoder_weights,
     config_paths,
+    missing_workflow_properties,
     run_bundle,
 )
 from tests.bundles.helpers import error_text as _error_text
@@ -271,7 +274,7 @@ def test_evaluate_raw_volumes(trained):
         # the CSV holds organ_metrics of the saved prediction against the mapped label, with the volume's spacing
         label_path = root / "data" / "RawData" / "Training" / "label" / f"label{case}.nii.gz"
         label = LUT[np.asarray(nib.load(str(label_path)).dataobj)]
-        expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=SPACING)
+        expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=SPACING, organ_names=SYNAPSE_ORGANS)
         for row in (r for r in rows if r["case"] == case):
             m = expected[row["organ"]]
             assert int(row["gt_voxels"]) == m["gt_voxels"] > 0 and int(row["pred_voxels"]) == m["pred_voxels"]
@@ -309,7 +312,7 @@ def test_transunet_layout_train_and_evaluate(trained, transunet_root, tmp_path):
     pred = nib.load(str(tmp_path / "eval" / "predictions" / "case0001.npy_seg.nii.gz"))
     assert pred.shape == SHAPE
     label = LUT[synthetic_ct_volume(1, shape=SHAPE)[1]]
-    expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=None)
+    expected = organ_metrics(np.asarray(pred.dataobj), label, spacing=None, organ_names=SYNAPSE_ORGANS)
     for row in (r for r in rows if r["case"] == "0001"):
         assert float(row["dice_transunet"]) == pytest.approx(expected[row["organ"]]["dice_transunet"], rel=1e-4)
         assert float(row["hd95_transunet"]) == pytest.approx(expected[row["organ"]]["hd95_transunet"], rel=1e-4)
@@ -330,6 +333,18 @@ def _manual_prediction(net: torch.nn.Module, path: str) -> np.ndarray:
     back = torch.nn.functional.interpolate(labels.permute(1, 2, 0)[None, None], size=x.shape, mode="nearest")
     ornt = nib.orientations.ornt_transform(nib.io_orientation(ras.affine), nib.io_orientation(img.affine))
     return nib.orientations.apply_orientation(back[0, 0].numpy(), ornt).astype(np.uint8)
+
+
+@pytest.mark.parametrize("workflow_type", ["train", "inference"])
+def test_monai_check_properties(trained, workflow_type):
+    # MONAI's check of a bundle workflow: nothing required is missing, every optional reference is where MONAI looks
+    if workflow_type == "train":
+        override = {**trained["common"], "max_epochs": 1, "batch_size": 6, "val_batch_size": 12}
+        assert missing_workflow_properties(TRAIN, "train", META, **override) == []
+    else:
+        images = os.path.join(trained["common"]["dataset_dir"], "RawData", "Training", "img")
+        override = {"bundle_root": str(trained["root"]), "input_dir": images, **NET}
+        assert missing_workflow_properties(INFERENCE, "inference", META, **override) == []
 
 
 def test_inference_keeps_the_input_geometry(trained, tmp_path):
@@ -475,7 +490,7 @@ def test_multi_gpu_override_two_processes(tmp_path):
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
         "--pretrained_weights", "none",
     ]  # fmt: skip
-    _torchrun(
+    stage1_log = _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml", "configs/multi_gpu_train.yaml"],
         args + ["--stage1_epochs", "1", "--stage1_batch_size", "6", "--head_hidden_channels", "32",
                 "--head_num_blocks", "1"],
@@ -483,13 +498,18 @@ def test_multi_gpu_override_two_processes(tmp_path):
     )  # fmt: skip
     export_path = root / "models" / "encoder_stage1.pt"
     assert export_path.is_file()
-    _torchrun(
+    # the same program as one process: precision checked and logged by each process, Stage-1 files in models/stage1
+    precision_lines = re.compile(r"precision: (?:bf16|fp16|fp32) \(")
+    assert len(precision_lines.findall(stage1_log)) == 2 and "process group: rank 1 of 2 (gloo)" in stage1_log
+    assert (root / "models" / "stage1" / "run_record.json").is_file() and not (root / "models" / "stage2").exists()
+    stage2_log = _torchrun(
         ["configs/train.yaml", "configs/multi_gpu_train.yaml"],
         args + ["--max_epochs", "1", "--batch_size", "6", "--val_batch_size", "12"],
         BUNDLE,
     )
     index = json.loads((root / "cache" / f"synthetic_{IMAGE_SIZE}" / "index.json").read_text())
     assert sorted(index["volumes"]) == sorted(TRAIN_CASES + VAL_CASES)  # the test volumes are never sliced
+    assert len(precision_lines.findall(stage2_log)) == 2 and (root / "models" / "model.json").is_file()
     model, export = _load(root / "models" / "model.pt"), _load(export_path)
     assert not any(k.startswith("module.") for k in model)
     torch.testing.assert_close(model["encoder.vit.blocks.0.attn.qkv.weight"], export["blocks.0.attn.qkv.weight"])

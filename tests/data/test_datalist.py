@@ -14,6 +14,7 @@ from monai.data import MetaTensor
 from PIL import Image
 
 from spectraflow_monai.apps.seg2d import build_datalist, canonical_source_name
+from spectraflow_monai.apps.seg2d import label_setup
 from spectraflow_monai.data import DatasetError, decathlon_datalist, folder_datalist, holdout, inference_files, label_mode
 from spectraflow_monai.transforms import LabelClassesd
 from spectraflow_monai.utils.errors import DataError, SettingError
@@ -163,16 +164,20 @@ def test_non_zero_threshold_and_binary_value_check(tmp_path):
 )
 def test_label_classes_forms(classes, names, mapping):
     mode = label_mode(classes)
-    assert mode.class_names == names and mode.label_map == mapping and mode.out_channels == 3
-    assert (mode.softmax, mode.sigmoid, mode.to_onehot_y, mode.include_background) == (True, False, True, False)
-    binary = label_mode(None)
-    assert binary.out_channels == 1 and binary.sigmoid and binary.include_background and binary.save_scale == 255
+    assert mode.class_names == names and mode.label_map == mapping and mode.num_classes == 3
+    setup = label_setup(classes)  # what the 2D bundle builds from the same setting
+    assert setup.class_names == names and setup.label_map == mapping and setup.out_channels == 3
+    assert (setup.softmax, setup.sigmoid, setup.to_onehot_y, setup.include_background) == (True, False, True, False)
+    binary = label_setup("null")
+    assert binary.binary and binary.out_channels == 1 and binary.sigmoid and binary.include_background and binary.save_scale == 255
 
 
 @pytest.mark.parametrize("bad", [["only"], "polyp", {0: 0, 5: 2}, ["a", "a"], {"bg": 0, "x": 0}, {"bg": "x"}])
 def test_bad_label_classes(bad):
     with pytest.raises(SettingError, match="label_classes"):
         label_mode(bad)
+    with pytest.raises(SettingError, match="label_classes"):
+        label_setup(bad)
 
 
 def test_label_classes_transform_and_mask_check(tmp_path):

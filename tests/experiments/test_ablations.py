@@ -143,3 +143,11 @@ def test_cli_names_bad_weights(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["dispersive-weight", "--output", str(tmp_path), "--weights", "-0.5"])
     assert exit_info.value.code == 2 and "--weights" in capsys.readouterr().err
+
+
+def test_cli_precision_choices_come_from_the_setting(tmp_path, capsys):
+    # the one owner of the precision setting (spectraflow_monai.utils.precision.PRECISION_SETTINGS) gives the choices
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dispersive-weight", "--output", str(tmp_path), "--precision", "fp8"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--precision" in err and "'auto', 'bf16', 'fp16', 'fp32'" in err

@@ -1,7 +1,11 @@
 """The experiments' encoder weights (the bundle's default, checked before any step; random init only when asked for,
-then named in every title) and the command line's paper defaults (data set, baseline)."""
+then named in every title), the command line's paper defaults (data set, baseline), and a step whose settings changed
+since it finished starting over (the bundle's run record would refuse to continue the earlier run; the earlier run
+is kept aside)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from spectraflow_monai.experiments.cli import PAPER_DATASETS, main
 from spectraflow_monai.experiments.runner import (
     RANDOM_INIT_NOTE,
     EncoderWeightsError,
+    ExperimentRunner,
     experiment_title,
     resolve_encoder_weights,
 )
@@ -89,3 +94,22 @@ def test_paper_datasets_are_the_defaults(tmp_path, capsys):
         main(["decoder", "--output", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--dataset isic2016 needs its files" in err and "--dataset-dir" in err
+
+
+COMMON = {
+    "dataset": "synthetic", "image_size": 28, "encoder_kwargs": {"depth": 2}, "pretrained_weights": "none",
+    "encoder_init": "random", "synthetic_size": {"num_train": 4, "num_val": 2}, "max_epochs": 1, "batch_size": 2,
+    "val_batch_size": 2, "num_workers": 0, "progress_bar": False, "precision": "fp32",
+}  # fmt: skip
+
+
+def test_a_step_with_changed_settings_starts_over(tmp_path):
+    runner = ExperimentRunner(tmp_path, "exp", {**COMMON, "dataset_dir": str(tmp_path / "data")})
+    root = runner.step("run", "stage2", ["train.yaml"], {"learning_rate": 0.0001})
+    runner.step("run", "stage2", ["train.yaml"], {"learning_rate": 0.0001})  # done: skipped
+    assert runner.executed == ["run/stage2"]
+    runner.step("run", "stage2", ["train.yaml"], {"learning_rate": 0.001})
+    assert runner.executed == ["run/stage2", "run/stage2"]
+    record = json.loads((root / "models" / "stage2" / "run_record.json").read_text())
+    assert record["settings"]["learning_rate"] == 0.001
+    assert len(list((root / "models").glob("stage2.bak-*"))) == 1  # the earlier run, kept aside

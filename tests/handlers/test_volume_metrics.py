@@ -12,6 +12,7 @@ import torch
 from ignite.engine import Engine
 from monai.data import MetaTensor
 
+from spectraflow_monai.apps.synapse import ORGAN_DISPLAY_NAMES
 from spectraflow_monai.handlers import VolumeMetricsHandler, spacing_from_affine
 
 SPACING = (0.8, 0.9, 2.5)
@@ -52,7 +53,8 @@ def _run(handler: VolumeMetricsHandler, items: list[dict]) -> Engine:
 
 def test_hand_computed_case_both_hd95_definitions(tmp_path):
     pred, gt = _volumes()
-    handler = VolumeMetricsHandler(tmp_path, num_classes=4, organ_names=["spleen", "right_kidney", "left_kidney"])
+    organs = ["spleen", "right_kidney", "left_kidney"]
+    handler = VolumeMetricsHandler(tmp_path, num_classes=4, organ_names=organs, display_names=ORGAN_DISPLAY_NAMES)
     engine = _run(handler, [{"pred": _meta(pred), "label": _meta(gt), "case": "0001"}])
     with open(tmp_path / "synapse_per_case.csv", newline="") as f:
         rows = {r["organ"]: r for r in csv.DictReader(f)}

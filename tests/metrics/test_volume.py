@@ -14,6 +14,7 @@ from monai.networks.utils import one_hot
 from scipy.ndimage import binary_erosion
 from scipy.spatial.distance import cdist
 
+from spectraflow_monai.apps.synapse import ORGAN_DISPLAY_NAMES, PAPER_ORGAN_ORDER, SYNAPSE_ORGANS
 from spectraflow_monai.metrics import VOLUME_METRIC_KEYS, VolumeMetricTable, organ_metrics
 
 SPACING = (1.0, 1.0, 3.0)
@@ -117,7 +118,8 @@ def test_empty_organ_conventions():
 def test_synapse_default_names_and_2d():
     gt = np.zeros((6, 6), np.int64)
     gt[1:4, 1:4] = 5
-    m = organ_metrics(gt, gt, num_classes=9)
+    assert list(organ_metrics(gt, gt, num_classes=9))[0] == "class_1"  # generic names: metrics know no organs
+    m = organ_metrics(gt, gt, num_classes=9, organ_names=SYNAPSE_ORGANS)
     assert list(m)[0] == "spleen" and m["liver"]["dice"] == 1.0 and m["liver"]["hd95"] == 0.0
     assert m["liver"]["hd95_transunet"] == 0.0
 
@@ -144,7 +146,7 @@ def test_bad_arguments(kwargs, match):
 
 
 def test_volume_metric_table(tmp_path):
-    table = VolumeMetricTable()
+    table = VolumeMetricTable(9, SYNAPSE_ORGANS, PAPER_ORGAN_ORDER, ORGAN_DISPLAY_NAMES)
     gt = np.zeros((10, 10, 10), np.uint8)
     gt[2:6, 2:6, 2:6] = 7  # aorta
     gt[7:9, 7:9, 7:9] = 4  # gallbladder

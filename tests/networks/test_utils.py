@@ -98,12 +98,12 @@ def test_timm_offline_says_how_to_go_on(monkeypatch, tmp_path, failure):
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"), raising=False)
     else:
-        from timm.models import _hub
+        import timm.models
 
         def unreachable(*args, **kwargs):
             raise ConnectionError("Name or service not known")
 
-        monkeypatch.setattr(_hub, "load_state_dict_from_hf", unreachable)
+        monkeypatch.setattr(timm.models, "load_state_dict_from_hf", unreachable)
     net = _net()
     before = {k: v.clone() for k, v in net.encoder.vit.state_dict().items()}
     with pytest.raises(SettingError) as info:
@@ -122,7 +122,7 @@ def test_timm_offline_says_how_to_go_on(monkeypatch, tmp_path, failure):
 
 
 def test_timm_hub_weights_are_loaded_when_reachable(monkeypatch, caplog):
-    from timm.models import _hub
+    import timm.models
 
     hub = timm.create_model(NAME, pretrained=False, img_size=518, depth=2, num_classes=0)  # the hub's 37x37 grid
     calls = []
@@ -131,7 +131,7 @@ def test_timm_hub_weights_are_loaded_when_reachable(monkeypatch, caplog):
         calls.append((hub_id, kwargs.get("weights_only")))
         return {k: v.clone() for k, v in hub.state_dict().items()}
 
-    monkeypatch.setattr(_hub, "load_state_dict_from_hf", download)
+    monkeypatch.setattr(timm.models, "load_state_dict_from_hf", download)
     encoder = DINOv2Encoder(NAME, trainable_blocks=1, **KW)
     caplog.set_level(logging.INFO, logger=LOGGER)
     assert load_encoder_weights(encoder, "timm") == "timm"

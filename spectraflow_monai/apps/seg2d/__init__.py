@@ -3,6 +3,7 @@ and the datalist entry point of the ``spectraflow_2d_segmentation`` bundle.
 """
 
 from .datalist import DataSource, build_datalist, canonical_source_name
+from .label_setup import LabelSetup, OneHotOutput, label_setup, stage2_loss
 from .presets import (
     DATASET_PRESETS,
     KVASIR_SPLIT_DIR,
@@ -27,4 +28,8 @@ __all__ = [
     "DataSource",
     "build_datalist",
     "canonical_source_name",
+    "LabelSetup",
+    "OneHotOutput",
+    "label_setup",
+    "stage2_loss",
 ]

@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-__all__ = ["AFFINE_TOL", "BTCV_LABEL_NAMES", "BTCV_LUT", "BTCV_TO_SYNAPSE", "CASE_ID", "INDEX_NAME", "INDEX_VERSION", "NIFTI_SUFFIX", "NUM_BTCV_LABELS", "RAW_IMAGE", "RAW_LABEL", "SYNAPSE_BUNDLE_DATASETS", "SYNAPSE_ORGANS", "SYNAPSE_TEST_CASES", "SYNAPSE_TRAIN_CASES", "TU_SLICE", "TU_TEST", "TU_TRAIN_DIR", "format_case_id"]
+__all__ = ["AFFINE_TOL", "ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "BTCV_LABEL_NAMES", "BTCV_LUT", "BTCV_TO_SYNAPSE", "CASE_ID", "INDEX_NAME", "INDEX_VERSION", "NIFTI_SUFFIX", "NUM_BTCV_LABELS", "RAW_IMAGE", "RAW_LABEL", "SYNAPSE_BUNDLE_DATASETS", "SYNAPSE_ORGANS", "SYNAPSE_TEST_CASES", "SYNAPSE_TRAIN_CASES", "TU_SLICE", "TU_TEST", "TU_TRAIN_DIR", "format_case_id"]
 
 #: training cases of the TransUNet split (``lists/lists_Synapse/train.txt``), 18 volumes / 2211 slices.
 SYNAPSE_TRAIN_CASES: tuple[int, ...] = (5, 6, 7, 9, 10, 21, 23, 24, 26, 27, 28, 30, 31, 33, 34, 37, 39, 40)
@@ -47,6 +47,29 @@ SYNAPSE_ORGANS: tuple[str, ...] = (
     "aorta",
     "pancreas",
 )
+
+#: row order of the SpectraFlow Synapse table (``VolumeMetricTable(order=...)``).
+PAPER_ORGAN_ORDER: tuple[str, ...] = (
+    "aorta",
+    "gallbladder",
+    "left_kidney",
+    "right_kidney",
+    "liver",
+    "pancreas",
+    "spleen",
+    "stomach",
+)
+#: display names of the Synapse organs (as in the SpectraFlow / TransUNet tables).
+ORGAN_DISPLAY_NAMES: dict[str, str] = {
+    "spleen": "Spleen",
+    "right_kidney": "Right kidney",
+    "left_kidney": "Left kidney",
+    "gallbladder": "Gallbladder",
+    "liver": "Liver",
+    "stomach": "Stomach",
+    "aorta": "Aorta",
+    "pancreas": "Pancreas",
+}
 
 NUM_BTCV_LABELS = len(BTCV_LABEL_NAMES)
 BTCV_LUT = np.zeros(NUM_BTCV_LABELS, dtype=np.uint8)

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from spectraflow_monai.networks.encoders.dinov2_weights import interpolate_official_pos_embed, load_dinov2_state_dict
+from spectraflow_monai.networks.utils import interpolate_official_pos_embed, load_dinov2_state_dict
 
 __all__ = ["EncoderFeatures", "DINOv2Encoder", "interpolate_official_pos_embed"]
 
@@ -146,9 +146,9 @@ class DINOv2Encoder(nn.Module):
         self.trainable_blocks: int | str = 1
         self.set_trainable_blocks(trainable_blocks)
         if pretrained is not None:  # a convenience for Python users: the same call the bundles make in `initialize`
-            from spectraflow_monai.networks.utils import load_encoder_weights
+            from spectraflow_monai.networks import utils  # looked up at call time (tests replace the loader)
 
-            load_encoder_weights(self, pretrained)
+            utils.load_encoder_weights(self, pretrained)
 
     # ------------------------------------------------------------------ freezing
     def set_trainable_blocks(self, trainable_blocks: int | str) -> None:

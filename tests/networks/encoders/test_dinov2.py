@@ -180,14 +180,14 @@ def test_unknown_name_lists_supported():
 def test_timm_download_failure_is_explained(monkeypatch):
     # the network is built without weights (timm never downloads); pretrained="timm" goes through
     # spectraflow_monai.networks.utils.load_encoder_weights, whose download fails here
-    from timm.models import _hub
+    import timm.models
 
     from spectraflow_monai.utils import SettingError
 
     def offline(*args, **kwargs):
         raise OSError("no network")
 
-    monkeypatch.setattr(_hub, "load_state_dict_from_hf", offline)
+    monkeypatch.setattr(timm.models, "load_state_dict_from_hf", offline)
     with pytest.raises(SettingError, match=r"(?s)vit_small_patch14_dinov2.*no network.*pretrained='/path/file'"):
         DINOv2Encoder(pretrained="timm", img_size=28, model_kwargs={"depth": 2})
 

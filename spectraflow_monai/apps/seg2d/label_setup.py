@@ -1,0 +1,93 @@
+"""What the ``spectraflow_2d_segmentation`` bundle builds from its ``label_classes`` setting.
+
+SpectraFlow's 2D benchmarks (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for
+Medical Image Segmentation") are binary; its Synapse experiment is multi-class. The 2D bundle serves both with one
+setting, ``label_classes``: :class:`~spectraflow_monai.data.LabelMode` reads what the masks are (data layer), and
+:class:`LabelSetup` adds what the bundle makes of it:
+
+- binary masks: one output channel, sigmoid Dice + BCE + boundary loss, threshold 0.5, predictions saved as 0/255;
+- label maps of K classes: K output channels, softmax Dice + cross entropy + boundary loss (one-hot targets), argmax
+  label maps saved as class indices, metrics per class with background excluded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from monai.handlers import from_engine
+from monai.networks.utils import one_hot
+from monai.transforms import Activationsd, AsDiscreted
+
+from spectraflow_monai.data.label_mode import LabelMode
+from spectraflow_monai.losses.dice_bce_boundary import DiceBCEBoundaryLoss
+from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
+
+__all__ = ["LabelSetup", "OneHotOutput", "label_setup", "stage2_loss"]
+
+
+class OneHotOutput:
+    """``output_transform`` of the bundle's metric handlers for label maps: ``engine.state.output`` (decollated
+    dicts with (1, H, W) ``pred`` / ``label`` label maps) -> lists of one-hot (K, H, W) tensors."""
+
+    def __init__(self, num_classes: int, keys: Sequence[str] = ("pred", "label")) -> None:
+        self.num_classes = int(num_classes)
+        self.keys = tuple(keys)
+
+    def __call__(self, output: Any) -> tuple[list, ...]:
+        values = from_engine(list(self.keys))(output)
+        return tuple([one_hot(x, self.num_classes, dim=0) for x in v] for v in values)
+
+
+class LabelSetup(LabelMode):
+    """The bundle's choices for the masks of ``label_classes`` (see the module docstring); made by :func:`label_setup`.
+
+    Attributes (besides those of :class:`~spectraflow_monai.data.LabelMode`):
+        out_channels: network outputs (1 for binary, ``num_classes`` otherwise).
+        sigmoid, softmax, to_onehot_y: arguments of :class:`spectraflow_monai.losses.DiceBCEBoundaryLoss`.
+        include_background: of the Dice / IoU / HD95 handlers (True for the single binary channel).
+        save_scale: ``SaveImaged`` scale of predictions (255: 0/255 masks; None: label values as they are).
+        save_dtype: ``SaveImaged`` ``output_dtype`` (float32 scaled to 0/255; uint8 label values).
+        metric_output: ``output_transform`` of the metric handlers.
+    """
+
+    def __init__(self, label_classes: Any = None) -> None:
+        super().__init__(label_classes)
+        self.out_channels = 1 if self.binary else self.num_classes
+        self.sigmoid, self.softmax, self.to_onehot_y = self.binary, not self.binary, not self.binary
+        self.include_background = self.binary
+        self.save_scale = 255 if self.binary else None
+        self.save_dtype = np.float32 if self.binary else np.uint8
+        self.metric_output = from_engine(["pred", "label"]) if self.binary else OneHotOutput(self.num_classes)
+
+    def loss(self, **kwargs: Any) -> DiceBCEBoundaryLoss:
+        """:class:`~spectraflow_monai.losses.DiceBCEBoundaryLoss` for these masks: sigmoid Dice + BCE (binary) or
+        softmax Dice + cross entropy with one-hot targets (classes); ``kwargs`` are its other arguments."""
+        return DiceBCEBoundaryLoss(sigmoid=self.sigmoid, softmax=self.softmax, to_onehot_y=self.to_onehot_y, **kwargs)
+
+    def postprocessing(self, keys: Any = "pred") -> list:
+        """Logits -> masks: sigmoid + threshold 0.5 (binary), argmax label map (classes)."""
+        if self.binary:
+            return [Activationsd(keys, sigmoid=True), AsDiscreted(keys, threshold=0.5)]
+        return [AsDiscreted(keys, argmax=True)]
+
+    def metric_suite(self, **kwargs: Any) -> Any:
+        """A :class:`~spectraflow_monai.metrics.SegmentationMetricSuite` for these masks (per class for label maps)."""
+        if self.binary:
+            return SegmentationMetricSuite(**kwargs)
+        return SegmentationMetricSuite(num_classes=self.num_classes, class_names=self.class_names, **kwargs)
+
+
+def label_setup(label_classes: Any = None) -> LabelSetup:
+    """Read the ``label_classes`` setting once (:func:`spectraflow_monai.data.label_mode`) and log what it means.
+
+    Raises:
+        SettingError: naming the setting and the value when it is none of the accepted forms.
+    """
+    return LabelSetup.read(label_classes)
+
+
+def stage2_loss(label_setup: LabelSetup, **kwargs: Any) -> DiceBCEBoundaryLoss:
+    """The 2D bundle's Stage-2 loss (config entry point): :meth:`LabelSetup.loss` of ``label_setup``."""
+    return label_setup.loss(**kwargs)

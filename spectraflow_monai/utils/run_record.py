@@ -1,0 +1,296 @@
+"""A run describes itself: a record of its settings and data beside its checkpoints, and beside every model file.
+
+nnU-Net keeps ``plans.json`` and ``dataset_fingerprint.json`` next to each run; the SpectraFlow bundles do the same
+with two small JSON files:
+
+- ``run_record.json`` in a run's checkpoint folder (``models/stage1/``, ``models/stage2/``), written when the run
+  starts (:func:`record_run`): the resolved settings, the model settings, the data source with a fingerprint of each
+  datalist (file names relative to their common folder, file sizes, the other entry fields), the label setup, the
+  seed, the precision and the package version. A restart in the same folder whose record differs stops before any
+  training, naming each differing setting and the two ways forward (``--resume false`` starts over in that folder,
+  keeping the earlier files aside; or a new ``--bundle_root``);
+- ``<model>.json`` beside a model file (``models/model.json`` beside ``model.pt``, ``models/encoder_stage1.json``
+  beside the Stage-1 export), written with the file itself (:func:`write_model_settings`): the model settings that
+  built it. Evaluation and inference read them (:func:`model_record`): a user gives data, output and device; a model
+  setting given on the command line that contradicts the record is an error naming both values. Fine-tuning from the
+  Stage-1 export compares its encoder settings the same way
+  (:func:`spectraflow_monai.networks.utils.initialize_encoder`), instead of failing with a raw size mismatch.
+
+Settings that may change between restarts (``max_epochs``, ``num_workers``, the device, ...) are recorded under
+``not_compared`` and never stop a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.files import write_text_atomic
+
+__all__ = [
+    "RECORD_FILE",
+    "ModelRecord",
+    "check_model_settings",
+    "data_fingerprint",
+    "model_settings_path",
+    "read_model_settings",
+    "record_run",
+    "write_model_settings",
+]
+
+logger = logging.getLogger(__name__)
+
+#: name of the run record in a run's checkpoint folder
+RECORD_FILE = "run_record.json"
+# the parts of a record that must agree for a restart to continue the run
+_COMPARED = ("settings", "model", "data", "label_setup", "seed", "precision")
+
+
+def _version() -> str:
+    from spectraflow_monai import __version__
+
+    return __version__
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-friendly data (tuples as lists, numpy scalars as numbers, other objects by ``repr``)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (os.PathLike, torch.device)):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    name = getattr(value, "name", None)  # a resolved precision, an enum member
+    if type(value).__repr__ is not object.__repr__ or not hasattr(value, "__dict__"):
+        return name if isinstance(name, str) else repr(value)
+    # a plain settings object (e.g. a data source): its type and public attributes
+    fields = {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
+    return {"type": f"{type(value).__module__}.{type(value).__qualname__}", **fields}
+
+
+def _file_key(value: Any, root: str) -> Any:
+    if isinstance(value, (str, os.PathLike)) and os.path.isfile(value):
+        path = os.path.abspath(os.fspath(value))
+        return [os.path.relpath(path, root), os.path.getsize(path)]
+    return _plain(value)
+
+
+def data_fingerprint(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"items": N, "sha256": ...}`` of a datalist: every field of every entry, files as (path relative to the
+    common folder of all files, size in bytes), so that the same data moved to another folder keeps its fingerprint
+    while a different file list, another label file or a changed file size changes it."""
+    files = [
+        os.path.abspath(os.fspath(v))
+        for e in entries
+        for v in e.values()
+        if isinstance(v, (str, os.PathLike)) and os.path.isfile(v)
+    ]
+    root = os.path.commonpath(files) if files else ""
+    root = os.path.dirname(root) if files and os.path.isfile(root) else root
+    rows = sorted(json.dumps({str(k): _file_key(v, root) for k, v in e.items()}, sort_keys=True) for e in entries)
+    return {"items": len(rows), "sha256": hashlib.sha256("\n".join(rows).encode()).hexdigest()}
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            out += _differences(old.get(key, "<not set>"), new.get(key, "<not set>"), name)
+        return out
+    return [] if old == new else [(prefix, old, new)]
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SettingError(f"run record {path!r} cannot be read ({exc}); move it away to start over.") from exc
+
+
+def record_run(
+    run_dir: str | os.PathLike,
+    settings: Mapping[str, Any],
+    model: Mapping[str, Any] | None = None,
+    data: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    data_source: Any = None,
+    label_setup: Any = None,
+    seed: Any = None,
+    precision: Any = None,
+    resume: bool | str = True,
+    not_compared: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the record of the run that starts in ``run_dir``; stop when it would continue a different run.
+
+    With ``resume`` true and a checkpoint in ``run_dir`` (the run would continue from it), the record already there
+    must agree on ``settings``, ``model``, the data fingerprints, the label setup, the seed and the precision;
+    otherwise a :class:`SettingError` lists every difference (recorded value, value now) and says how to go on. A
+    checkpoint without a record (a run of an earlier version) is continued with a warning. Starting over keeps the
+    earlier run aside: with ``resume`` false the whole folder (``<run_dir>.bak-<time>``, its checkpoints and record),
+    without checkpoints the earlier record (``run_record.json.bak-<time>``).
+
+    Args:
+        run_dir: the run's checkpoint folder (``models/stage2``, ``models/stage1``).
+        settings: the resolved settings that define the run (optimisation, data selection, encoder start, ...).
+        model: the model settings (also written beside the model files by the savers). Defaults to None.
+        data: ``{split: datalist}``; each is recorded as :func:`data_fingerprint`. Defaults to None.
+        data_source: the data source (recorded by its ``repr``, e.g. the preset and folder). Defaults to None.
+        label_setup: what the labels are (recorded by ``repr``). Defaults to None.
+        seed: the data / determinism seed. Defaults to None.
+        precision: the resolved precision. Defaults to None.
+        resume: the bundle's ``resume`` setting. Defaults to True.
+        not_compared: settings recorded but free to change between restarts (``max_epochs``, ``num_workers``, the
+            device). Defaults to None.
+
+    Returns:
+        the record written.
+
+    Raises:
+        SettingError: the record differs from the run this restart would continue.
+    """
+    from spectraflow_monai.utils.checkpoint import _as_bool, _rank, latest_checkpoint, set_aside
+
+    resume = _as_bool(resume, "resume")
+    folder = os.fspath(run_dir)
+    path = os.path.join(folder, RECORD_FILE)
+    record = {
+        "settings": _plain(dict(settings)),
+        "model": _plain(dict(model or {})),
+        "data": {str(k): data_fingerprint(v) for k, v in (data or {}).items()},
+        "data_source": _plain(data_source),
+        "label_setup": _plain(label_setup),
+        "seed": _plain(seed),
+        "precision": _plain(precision),
+        "not_compared": _plain(dict(not_compared or {})),
+        "spectraflow_monai": _version(),
+    }
+    old = _read_json(path)
+    continuing = resume and latest_checkpoint(folder) is not None
+    if continuing and old is None:
+        logger.warning(f"{folder} holds checkpoints but no {RECORD_FILE} (an earlier version): continuing unchecked.")
+    elif continuing:
+        diffs = [d for part in _COMPARED for d in _differences(old.get(part), record[part], part)]
+        if diffs:
+            lines = "\n".join(f"  - {name}: recorded {a!r}, now {b!r}" for name, a, b in diffs)
+            raise SettingError(
+                f"{folder} holds a run with other settings ({RECORD_FILE}); continuing it would mix two runs:\n"
+                f"{lines}\nNothing was trained. Either\n"
+                "  - start over in this folder: --resume false (the earlier checkpoints, the record and the model "
+                "files are kept aside as *.bak-<time>), or\n"
+                "  - train into a new folder: --bundle_root <another folder>."
+            )
+        if old.get("spectraflow_monai") != record["spectraflow_monai"]:
+            logger.warning(
+                f"continuing a run recorded by spectraflow_monai {old.get('spectraflow_monai')} with "
+                f"{record['spectraflow_monai']}."
+            )
+    if _rank() == 0:
+        if not continuing and latest_checkpoint(folder) is not None:  # resume false: the earlier run, record included
+            set_aside(folder, time.strftime("%Y%m%d-%H%M%S"))
+        elif old is not None and not continuing:
+            set_aside(path, time.strftime("%Y%m%d-%H%M%S"))
+        os.makedirs(folder, exist_ok=True)
+        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    logger.info(f"run record: {path}")
+    return record
+
+
+def model_settings_path(model_file: str | os.PathLike) -> str:
+    """The settings file beside a model file: ``models/model.pt`` -> ``models/model.json``."""
+    return os.path.splitext(os.fspath(model_file))[0] + ".json"
+
+
+def write_model_settings(model_file: str | os.PathLike, settings: Mapping[str, Any]) -> str:
+    """Write the model settings beside ``model_file`` (:func:`model_settings_path`), atomically; returns the path."""
+    path = model_settings_path(model_file)
+    content = {"model": _plain(dict(settings)), "model_file": os.path.basename(os.fspath(model_file))}
+    content["spectraflow_monai"] = _version()
+    write_text_atomic(path, json.dumps(content, indent=2) + "\n")
+    return path
+
+
+def read_model_settings(model_file: str | os.PathLike) -> dict[str, Any] | None:
+    """The model settings recorded beside ``model_file``, or None when there is no record."""
+    content = _read_json(model_settings_path(model_file))
+    return None if content is None else dict(content.get("model") or {})
+
+
+def check_model_settings(
+    model_file: str | os.PathLike, given: Mapping[str, Any], what: str = "the model", hint: str = ""
+) -> None:
+    """Raise :class:`SettingError` naming each of ``given`` that differs from the record beside ``model_file``.
+
+    Settings the record does not hold, and files without a record, are not checked.
+    """
+    recorded = read_model_settings(model_file)
+    if recorded is None:
+        return
+    diffs = [d for k, v in given.items() if k in recorded for d in _differences(recorded[k], _plain(v), k)]
+    if diffs:
+        lines = "\n".join(f"  - {name}: {a!r} in the record, {b!r} given" for name, a, b in diffs)
+        raise SettingError(
+            f"{what} '{os.fspath(model_file)}' was built with other settings ({model_settings_path(model_file)}):\n"
+            f"{lines}\n{hint or 'Give the recorded values, or leave these settings out.'}"
+        )
+
+
+class ModelRecord:
+    """The model settings of a model file, for evaluation and inference: the record beside it.
+
+    A bundle's evaluation / inference config reads each model setting from this object
+    (``image_size: "$@model_record.image_size"``) and checks the values in its ``initialize`` list
+    (``"$@model_record.check(image_size=@image_size, ...)"``): a value given on the command line replaces the read
+    one and must agree with the record, else a :class:`SettingError` names both values.
+
+    Args:
+        model_file: the model file (``models/model.pt``).
+        defaults: the values of settings the record does not hold, or of a model file without a record (written by
+            an earlier version or by hand; a warning says so). Defaults to
+            :data:`spectraflow_monai.utils.settings.MODEL_DEFAULTS`.
+    """
+
+    def __init__(self, model_file: str | os.PathLike, defaults: Mapping[str, Any] | None = None) -> None:
+        from spectraflow_monai.utils.settings import MODEL_DEFAULTS
+
+        self.model_file = os.fspath(model_file)
+        self.recorded = read_model_settings(self.model_file)
+        if self.recorded is None:
+            logger.warning(
+                f"{self.model_file}: no settings recorded beside it ({model_settings_path(self.model_file)}); the "
+                "model settings are the defaults or the values given."
+            )
+        self.settings = {**dict(MODEL_DEFAULTS if defaults is None else defaults), **(self.recorded or {})}
+
+    def __getattr__(self, name: str) -> Any:
+        settings = self.__dict__.get("settings", {})
+        if name in settings:
+            return settings[name]
+        raise AttributeError(f"no model setting {name!r} in {self.__dict__.get('model_file')!r}")
+
+    def check(self, **given: Any) -> dict[str, Any]:
+        """Raise :class:`SettingError` naming every ``given`` setting that differs from the record; returns them."""
+        check_model_settings(
+            self.model_file,
+            given,
+            hint="Leave these settings out: evaluation and inference read them from the record.",
+        )
+        return given
+
+    def __repr__(self) -> str:
+        return f"ModelRecord({self.model_file!r}, {self.settings})"

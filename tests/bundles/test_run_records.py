@@ -1,0 +1,157 @@
+"""Runs that record themselves (``spectraflow_monai.utils.run_record``), through the 2D bundle's own configs.
+
+A training run writes ``models/stage2/run_record.json`` (settings, model settings, data fingerprints, label setup,
+seed, precision, package version) and ``models/model.json`` beside ``model.pt``; Stage-1 writes
+``models/stage1/run_record.json`` and ``models/encoder_stage1.json`` beside its export. A restart that would continue
+a run with other settings or data stops before training, naming each difference and the ways forward; evaluation and
+inference read the model settings from the record, and a contradicting value given on the command line stops them
+naming both values. A Stage-2 setting given to Stage-1 is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+import spectraflow_monai
+from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
+from tests.bundles.helpers import config_paths, error_text, run_bundle
+
+CONFIGS = config_paths("spectraflow_2d_segmentation")
+TRAIN, STAGE1, EVALUATE, INFERENCE, META = (
+    CONFIGS[k] for k in ("train", "train_stage1", "evaluate", "inference", "metadata")
+)
+NET = {"image_size": 28, "encoder_kwargs": {"depth": 2}}
+STAGE2 = {"encoder_init": "random", "max_epochs": 1, "batch_size": 2, "val_batch_size": 2}
+STAGE1_ARGS = {"stage1_epochs": 1, "stage1_batch_size": 2, "head_hidden_channels": 16, "head_num_blocks": 1}
+
+pytestmark = pytest.mark.xdist_group("spectraflow_run_records")
+
+
+def _common(root: Path, data_dir: Path, num_train: int = 4) -> dict:
+    return {
+        "bundle_root": str(root),
+        "dataset_dir": str(data_dir),
+        "synthetic_size": {"num_train": num_train, "num_val": 2},
+        "num_workers": 0,
+        "progress_bar": False,
+        "pretrained_weights": "none",
+        "precision": "fp32",
+        **NET,
+    }
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("record_data") / "data"
+    generate_synthetic_dataset(root, num_train=4, num_val=2)  # what the bundle would generate
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir) -> Path:
+    """One Stage-1 and one Stage-2 run (1 epoch each) in one bundle_root."""
+    root = tmp_path_factory.mktemp("recorded_run")
+    run_bundle([TRAIN, STAGE1], META, **_common(root, data_dir), **STAGE1_ARGS)
+    run_bundle(TRAIN, META, **_common(root, data_dir), **STAGE2)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _fails(config, **override) -> str:
+    with pytest.raises(Exception) as info:
+        run_bundle(config, META, **override)
+    return error_text(info.value)
+
+
+def test_a_run_records_itself(trained):
+    record = json.loads((trained / "models" / "stage2" / "run_record.json").read_text())
+    assert record["settings"]["learning_rate"] == 0.0001 and record["settings"]["encoder_init"] == "random"
+    assert record["model"] == {
+        "encoder_name": "vit_small_patch14_dinov2", "encoder_kwargs": {"depth": 2}, "image_size": 28,
+        "fusion": "daf", "refine": "fdconv", "label_classes": None,
+    }  # fmt: skip
+    assert record["data"]["train"]["items"] == 4 and record["data"]["val"]["items"] == 2
+    assert len(record["data"]["train"]["sha256"]) == 64
+    assert record["seed"] == 0 and record["precision"] == "fp32"
+    assert "binary" in record["label_setup"] and record["spectraflow_monai"] == spectraflow_monai.__version__
+    assert record["not_compared"]["max_epochs"] == 1
+    beside = json.loads((trained / "models" / "model.json").read_text())  # model.pt describes itself
+    assert beside["model"] == record["model"] and beside["model_file"] == "model.pt"
+    stage1 = json.loads((trained / "models" / "stage1" / "run_record.json").read_text())
+    assert stage1["not_compared"]["stage1_epochs"] == 1 and stage1["data"]["train"]["items"] == 4
+    export = json.loads((trained / "models" / "encoder_stage1.json").read_text())
+    encoder = {"encoder_name": "vit_small_patch14_dinov2", "encoder_kwargs": {"depth": 2}, "image_size": 28}
+    assert export["model"] == encoder
+
+
+def test_a_restart_with_other_settings_stops_before_training(trained, data_dir):
+    model = (trained / "models" / "model.pt").read_bytes()
+    record = (trained / "models" / "stage2" / "run_record.json").read_text()
+    text = _fails(TRAIN, **{**_common(trained, data_dir), **STAGE2, "learning_rate": 0.001, "image_size": 42})
+    assert "learning_rate: recorded 0.0001, now 0.001" in text
+    assert "model.image_size: recorded 28, now 42" in text
+    assert "Nothing was trained" in text and "--resume false" in text and "--bundle_root" in text
+    assert "size mismatch" not in text
+    assert (trained / "models" / "model.pt").read_bytes() == model  # nothing changed
+    assert (trained / "models" / "stage2" / "run_record.json").read_text() == record
+
+
+def test_a_restart_on_other_data_stops(trained, tmp_path):
+    other = tmp_path / "other"
+    generate_synthetic_dataset(other, num_train=6, num_val=2)
+    text = _fails(TRAIN, **_common(trained, other, num_train=6), **STAGE2)
+    assert "data.train.items: recorded 4, now 6" in text and "data.train.sha256" in text
+
+
+def test_evaluation_and_inference_read_the_record(trained, data_dir, tmp_path):
+    plain = {"bundle_root": str(trained), "dataset_dir": str(data_dir), "num_workers": 0, "precision": "fp32",
+             "synthetic_size": {"num_train": 4, "num_val": 2}}  # fmt: skip
+    # no model setting given: image_size 28 and the 2-block encoder come from models/model.json
+    run_bundle([TRAIN, EVALUATE], META, **plain, output_dir=str(tmp_path / "eval"))
+    assert (tmp_path / "eval" / "summary.json").is_file()
+    run_bundle(INFERENCE, META, bundle_root=str(trained), input_dir=str(data_dir / "images"),
+               output_dir=str(tmp_path / "pred"))  # fmt: skip
+    assert len(list((tmp_path / "pred").glob("*_seg.png"))) == 6
+    # a given model setting that contradicts the record: both values named, before any network is built
+    text = _fails([TRAIN, EVALUATE], **plain, output_dir=str(tmp_path / "e2"), image_size=56)
+    assert "image_size: 28 in the record, 56 given" in text
+    text = _fails(INFERENCE, bundle_root=str(trained), input_dir=str(data_dir / "images"), encoder_kwargs={"depth": 3})
+    assert "encoder_kwargs.depth: 2 in the record, 3 given" in text
+
+
+def test_stage2_names_an_export_of_other_settings(trained, data_dir, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(trained / "models", root / "models", ignore=shutil.ignore_patterns("stage2", "model.*"))
+    settings = {**_common(root, data_dir), **STAGE2, "encoder_init": "stage1", "image_size": 42}
+    text = _fails(TRAIN, **settings)
+    assert "the Stage-1 export" in text and "image_size: 28 in the record, 42 given" in text
+    assert "--encoder_init pretrained" in text and "size mismatch" not in text
+
+
+def test_starting_over_keeps_the_earlier_run_aside(trained, data_dir, tmp_path):
+    root = tmp_path / "again"
+    shutil.copytree(trained, root)
+    run_bundle(TRAIN, META, **{**_common(root, data_dir), **STAGE2, "learning_rate": 0.001, "resume": False})
+    record = json.loads((root / "models" / "stage2" / "run_record.json").read_text())
+    assert record["settings"]["learning_rate"] == 0.001
+    names = {p.name.split(".bak-")[0] for p in (root / "models").glob("*.bak-*")}
+    assert {"stage2", "model.pt", "model.json"} <= names  # the earlier checkpoints with their record, the model
+    (aside,) = (root / "models").glob("stage2.bak-*")
+    assert json.loads((aside / "run_record.json").read_text())["settings"]["learning_rate"] == 0.0001
+
+
+def test_a_restart_of_the_same_run_continues(trained, data_dir, caplog):
+    caplog.set_level(logging.WARNING)
+    run_bundle(TRAIN, META, **{**_common(trained, data_dir), **STAGE2, "max_epochs": 2})  # max_epochs may change
+    assert "resuming from" in caplog.text
+
+
+def test_stage1_reports_a_stage2_setting(data_dir, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="spectraflow_monai.utils.settings")
+    run_bundle([TRAIN, STAGE1], META, **_common(tmp_path, data_dir), **STAGE1_ARGS, max_epochs=5)
+    assert "max_epochs=5 is not read by Stage-1" in caplog.text and "--stage1_epochs" in caplog.text
