@@ -101,6 +101,15 @@ def test_a_restart_with_other_settings_stops_before_training(trained, data_dir):
     assert (trained / "models" / "stage2" / "run_record.json").read_text() == record
 
 
+def test_a_stage1_restart_with_another_objective_stops(trained, data_dir):
+    """The Stage-1 objective's settings are part of the Stage-1 record (eq. 3's adaptive weight, the epoch views)."""
+    text = _fails(
+        [TRAIN, STAGE1], **_common(trained, data_dir), **STAGE1_ARGS, meanflow_adaptive_p=0.0, stage1_views="both"
+    )
+    assert "meanflow_adaptive_p: recorded 1.0, now 0.0" in text and "stage1_views: recorded 'either', now 'both'" in text
+    assert "Nothing was trained" in text
+
+
 def test_a_restart_on_other_data_stops(trained, tmp_path):
     other = tmp_path / "other"
     generate_synthetic_dataset(other, num_train=6, num_val=2)
