@@ -4,7 +4,6 @@ end to end on tiny synthetic data: Stage-1 with the override, then Stage-2, whic
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import pytest
