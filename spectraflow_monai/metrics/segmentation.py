@@ -83,6 +83,7 @@ class SegmentationMetricSuite:
             with more than two classes; ``None`` means single-channel input is binary. Defaults to ``None``.
         class_names: names of the scored classes in channel order (background included when
             ``include_background``); defaults to ``"foreground"`` for binary input and the channel index otherwise.
+            Binary input (a 2-class label map included) takes 1 name, or 2 with background first.
         spacing: default pixel/voxel size for HD95 (``None``: pixels); ``update`` may override it per call.
     """
 
@@ -141,8 +142,13 @@ class SegmentationMetricSuite:
                         "binarize_prediction(), or set num_classes for an integer label map."
                     )
             names = self.class_names or ["foreground"]
+            if len(names) == 2:  # a 2-class label map (background first): its one scored class is the foreground
+                names = names[1:]
             if len(names) != 1:
-                raise ValueError(f"class_names must have 1 entry for binary input, got {self.class_names!r}.")
+                raise ValueError(
+                    "class_names must have 1 entry (the foreground) or 2 (background first) for binary input, "
+                    f"got {self.class_names!r}."
+                )
             return p, g, list(names)
         n_cls = self.num_classes or max(p.shape[1], g.shape[1])
         converted = []

@@ -177,3 +177,28 @@ def test_bad_input_stops_before_training_and_keeps_outputs(tmp_path, problem):
     error = find_input_error(info.value)
     assert isinstance(error, DataError) and named in str(error), str(error)
     assert (root / "models" / "model.pt").read_bytes() == b"earlier model"
+
+
+@pytest.mark.parametrize(
+    "classes",
+    [{"background": 255, "membrane": 0}, {255: 0, 0: 1}],
+    ids=["names_foreground_value_0", "values_foreground_value_0"],
+)
+def test_two_class_label_map_with_foreground_value_0(tmp_path, classes):
+    """An EM-style stack: membrane (the foreground) stored as 0 on a 255 background; 2 classes trained as a label
+    map (2 channels, softmax) are evaluated per image and inferred."""
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    (data / "masks").mkdir()
+    for i in range(6):
+        img, lab = _scene(i)
+        Image.fromarray((img * 255).astype(np.uint8)).save(data / "images" / f"em{i}.png")
+        Image.fromarray(np.where(lab == 1, 0, 255).astype(np.uint8)).save(data / "masks" / f"em{i}.png")
+    source = {"dataset": "folder", "dataset_dir": str(data), "label_classes": classes}
+    out = _train_evaluate_infer(tmp_path / "b", source, [data / "images" / "em0.png"])
+    heads = [v for k, v in out["model"].items() if v.ndim == 4 and v.shape[0] == 2]
+    assert heads, "a 2-channel output layer"
+    assert len(out["rows"]) == 1 and float(out["rows"][0]["dice"]) >= 0.0
+    assert out["rows"][0]["class"] == ("membrane" if "membrane" in classes else "class_1")
+    pred = np.asarray(Image.open(out["pred"][0]))
+    assert pred.shape == (SIZE, SIZE)

@@ -116,6 +116,18 @@ def test_multiclass_label_maps_per_class():
     assert rows2[2]["dice"] == pytest.approx(2 / 3)
 
 
+@pytest.mark.parametrize("class_names", [["membrane"], ["background", "membrane"]])
+def test_two_class_label_map_names(class_names):
+    """A 2-class label map (``num_classes=2``) is binary input; its names may list the background first."""
+    gt = torch.zeros(1, 1, 8, 8)
+    gt[0, 0, :4] = 1
+    suite = SegmentationMetricSuite(num_classes=2, class_names=class_names, hd95=None)
+    rows = suite.update(gt.clone(), gt, name="em0")
+    assert [r["class"] for r in rows] == ["membrane"] and rows[0]["dice"] == 1.0
+    with pytest.raises(ValueError, match="1 entry"):
+        SegmentationMetricSuite(num_classes=2, class_names=["a", "b", "c"]).update(gt, gt)
+
+
 def test_3d_input_and_spacing():
     gt = torch.zeros(1, 1, 6, 6, 12)
     pred = torch.zeros_like(gt)
