@@ -2,6 +2,7 @@ from .datalist import (
     DATA_SOURCES,
     MASK_SUFFIXES,
     decathlon_datalist,
+    default_dataset_dir,
     folder_datalist,
     inference_files,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "check_class_names",
     "check_label_map",
     "decathlon_datalist",
+    "default_dataset_dir",
     "folder_datalist",
     "inference_files",
     "holdout",

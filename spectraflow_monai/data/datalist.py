@@ -50,6 +50,7 @@ __all__ = [
     "DATA_SOURCES",
     "MASK_SUFFIXES",
     "decathlon_datalist",
+    "default_dataset_dir",
     "folder_datalist",
     "inference_files",
     "OWN_DATA_KWARGS",
@@ -146,6 +147,17 @@ def _split_entries(
     if split == "test":
         logger.info("%s has no test list: the test split is the validation split", what)
     return train if split == "train" else val
+
+
+def default_dataset_dir(bundle_root: str | os.PathLike, data_list_file_path: str | os.PathLike | None = None) -> str:
+    """The default ``dataset_dir`` of the bundles: the datalist JSON's own folder when ``data_list_file_path`` is set
+    (its relative paths start there, as in :func:`decathlon_datalist` with ``dataset_dir=None``), else
+    ``<bundle_root>/data/synthetic`` (where the synthetic preset is generated). A ``dataset_dir`` given on the
+    command line replaces it.
+    """
+    if data_list_file_path:
+        return os.path.dirname(os.path.abspath(os.fspath(data_list_file_path)))
+    return os.path.join(os.fspath(bundle_root), "data", "synthetic")
 
 
 def decathlon_datalist(

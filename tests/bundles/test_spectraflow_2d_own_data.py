@@ -17,7 +17,7 @@ import tifffile
 from PIL import Image
 
 from spectraflow_monai.utils.errors import DataError, find_input_error
-from tests.bundles.helpers import load_weights, run_bundle
+from tests.bundles.helpers import load_weights, parse_config, run_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
@@ -202,3 +202,28 @@ def test_two_class_label_map_with_foreground_value_0(tmp_path, classes):
     assert out["rows"][0]["class"] == ("membrane" if "membrane" in classes else "class_1")
     pred = np.asarray(Image.open(out["pred"][0]))
     assert pred.shape == (SIZE, SIZE)
+
+
+@pytest.mark.parametrize("dataset_dir", [None, "other"], ids=["json_folder", "dataset_dir_given"])
+def test_datalist_json_paths_resolve_against_its_folder(tmp_path, dataset_dir):
+    """A datalist JSON with relative paths and no --dataset_dir: the paths start at the JSON's own folder (as in the
+    Synapse bundle); a given dataset_dir is their base instead."""
+    data = _folder_pairs(tmp_path / "own", n=4)
+    items = [{"image": f"images/{p.name}", "label": f"masks/{p.stem}_mask.png"} for p in _images(data)]
+    items = [it if "case3" not in it["image"] else dict(it, label="masks/case3_mask.gif") for it in items]
+    js = data / "dataset.json"
+    js.write_text(json.dumps({"training": items[:3], "validation": items[3:]}))
+    settings = {"bundle_root": str(tmp_path / "b"), **NET, "data_list_file_path": str(js)}
+    if dataset_dir is not None:
+        other = tmp_path / dataset_dir
+        (other / "images").mkdir(parents=True)
+        (other / "masks").mkdir()
+        for it in items:
+            for f in it.values():
+                (other / f).write_bytes((data / f).read_bytes())
+        settings["dataset_dir"] = str(other)
+    parser = parse_config(TRAIN, **settings)
+    base = tmp_path / (dataset_dir or "own")
+    train = parser.get_parsed_content("data_source").datalist("train")
+    assert [e["image"] for e in train] == [str(base / it["image"]) for it in items[:3]]
+    assert parser.get_parsed_content("dataset_dir") == str(base)
