@@ -42,6 +42,7 @@ def write_report(
     num_images: int = 6,
     seed: int = 0,
     image_size: int = 224,
+    label_map: Mapping[int, int] | None = None,
 ) -> str:
     """Write ``eval_dir/report.md``: the ``summary.md`` metric table, training curves and prediction overlays.
 
@@ -62,6 +63,8 @@ def write_report(
         seed: seed of the overlay choice without ``metrics.csv``. Defaults to 0.
         image_size: side length of the overlay panels in pixels, the evaluation resolution (see
             :func:`plot_overlays`). Defaults to 224.
+        label_map: ``{source value: class}`` of label maps (``label_classes``), for the overlays' contours; None:
+            binary masks. Defaults to None.
 
     Returns:
         The path of ``report.md``.
@@ -114,7 +117,8 @@ def write_report(
         metrics_csv = os.path.join(folder, "metrics.csv")
         has_csv = os.path.isfile(metrics_csv)
         n = plot_overlays(entries, pred_dir, os.path.join(folder, "overlays.png"), num_images=num_images,
-                          size=image_size, seed=seed, metrics_csv=metrics_csv if has_csv else None)
+                          size=image_size, seed=seed, metrics_csv=metrics_csv if has_csv else None,
+                          label_map=label_map)
         how = "best, worst and median Dice (metrics.csv), then spread over the ranking" if has_csv else (
             f"drawn at random (seed {seed})")
         lines += [
