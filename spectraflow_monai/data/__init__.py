@@ -6,7 +6,14 @@ from .datalist import (
     folder_datalist,
     inference_files,
 )
-from .label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_class_names, check_label_map, identity_label_map
+from .label_map import (
+    LABEL_MAP_UNMAPPED,
+    apply_label_map,
+    check_class_names,
+    check_label_map,
+    identity_label_map,
+    inverse_label_map,
+)
 from .label_mode import LabelMode, label_mode
 from .readers import Image2DReader, read_2d
 from .subsets import holdout, low_data_subset
@@ -28,6 +35,7 @@ __all__ = [
     "inference_files",
     "holdout",
     "identity_label_map",
+    "inverse_label_map",
     "label_mode",
     "low_data_subset",
     "read_2d",

@@ -201,7 +201,9 @@ def test_two_class_label_map_with_foreground_value_0(tmp_path, classes):
     assert len(out["rows"]) == 1 and float(out["rows"][0]["dice"]) >= 0.0
     assert out["rows"][0]["class"] == ("membrane" if "membrane" in classes else "class_1")
     pred = np.asarray(Image.open(out["pred"][0]))
-    assert pred.shape == (SIZE, SIZE)
+    assert pred.shape == (SIZE, SIZE) and set(np.unique(pred).tolist()) <= {0, 255}  # the source values
+    saved = np.asarray(Image.open(next((tmp_path / "b" / "eval" / "predictions").iterdir())))
+    assert set(np.unique(saved).tolist()) <= {0, 255}
 
 
 @pytest.mark.parametrize("dataset_dir", [None, "other"], ids=["json_folder", "dataset_dir_given"])
