@@ -38,6 +38,7 @@ import glob
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,7 +69,7 @@ FOLDER_LAYOUT = (
 )
 _SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val"}
 _SPLITS.update({"test": "test", "all": "all"})
-OWN_DATA_KWARGS = ("label_threshold", "check_images", "check_masks")
+OWN_DATA_KWARGS = ("label_threshold", "check_images", "check_masks", "group_pattern")
 
 
 def _check_split(split: Any) -> str:
@@ -128,6 +129,27 @@ def _finish(
     return entries
 
 
+def _assign_groups(entries: list[dict], group_pattern: Any, what: str) -> None:
+    """Set ``entry["group"]`` from ``group_pattern`` (first group of the match in the id, else the whole match) for
+    the entries without a ``group`` of their own."""
+    if group_pattern is None:
+        return
+    try:
+        pattern = re.compile(group_pattern)
+    except (TypeError, re.error) as e:
+        raise SettingError(f"group_pattern must be a regular expression, got {group_pattern!r} ({e}).") from e
+    for e in entries:
+        if "group" in e:
+            continue
+        m = pattern.search(str(e["name"]))
+        if m is None:
+            raise DatasetError(
+                f"{what}: group_pattern {group_pattern!r} does not match the image id {e['name']!r} ({e['image']!r}); "
+                "every id must name its group (patient, video)."
+            )
+        e["group"] = m.group(1) if pattern.groups else m.group(0)
+
+
 def _split_entries(
     train: list[dict], val: list[dict] | None, test: list[dict] | None, split: str, what: str, val_fraction: float,
     seed: int,
@@ -144,6 +166,9 @@ def _split_entries(
                 "%s has no validation list: %d of %d training image(s) held out for validation (val_fraction %s, "
                 "seed %d): %s", what, len(val), len(train) + len(val), val_fraction, seed, [e["name"] for e in val],
             )  # fmt: skip
+            groups = sorted({str(e["group"]) for e in val if "group" in e})
+            if groups:
+                logger.info("%s: whole groups held out (no group in both splits): %s", what, groups)
     if split == "test":
         logger.info("%s has no test list: the test split is the validation split", what)
     return train if split == "train" else val
@@ -171,6 +196,7 @@ def decathlon_datalist(
     label_threshold: float | None = None,
     check_images: bool = True,
     check_masks: bool = True,
+    group_pattern: str | None = None,
 ) -> list[dict]:
     """The entries of one split of a Decathlon-style datalist JSON of 2D images (see the module docstring).
 
@@ -187,6 +213,10 @@ def decathlon_datalist(
             foreground (1: non-zero). Defaults to None.
         check_images: decode every image and mask and compare sizes. Defaults to True.
         check_masks: check the mask values. Defaults to True.
+        group_pattern: grouped hold-out (images of one patient or video in one split): a regular expression
+            whose first group (else the whole match) in each image id is its group, e.g. ``"^(\\d+)_"`` for
+            ``12_3`` (video 12, frame 3). An entry's own ``"group"`` field is used as it is. None: entries are
+            grouped only by their ``"group"`` fields (none: one image per group). Defaults to None.
 
     Raises:
         SettingError: bad arguments. DatasetError: the JSON or a file it names is missing or unusable, an empty
@@ -240,6 +270,7 @@ def decathlon_datalist(
         lists[key] = entries
     what = f"datalist {path!r}"
     _check_unique((lists["training"] or []) + (lists["validation"] or []), what)
+    _assign_groups(lists["training"] or [], group_pattern, what)
     entries = _split_entries(
         lists["training"] or [], lists["validation"], lists["test"], split, what, val_fraction, seed
     )
@@ -289,13 +320,14 @@ def folder_datalist(
     label_threshold: float | None = None,
     check_images: bool = True,
     check_masks: bool = True,
+    group_pattern: str | None = None,
 ) -> list[dict]:
     """The entries of one split of an ``images/`` + ``masks/`` folder pair (see the module docstring).
 
     Args:
         dataset_dir: the folder holding ``images/``, ``masks/`` and optionally ``splits/``.
-        split, fraction, seed, val_fraction, label_classes, label_threshold, check_images, check_masks: as
-            :func:`decathlon_datalist`.
+        split, fraction, seed, val_fraction, label_classes, label_threshold, check_images, check_masks,
+            group_pattern: as :func:`decathlon_datalist`.
         mask_suffix: the suffix of every mask stem (e.g. ``"_mask"``; ``""``: same stem as the image); None: the
             same stem or one of :data:`MASK_SUFFIXES`. Defaults to None.
 
@@ -329,6 +361,7 @@ def folder_datalist(
     if lists["train"] is None:
         lists["train"] = [dict(e) for e in entries.values()]
     what = f"folder {root!r}"
+    _assign_groups(lists["train"], group_pattern, what)
     chosen = _split_entries(lists["train"], lists["val"], lists["test"], split, what, val_fraction, seed)
     if split == "all":
         chosen = [dict(e) for e in entries.values()]

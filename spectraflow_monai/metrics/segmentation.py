@@ -40,6 +40,7 @@ from spectraflow_monai.metrics.surface import HD95_DEFINITIONS
 from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = [
+    "degenerate_prediction_warnings",
     "EMPTY_CONVENTIONS",
     "METRIC_KEYS",
     "SegmentationMetricSuite",
@@ -56,6 +57,37 @@ def _to_tensor(x: Any, name: str) -> torch.Tensor:
     x = x.detach()
     x = x.as_tensor() if hasattr(x, "as_tensor") else x  # MetaTensor -> plain tensor
     return x.cpu().double()
+
+
+def degenerate_prediction_warnings(rows: Sequence[Mapping[str, Any]], share: float = 0.5) -> list[str]:
+    """Warnings about predictions that make averaged scores mislead: more than ``share`` of the rows (images, or
+    image and class) predicted empty, or predicted foreground everywhere (an all-foreground model scores a high
+    Dice on data whose foreground covers most of the image, e.g. EM membranes, without having learned anything).
+
+    Args:
+        rows: per-image rows with ``class``, ``pred_area``, ``gt_area`` and ``pixels`` (the image's pixel count).
+        share: the fraction of rows above which a warning is given. Defaults to 0.5.
+    """
+    warnings = []
+    for cls in dict.fromkeys(r["class"] for r in rows):
+        sub = [r for r in rows if r["class"] == cls and "pixels" in r]
+        if not sub:
+            continue
+        which = f" of class {cls!r}" if len({r["class"] for r in rows}) > 1 else ""
+        empty = sum(1 for r in sub if r["pred_area"] == 0)
+        full = sum(1 for r in sub if r["pred_area"] == r["pixels"])
+        gt_full = sum(1 for r in sub if r["gt_area"] == r["pixels"])
+        if empty > share * len(sub):
+            warnings.append(
+                f"{empty} of {len(sub)} prediction(s){which} are empty: the model predicts background almost "
+                "everywhere; the scores may reflect the empty-mask convention more than the segmentation."
+            )
+        if full > share * len(sub) and gt_full < full:
+            warnings.append(
+                f"{full} of {len(sub)} prediction(s){which} are foreground over the whole image: the scores measure "
+                "how much of each image the ground truth covers, not the segmentation."
+            )
+    return warnings
 
 
 class SegmentationMetricSuite:
@@ -219,6 +251,7 @@ class SegmentationMetricSuite:
         for b, c in np.ndindex(batch, n_cls):
             row: dict[str, Any] = {"name": names[b], "class": class_names[c]}
             row.update({k: int(values[k][b, c]) for k in ("gt_area", "pred_area")})
+            row["pixels"] = int(np.prod(p.shape[2:]))
             row.update({k: float(values[k][b, c]) for k in self.metric_keys})
             rows.append(row)
         self._rows.extend(rows)
@@ -255,7 +288,8 @@ class SegmentationMetricSuite:
             the images where either mask is empty, for the diagonal variant those with an empty ground truth),
             ``num_images``, ``empty``, ``hd95_definitions`` (the name and text of each definition), ``units`` and,
             for multi-class input, ``per_class`` (the same metrics for each class); the top-level values are then
-            the means over classes and ``excluded`` and ``hd95_dropped`` are summed over classes.
+            the means over classes and ``excluded`` and ``hd95_dropped`` are summed over classes; ``warnings``
+            (:func:`degenerate_prediction_warnings`: most predictions empty, or covering the whole image).
         """
         classes = list(dict.fromkeys(r["class"] for r in self._rows))
         out: dict[str, Any]
@@ -273,6 +307,7 @@ class SegmentationMetricSuite:
             out["hd95_dropped"] = sum(per_class[c]["hd95_dropped"] for c in classes)
             out["per_class"] = per_class
         out["num_images"] = self._count
+        out["warnings"] = degenerate_prediction_warnings(self._rows)
         out["empty"] = self.empty
         out["hd95_definitions"] = {d: HD95_DEFINITIONS[d] for d in self.hd95}
         out["units"] = self._units

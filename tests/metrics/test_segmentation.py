@@ -274,3 +274,23 @@ def test_missed_structure_volume_diagonal_in_spacing_units():
     assert rows[1]["hd95_pooled_empty_as_diagonal"] == 0.0
     s = suite.summary()
     assert s["hd95_dropped"] == 1 and s["per_class"]["1"]["hd95_dropped"] == 1
+
+
+@pytest.mark.parametrize("case", ["empty", "full", "fine"])
+def test_degenerate_predictions_warned_in_the_summary(case):
+    """An all-foreground model on masks that cover most of each image (EM membranes) scores a high Dice; the
+    summary says so. Mostly empty predictions are named as well."""
+    gt = torch.ones(4, 1, 8, 8)
+    gt[:, :, :2] = 0  # foreground covers 75 % of each image
+    pred = {"empty": torch.zeros_like(gt), "full": torch.ones_like(gt), "fine": gt.clone()}[case]
+    suite = SegmentationMetricSuite(hd95=None)
+    suite.update(pred, gt)
+    s = suite.summary()
+    md = suite.summary_markdown()
+    if case == "fine":
+        assert s["warnings"] == [] and "Warning" not in md
+    else:
+        words = {"empty": "4 of 4 prediction(s) are empty", "full": "foreground over the whole image"}[case]
+        assert len(s["warnings"]) == 1 and words in s["warnings"][0] and f"**Warning:** {s['warnings'][0]}" in md
+    if case == "full":
+        assert s["mDSC"] > 0.8  # the misleading score the warning is about
