@@ -266,6 +266,17 @@ def decathlon_datalist(
                         f"dataset_dir {base!r})."
                     )
                 e[field] = os.path.abspath(e[field])
+            if "fov" in e:  # field-of-view / ignore mask (scored pixels non-zero), relative paths as image / label
+                fov = e["fov"]
+                if not isinstance(fov, str) or not fov:
+                    raise DatasetError(f"datalist {path!r}: {key}[{i}] fov must be a mask file path, got {fov!r}.")
+                fov = fov if os.path.isabs(fov) else os.path.join(base, fov)
+                if not os.path.isfile(fov):
+                    raise DatasetError(
+                        f"datalist {path!r}: {key}[{i}] fov {fov!r} does not exist (relative paths start at "
+                        f"dataset_dir {base!r})."
+                    )
+                e["fov"] = os.path.abspath(fov)
             e.setdefault("name", _name(e["image"]))
         lists[key] = entries
     what = f"datalist {path!r}"

@@ -226,6 +226,7 @@ class SegmentationMetricSuite:
         gt: torch.Tensor | np.ndarray,
         name: str | Sequence[str] | None = None,
         spacing: float | Sequence[float] | None = None,
+        mask: torch.Tensor | np.ndarray | None = None,
     ) -> list[dict[str, Any]]:
         """Score a batch and record one row per image (and class).
 
@@ -235,12 +236,25 @@ class SegmentationMetricSuite:
             gt: ground truth in any of the same forms (it may differ in form from ``pred``).
             name: one name per image (a string for B == 1); ``None`` numbers the images. Defaults to ``None``.
             spacing: pixel/voxel size for HD95, overriding the suite's ``spacing``. Defaults to ``None``.
+            mask: field of view / ignore mask, (B, 1, *spatial) (or broadcastable), non-zero = scored: prediction and
+                ground truth outside it are set to background before scoring (as the DRIVE protocol scores vessels
+                inside the field of view only). Defaults to ``None`` (every pixel scored).
 
         Returns:
             The rows added: dicts with ``name``, ``class``, ``gt_area``, ``pred_area`` and :attr:`metric_keys`
             (``pred_area == 0 < gt_area`` marks an image dropped from ``hd95_<definition>``).
         """
         p, g, class_names = self._prepare(pred, gt)
+        pixels = torch.full((p.shape[0],), int(np.prod(p.shape[2:])))
+        if mask is not None:
+            m = _to_tensor(mask, "mask").to(p.device) != 0
+            if m.ndim != p.ndim or m.shape[0] != p.shape[0] or m.shape[1] != 1 or m.shape[2:] != p.shape[2:]:
+                raise ValueError(
+                    f"mask must be (B, 1, *spatial) like pred {tuple(p.shape[:1])} + (1,) + {tuple(p.shape[2:])}, "
+                    f"got {tuple(m.shape)}."
+                )
+            p, g = p * m, g * m
+            pixels = m.flatten(1).sum(1).cpu()
         spacing = self.spacing if spacing is None else spacing
         if spacing is not None:
             self._units = "spacing units"
@@ -251,7 +265,7 @@ class SegmentationMetricSuite:
         for b, c in np.ndindex(batch, n_cls):
             row: dict[str, Any] = {"name": names[b], "class": class_names[c]}
             row.update({k: int(values[k][b, c]) for k in ("gt_area", "pred_area")})
-            row["pixels"] = int(np.prod(p.shape[2:]))
+            row["pixels"] = int(pixels[b])
             row.update({k: float(values[k][b, c]) for k in self.metric_keys})
             rows.append(row)
         self._rows.extend(rows)

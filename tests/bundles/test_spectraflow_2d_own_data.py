@@ -229,3 +229,35 @@ def test_datalist_json_paths_resolve_against_its_folder(tmp_path, dataset_dir):
     train = parser.get_parsed_content("data_source").datalist("train")
     assert [e["image"] for e in train] == [str(base / it["image"]) for it in items[:3]]
     assert parser.get_parsed_content("dataset_dir") == str(base)
+
+
+def test_scores_at_original_size_inside_the_field_of_view(tmp_path):
+    """Evaluation of a datalist whose test entries carry a field-of-view mask (``"fov"``, relative path): only the
+    pixels inside it are scored; ``score_at_original_size`` scores each image at its own size (52x40 here) instead
+    of image_size."""
+    data = tmp_path / "data"
+    for sub in ("images", "masks", "fov"):
+        (data / sub).mkdir(parents=True)
+    items = []
+    for i in range(6):
+        img, lab = np.full((40, 52), 0.4), np.zeros((40, 52), np.uint8)
+        img[8 + i : 24 + i, 6:30], lab[8 + i : 24 + i, 6:30] = 0.9, 255
+        fov = np.zeros((40, 52), np.uint8)
+        fov[:, :20] = 255  # the left part is the field of view
+        Image.fromarray((img * 255).astype(np.uint8)).save(data / "images" / f"r{i}.png")
+        Image.fromarray(lab).save(data / "masks" / f"r{i}.png")
+        Image.fromarray(fov).save(data / "fov" / f"r{i}.png")
+        items.append({"image": f"images/r{i}.png", "label": f"masks/r{i}.png", "fov": f"fov/r{i}.png"})
+    js = data / "dataset.json"
+    js.write_text(json.dumps({"training": items[:4], "test": items[4:]}))
+    common = {"bundle_root": str(tmp_path / "b"), **RUN, "data_list_file_path": str(js)}
+    run_bundle(TRAIN, META, **common)
+    gt_inside = {f"r{i}": int(((np.asarray(Image.open(data / "masks" / f"r{i}.png")) > 0)[:, :20]).sum()) for i in (4, 5)}
+    run_bundle([TRAIN, EVALUATE], META, **common, score_at_original_size=True)
+    rows = _rows(tmp_path / "b" / "eval" / "metrics.csv")
+    assert {r["name"]: int(r["gt_area"]) for r in rows} == gt_inside  # original size, inside the field of view
+    run_bundle([TRAIN, EVALUATE], META, **common)
+    rows = _rows(tmp_path / "b" / "eval" / "metrics.csv")
+    areas = {r["name"]: int(r["gt_area"]) for r in rows}
+    scale = SIZE * SIZE / (40 * 52)  # at 28x28 (image_size), inside the field of view (the whole square: ~1.7x)
+    assert all(abs(areas[n] - gt_inside[n] * scale) < 0.2 * gt_inside[n] * scale for n in areas), (areas, gt_inside)

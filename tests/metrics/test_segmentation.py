@@ -294,3 +294,18 @@ def test_degenerate_predictions_warned_in_the_summary(case):
         assert len(s["warnings"]) == 1 and words in s["warnings"][0] and f"**Warning:** {s['warnings'][0]}" in md
     if case == "full":
         assert s["mDSC"] > 0.8  # the misleading score the warning is about
+
+
+def test_field_of_view_mask_scores_inside_only():
+    gt = torch.zeros(1, 1, 8, 8)
+    gt[0, 0, 2:6, 2:6] = 1
+    pred = gt.clone()
+    pred[0, 0, :, 6:] = 1  # false positives, all outside the field of view
+    fov = torch.zeros(1, 1, 8, 8)
+    fov[..., :6] = 1
+    suite = SegmentationMetricSuite(hd95=None)
+    assert suite.update(pred, gt)[0]["dice"] < 1.0
+    row = suite.update(pred, gt, mask=fov)[0]
+    assert row["dice"] == 1.0 and row["pred_area"] == 16 and row["pixels"] == 48
+    with pytest.raises(ValueError, match="mask must be"):
+        suite.update(pred, gt, mask=fov[..., :4])

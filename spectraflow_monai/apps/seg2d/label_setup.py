@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from monai.handlers import from_engine
 from monai.networks.utils import one_hot
-from monai.transforms import Activationsd, AsDiscreted
+from monai.transforms import Activationsd, AsDiscreted, Compose, EnsureChannelFirstd, LoadImaged
 
 from spectraflow_monai.data.label_map import inverse_label_map
 from spectraflow_monai.data.label_mode import LabelMode
@@ -73,6 +73,18 @@ class LabelSetup(LabelMode):
         if self.binary:
             return [Activationsd(keys, sigmoid=True), AsDiscreted(keys, threshold=0.5)]
         return [AsDiscreted(keys, argmax=True)]
+
+    def label_loader(self, keys: Any = "label") -> Any:
+        """The bundle's loading of the masks without the resize: ``LoadImaged`` with
+        :class:`~spectraflow_monai.data.Image2DReader`, ``EnsureChannelFirstd`` and :meth:`label_transform`; for
+        scoring at each image's original size (``MetricSuiteHandler(original_size=True)``)."""
+        from spectraflow_monai.data.readers import Image2DReader
+
+        return Compose([
+            LoadImaged(keys, reader=Image2DReader("label"), image_only=True),
+            EnsureChannelFirstd(keys),
+            self.label_transform(keys),
+        ])
 
     def metric_suite(self, **kwargs: Any) -> Any:
         """A :class:`~spectraflow_monai.metrics.SegmentationMetricSuite` for these masks (per class for label maps)."""
