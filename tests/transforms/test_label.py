@@ -116,3 +116,13 @@ def test_save_label_values_writes_source_values_and_keeps_the_classes(tmp_path):
     assert sorted(np.unique(saved).tolist()) == [0, 255] and (saved == 0).sum() == 6
     with pytest.raises(ValueError, match="values"):
         SaveLabelValuesd("pred", values=[0.5, 1], output_dir=str(tmp_path))
+
+
+def test_jpeg_saved_0_1_mask_names_label_threshold(tmp_path):
+    """A 0/1 mask saved as JPEG holds compression noise around 0 and 1: the message names the setting that reads it."""
+    from spectraflow_monai.transforms.label import binary_mask_threshold
+
+    noisy = np.random.default_rng(0).integers(0, 2, (32, 32)).astype(np.uint8)  # JPEG noise around 0 ...
+    noisy[8:24, 8:24] += 1  # ... and around 1: values 0, 1, 2
+    with pytest.raises(DataError, match="label_threshold': 1"):
+        binary_mask_threshold(noisy, tmp_path / "m.jpg")
