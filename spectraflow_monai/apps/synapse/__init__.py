@@ -87,7 +87,13 @@ from .readers import (
     map_btcv_labels,
 )
 from .source import SynapseDataSource
-from .settings import check_datalist_base, check_own_data_settings, resolve_label_map, synapse_class_names
+from .settings import (
+    check_datalist_base,
+    check_own_data_settings,
+    prediction_values,
+    resolve_label_map,
+    synapse_class_names,
+)
 from .transforms import (
     CTWindow,
     CTWindowd,
@@ -101,6 +107,7 @@ from .transforms import (
 __all__ = [
     "SynapseDataSource",
     "check_own_data_settings",
+    "prediction_values",
     "resolve_label_map",
     "synapse_class_names",
     "check_datalist_base",
