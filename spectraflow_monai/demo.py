@@ -160,7 +160,7 @@ def run_demo(
 
 def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
     """``spectraflow demo`` (or ``python -m spectraflow_monai demo``): see :func:`run_demo`."""
-    from spectraflow_monai.utils.precision import PRECISION_SETTINGS
+    from spectraflow_monai.utils.settings import PRECISION_SETTINGS
 
     parser = argparse.ArgumentParser(
         prog=prog,

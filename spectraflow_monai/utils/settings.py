@@ -9,7 +9,11 @@ import numpy as np
 
 from spectraflow_monai.utils.errors import SettingError
 
-__all__ = ["PATCH_SIZE", "check_image_size"]
+__all__ = ["PATCH_SIZE", "PRECISION_SETTINGS", "check_image_size"]
+
+#: the values of the ``precision`` setting (:func:`spectraflow_monai.utils.resolve_precision` reads them); here, away
+#: from torch, so that command lines list them without loading it
+PRECISION_SETTINGS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
 
 #: patch size of the DINOv2 encoders: the image side must be a multiple of it
 PATCH_SIZE = 14
