@@ -28,7 +28,7 @@ __all__ = ["KNOWN_HARMLESS_WARNINGS", "filter_known_warnings", "trusted_bundle_c
 #: (category, message regular expression) of the filtered warnings; see the module docstring
 KNOWN_HARMLESS_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (FutureWarning, r"`torch\.jit\.script` is deprecated"),
-    (FutureWarning, r"Argument `always_return_as_numpy` has been deprecated"),
+    (FutureWarning, r".*Argument `always_return_as_numpy` has been deprecated"),
     (UserWarning, r"the (prediction|ground truth) of class .* is all 0, this may result in nan/inf distance"),
 )
 _CONFIG_NOTICE = r"parsing config_file .* Only proceed if this config is from a source you trust"
