@@ -20,15 +20,16 @@ def test_every_command_has_help(name, capsys):
     assert f"spectraflow {name}" in out and "--output" in out
 
 
-@pytest.mark.parametrize("name", ["demo", "report", "synthetic-2d", "synthetic-ct"])
+@pytest.mark.parametrize("name", ["demo", "report", "synthetic-2d", "synthetic-ct", "experiment"])
 def test_help_loads_neither_torch_nor_monai(name):
     """``spectraflow <command> --help`` answers without importing torch or MONAI (lazy package exports), so it takes
     a fraction of a second instead of the 10+ s their import takes on a loaded machine."""
+    argv = [name, "robustness", "--help"] if name == "experiment" else [name, "--help"]
     code = (
         "import sys\n"
         "from spectraflow_monai.cli import main\n"
         "try:\n"
-        f"    main([{name!r}, '--help'])\n"
+        f"    main({argv!r})\n"
         "except SystemExit:\n"
         "    pass\n"
         "print('HEAVY', sorted(m for m in ('torch', 'monai') if m in sys.modules))\n"

@@ -20,12 +20,11 @@ from spectraflow_monai.experiments.ablations import (
     dispersive_weight_ablation,
     run_ablation,
 )
-from spectraflow_monai.experiments.figures import run_figures
 from spectraflow_monai.experiments.low_data import LOW_DATA_SCALES, run_low_data
 from spectraflow_monai.experiments.robustness import ROBUSTNESS_SCALES, run_robustness
 from spectraflow_monai.experiments.runner import SCALES
-from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS
 from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.utils.settings import CORRUPTION_KINDS
 
 __all__ = ["EXPERIMENTS", "main", "write_report"]
 
@@ -123,6 +122,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
     elif name == "low-data":
         rows = run_low_data(output, data, args.scale, args.fractions, args.baseline_config, overrides)
     elif name == "figures":
+        from spectraflow_monai.experiments.figures import run_figures  # torch, MONAI: not for --help
+
         result = run_figures(output, data, args.scale, args.baseline_config, overrides, num_images=args.num_images)
         rows = list(result["files"].values())
     else:
