@@ -15,7 +15,9 @@ masks:
   :func:`monai.data.load_decathlon_datalist`;
 - ``dataset="folder"``: ``<dataset_dir>/images`` and ``<dataset_dir>/masks``, paired by file stem; a mask may carry
   one suffix of :data:`MASK_SUFFIXES` (``a.tif`` + ``a_mask.png``); optional split lists
-  ``<dataset_dir>/splits/{train,val,test}.txt`` (one id per line), else the seeded hold-out.
+  ``<dataset_dir>/splits/{train,val,test}.txt`` (one id per line), else the seeded hold-out; optional field-of-view /
+  ignore masks ``<dataset_dir>/fov/<id>[<suffix>].<ext>`` (entry key ``fov``: evaluation scores only their non-zero
+  pixels), as a JSON entry's ``"fov"``.
 
 Every source returns entries ``{"image": path, "label": path, "name": id, "label_threshold": t}`` (the contract
 of the presets). Splits: ``"train"``, ``"val"`` (aliases ``validation``, ``valid``), ``"test"`` and ``"all"``. The
@@ -65,7 +67,8 @@ DATA_SOURCES: tuple[str, ...] = ("folder", "datalist")
 MASK_SUFFIXES: tuple[str, ...] = ("_mask", "_masks", "_anno", "_label", "_labels", "_seg", "_segmentation", "_gt")
 FOLDER_LAYOUT = (
     "<dataset_dir>/images/<id>.<ext>, <dataset_dir>/masks/<id>[<suffix>].<ext> (suffix one of "
-    f"{', '.join(MASK_SUFFIXES)}), optional <dataset_dir>/splits/{{train,val,test}}.txt"
+    f"{', '.join(MASK_SUFFIXES)}), optional <dataset_dir>/splits/{{train,val,test}}.txt, optional "
+    "<dataset_dir>/fov/<id>[<suffix>].<ext> (field-of-view masks)"
 )
 _SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val"}
 _SPLITS.update({"test": "test", "all": "all"})
@@ -358,6 +361,12 @@ def folder_datalist(
     masks = _pair_masks(images, mask_dir, mask_suffix)
     check_pairs(images, masks, f"folder {root!r}")
     entries = {k: {"image": images[k], "label": masks[k], "name": k} for k in sorted(images)}
+    fov_dir = os.path.join(root, "fov")  # optional field-of-view / ignore masks, paired like the masks
+    if os.path.isdir(fov_dir):
+        fovs = _pair_masks(images, fov_dir, None)
+        for k, path in fovs.items():
+            entries[k]["fov"] = path
+        logger.info("folder %r: field-of-view masks for %d of %d image(s) (%s)", root, len(fovs), len(images), fov_dir)
     lists: dict[str, list[dict] | None] = {}
     for part in ("train", "val", "test"):
         file = os.path.join(root, "splits", f"{part}.txt")

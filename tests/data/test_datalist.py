@@ -254,3 +254,16 @@ def test_grouped_holdout_keeps_each_video_in_one_split(tmp_path, seed, source):
         folder_datalist(data, "val", group_pattern=r"^patient(\d+)")
     with pytest.raises(SettingError, match="group_pattern"):
         folder_datalist(data, "val", group_pattern="(")
+
+
+def test_folder_field_of_view_masks_are_paired_like_masks(tmp_path):
+    """``<dataset_dir>/fov/<id>_mask.png`` (DRIVE-style) gives the entry's ``fov``; images without one have none."""
+    data = _folder(tmp_path / "data", n=3)
+    (data / "fov").mkdir()
+    for i in (0, 1):
+        Image.fromarray(np.full((8, 8), 255, np.uint8)).save(data / "fov" / f"im{i}_mask.png")
+    entries = {e["name"]: e for e in folder_datalist(data, "all")}
+    assert entries["im0"]["fov"] == str(data / "fov" / "im0_mask.png") and "fov" not in entries["im2"]
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(data / "fov" / "other.png")
+    with pytest.raises(DatasetError, match="other.png"):
+        folder_datalist(data, "all")
