@@ -149,9 +149,8 @@ def run_demo(
             "Wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()) + f" (total {total:.0f} s).",
         ],
     )
-    summary_md = (eval_dir / "summary.md").read_text()
-    print("\n" + summary_md)
-    print(f"Report: {report}  (total {total:.0f} s)")
+    # the metric table was logged once by the evaluation; the report holds it with the curves and overlays
+    print(f"Metrics: {eval_dir / 'summary.md'}\nReport: {report}  (total {total:.0f} s)")
     import json
 
     summary = json.loads((eval_dir / "summary.json").read_text())
@@ -160,7 +159,7 @@ def run_demo(
 
 def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
     """``spectraflow demo`` (or ``python -m spectraflow_monai demo``): see :func:`run_demo`."""
-    from spectraflow_monai.utils.precision import PRECISION_SETTINGS
+    from spectraflow_monai.utils.settings import PRECISION_SETTINGS
 
     parser = argparse.ArgumentParser(
         prog=prog,

@@ -20,6 +20,27 @@ def test_every_command_has_help(name, capsys):
     assert f"spectraflow {name}" in out and "--output" in out
 
 
+@pytest.mark.parametrize("name", ["demo", "report", "synthetic-2d", "synthetic-ct", "experiment"])
+def test_help_loads_neither_torch_nor_monai(name):
+    """``spectraflow <command> --help`` answers without importing torch or MONAI (lazy package exports), so it takes
+    a fraction of a second instead of the 10+ s their import takes on a loaded machine."""
+    argv = [name, "robustness", "--help"] if name == "experiment" else [name, "--help"]
+    code = (
+        "import sys\n"
+        "from spectraflow_monai.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'monai') if m in sys.modules))\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "HEAVY []" in out.stdout and f"spectraflow {name}" in out.stdout
+
+
 @pytest.mark.parametrize("argv", [[], ["--help"], ["-h"]])
 def test_usage_lists_the_commands(argv, capsys):
     assert main(argv) == 0

@@ -2,10 +2,18 @@ from .datalist import (
     DATA_SOURCES,
     MASK_SUFFIXES,
     decathlon_datalist,
+    default_dataset_dir,
     folder_datalist,
     inference_files,
 )
-from .label_map import LABEL_MAP_UNMAPPED, apply_label_map, check_class_names, check_label_map, identity_label_map
+from .label_map import (
+    LABEL_MAP_UNMAPPED,
+    apply_label_map,
+    check_class_names,
+    check_label_map,
+    identity_label_map,
+    inverse_label_map,
+)
 from .label_mode import LabelMode, label_mode
 from .readers import Image2DReader, read_2d
 from .subsets import holdout, low_data_subset
@@ -22,10 +30,12 @@ __all__ = [
     "check_class_names",
     "check_label_map",
     "decathlon_datalist",
+    "default_dataset_dir",
     "folder_datalist",
     "inference_files",
     "holdout",
     "identity_label_map",
+    "inverse_label_map",
     "label_mode",
     "low_data_subset",
     "read_2d",

@@ -15,7 +15,9 @@ masks:
   :func:`monai.data.load_decathlon_datalist`;
 - ``dataset="folder"``: ``<dataset_dir>/images`` and ``<dataset_dir>/masks``, paired by file stem; a mask may carry
   one suffix of :data:`MASK_SUFFIXES` (``a.tif`` + ``a_mask.png``); optional split lists
-  ``<dataset_dir>/splits/{train,val,test}.txt`` (one id per line), else the seeded hold-out.
+  ``<dataset_dir>/splits/{train,val,test}.txt`` (one id per line), else the seeded hold-out; optional field-of-view /
+  ignore masks ``<dataset_dir>/fov/<id>[<suffix>].<ext>`` (entry key ``fov``: evaluation scores only their non-zero
+  pixels), as a JSON entry's ``"fov"``.
 
 Every source returns entries ``{"image": path, "label": path, "name": id, "label_threshold": t}`` (the contract
 of the presets). Splits: ``"train"``, ``"val"`` (aliases ``validation``, ``valid``), ``"test"`` and ``"all"``. The
@@ -38,6 +40,7 @@ import glob
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,6 +53,7 @@ __all__ = [
     "DATA_SOURCES",
     "MASK_SUFFIXES",
     "decathlon_datalist",
+    "default_dataset_dir",
     "folder_datalist",
     "inference_files",
     "OWN_DATA_KWARGS",
@@ -63,11 +67,12 @@ DATA_SOURCES: tuple[str, ...] = ("folder", "datalist")
 MASK_SUFFIXES: tuple[str, ...] = ("_mask", "_masks", "_anno", "_label", "_labels", "_seg", "_segmentation", "_gt")
 FOLDER_LAYOUT = (
     "<dataset_dir>/images/<id>.<ext>, <dataset_dir>/masks/<id>[<suffix>].<ext> (suffix one of "
-    f"{', '.join(MASK_SUFFIXES)}), optional <dataset_dir>/splits/{{train,val,test}}.txt"
+    f"{', '.join(MASK_SUFFIXES)}), optional <dataset_dir>/splits/{{train,val,test}}.txt, optional "
+    "<dataset_dir>/fov/<id>[<suffix>].<ext> (field-of-view masks)"
 )
 _SPLITS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val"}
 _SPLITS.update({"test": "test", "all": "all"})
-OWN_DATA_KWARGS = ("label_threshold", "check_images", "check_masks")
+OWN_DATA_KWARGS = ("label_threshold", "check_images", "check_masks", "group_pattern")
 
 
 def _check_split(split: Any) -> str:
@@ -127,6 +132,27 @@ def _finish(
     return entries
 
 
+def _assign_groups(entries: list[dict], group_pattern: Any, what: str) -> None:
+    """Set ``entry["group"]`` from ``group_pattern`` (first group of the match in the id, else the whole match) for
+    the entries without a ``group`` of their own."""
+    if group_pattern is None:
+        return
+    try:
+        pattern = re.compile(group_pattern)
+    except (TypeError, re.error) as e:
+        raise SettingError(f"group_pattern must be a regular expression, got {group_pattern!r} ({e}).") from e
+    for e in entries:
+        if "group" in e:
+            continue
+        m = pattern.search(str(e["name"]))
+        if m is None:
+            raise DatasetError(
+                f"{what}: group_pattern {group_pattern!r} does not match the image id {e['name']!r} ({e['image']!r}); "
+                "every id must name its group (patient, video)."
+            )
+        e["group"] = m.group(1) if pattern.groups else m.group(0)
+
+
 def _split_entries(
     train: list[dict], val: list[dict] | None, test: list[dict] | None, split: str, what: str, val_fraction: float,
     seed: int,
@@ -143,9 +169,23 @@ def _split_entries(
                 "%s has no validation list: %d of %d training image(s) held out for validation (val_fraction %s, "
                 "seed %d): %s", what, len(val), len(train) + len(val), val_fraction, seed, [e["name"] for e in val],
             )  # fmt: skip
+            groups = sorted({str(e["group"]) for e in val if "group" in e})
+            if groups:
+                logger.info("%s: whole groups held out (no group in both splits): %s", what, groups)
     if split == "test":
         logger.info("%s has no test list: the test split is the validation split", what)
     return train if split == "train" else val
+
+
+def default_dataset_dir(bundle_root: str | os.PathLike, data_list_file_path: str | os.PathLike | None = None) -> str:
+    """The default ``dataset_dir`` of the bundles: the datalist JSON's own folder when ``data_list_file_path`` is set
+    (its relative paths start there, as in :func:`decathlon_datalist` with ``dataset_dir=None``), else
+    ``<bundle_root>/data/synthetic`` (where the synthetic preset is generated). A ``dataset_dir`` given on the
+    command line replaces it.
+    """
+    if data_list_file_path:
+        return os.path.dirname(os.path.abspath(os.fspath(data_list_file_path)))
+    return os.path.join(os.fspath(bundle_root), "data", "synthetic")
 
 
 def decathlon_datalist(
@@ -159,6 +199,7 @@ def decathlon_datalist(
     label_threshold: float | None = None,
     check_images: bool = True,
     check_masks: bool = True,
+    group_pattern: str | None = None,
 ) -> list[dict]:
     """The entries of one split of a Decathlon-style datalist JSON of 2D images (see the module docstring).
 
@@ -175,6 +216,10 @@ def decathlon_datalist(
             foreground (1: non-zero). Defaults to None.
         check_images: decode every image and mask and compare sizes. Defaults to True.
         check_masks: check the mask values. Defaults to True.
+        group_pattern: grouped hold-out (images of one patient or video in one split): a regular expression
+            whose first group (else the whole match) in each image id is its group, e.g. ``"^(\\d+)_"`` for
+            ``12_3`` (video 12, frame 3). An entry's own ``"group"`` field is used as it is. None: entries are
+            grouped only by their ``"group"`` fields (none: one image per group). Defaults to None.
 
     Raises:
         SettingError: bad arguments. DatasetError: the JSON or a file it names is missing or unusable, an empty
@@ -224,10 +269,22 @@ def decathlon_datalist(
                         f"dataset_dir {base!r})."
                     )
                 e[field] = os.path.abspath(e[field])
+            if "fov" in e:  # field-of-view / ignore mask (scored pixels non-zero), relative paths as image / label
+                fov = e["fov"]
+                if not isinstance(fov, str) or not fov:
+                    raise DatasetError(f"datalist {path!r}: {key}[{i}] fov must be a mask file path, got {fov!r}.")
+                fov = fov if os.path.isabs(fov) else os.path.join(base, fov)
+                if not os.path.isfile(fov):
+                    raise DatasetError(
+                        f"datalist {path!r}: {key}[{i}] fov {fov!r} does not exist (relative paths start at "
+                        f"dataset_dir {base!r})."
+                    )
+                e["fov"] = os.path.abspath(fov)
             e.setdefault("name", _name(e["image"]))
         lists[key] = entries
     what = f"datalist {path!r}"
     _check_unique((lists["training"] or []) + (lists["validation"] or []), what)
+    _assign_groups(lists["training"] or [], group_pattern, what)
     entries = _split_entries(
         lists["training"] or [], lists["validation"], lists["test"], split, what, val_fraction, seed
     )
@@ -277,13 +334,14 @@ def folder_datalist(
     label_threshold: float | None = None,
     check_images: bool = True,
     check_masks: bool = True,
+    group_pattern: str | None = None,
 ) -> list[dict]:
     """The entries of one split of an ``images/`` + ``masks/`` folder pair (see the module docstring).
 
     Args:
         dataset_dir: the folder holding ``images/``, ``masks/`` and optionally ``splits/``.
-        split, fraction, seed, val_fraction, label_classes, label_threshold, check_images, check_masks: as
-            :func:`decathlon_datalist`.
+        split, fraction, seed, val_fraction, label_classes, label_threshold, check_images, check_masks,
+            group_pattern: as :func:`decathlon_datalist`.
         mask_suffix: the suffix of every mask stem (e.g. ``"_mask"``; ``""``: same stem as the image); None: the
             same stem or one of :data:`MASK_SUFFIXES`. Defaults to None.
 
@@ -303,6 +361,12 @@ def folder_datalist(
     masks = _pair_masks(images, mask_dir, mask_suffix)
     check_pairs(images, masks, f"folder {root!r}")
     entries = {k: {"image": images[k], "label": masks[k], "name": k} for k in sorted(images)}
+    fov_dir = os.path.join(root, "fov")  # optional field-of-view / ignore masks, paired like the masks
+    if os.path.isdir(fov_dir):
+        fovs = _pair_masks(images, fov_dir, None)
+        for k, path in fovs.items():
+            entries[k]["fov"] = path
+        logger.info("folder %r: field-of-view masks for %d of %d image(s) (%s)", root, len(fovs), len(images), fov_dir)
     lists: dict[str, list[dict] | None] = {}
     for part in ("train", "val", "test"):
         file = os.path.join(root, "splits", f"{part}.txt")
@@ -317,6 +381,7 @@ def folder_datalist(
     if lists["train"] is None:
         lists["train"] = [dict(e) for e in entries.values()]
     what = f"folder {root!r}"
+    _assign_groups(lists["train"], group_pattern, what)
     chosen = _split_entries(lists["train"], lists["val"], lists["test"], split, what, val_fraction, seed)
     if split == "all":
         chosen = [dict(e) for e in entries.values()]

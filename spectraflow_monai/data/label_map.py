@@ -8,7 +8,9 @@ Label) carry their own values; a *label map* ``{source value: class index}`` say
 - :func:`check_label_map` validates a map (from a bundle setting, YAML or the command line) against ``num_classes``;
 - :func:`apply_label_map` maps a label array, and names the file and the values the map does not cover
   (``unmapped="error"``) or sends them to background 0 (``unmapped="background"``);
-- :func:`check_class_names` checks the class names of the per-organ metric table.
+- :func:`check_class_names` checks the class names of the per-organ metric table;
+- :func:`inverse_label_map` gives the source value of every class, so that predictions can be saved with the values
+  the source labels use (the inverse of the map).
 
 This module needs numpy and torch only; it imports nothing else of the package but its error types.
 """
@@ -29,6 +31,7 @@ __all__ = [
     "identity_label_map",
     "apply_label_map",
     "check_class_names",
+    "inverse_label_map",
 ]
 
 #: what :func:`apply_label_map` does with a value the map does not list: stop naming it, or make it background 0.
@@ -186,3 +189,24 @@ def check_class_names(class_names: Any, num_classes: int, name: str = "class_nam
         )
     return names
 
+
+
+def inverse_label_map(label_map: Mapping[int, int] | Sequence[Sequence[int]] | None, num_classes: int) -> list | None:
+    """The source label value of every class: ``values[c]`` is the first source value that ``label_map`` maps to
+    class ``c`` (in the map's order, so ``{background: 255, membrane: 0}`` gives ``[255, 0]``; several values of one
+    class give the first listed); a class that no value maps to keeps its index. None for ``label_map`` None.
+
+    Predictions saved through it carry the values of the source labels instead of class indices
+    (:class:`spectraflow_monai.transforms.SaveLabelValuesd`).
+
+    Raises:
+        SettingError: (a ``ValueError``) a bad map or ``num_classes`` (see :func:`check_label_map`).
+    """
+    if label_map is None:
+        return None
+    mapping = check_label_map(label_map, num_classes)
+    values: list[int | None] = [None] * int(num_classes)
+    for src, cls in mapping.items():
+        if values[cls] is None:
+            values[cls] = src
+    return [c if v is None else v for c, v in enumerate(values)]

@@ -57,7 +57,11 @@ def low_data_subset(datalist: Sequence[Mapping[str, Any]], fraction: float, seed
 
 
 def holdout(
-    entries: Sequence[Mapping[str, Any]], val_fraction: float, seed: int = 0, key: str = "name"
+    entries: Sequence[Mapping[str, Any]],
+    val_fraction: float,
+    seed: int = 0,
+    key: str = "name",
+    group_key: str = "group",
 ) -> tuple[list[dict], list[dict]]:
     """Split ``entries`` into (kept, held out) for validation.
 
@@ -65,12 +69,29 @@ def holdout(
     ``key`` and permuted with ``numpy.random.RandomState(seed)``, so the split depends on the names and the seed
     only, not on the list order. Both parts keep the input order.
 
+    Grouped hold-out: when entries carry ``group_key`` (a patient, a video: frames of one video, both eyes of one
+    patient), whole groups are held out, so that no group has images in both parts: ``round(val_fraction * G)``
+    of the G groups (at least 1, at most G - 1), sorted and permuted with the seed the same way. An entry without
+    a group is a group of its own.
+
     Raises:
         SettingError: ``val_fraction`` is not in (0, 1).
         DatasetError: fewer than 2 entries (nothing would be left to train on).
     """
     val_fraction = check_val_fraction(val_fraction)
     n = len(entries)
+    if any(group_key in e for e in entries):
+        groups = [str(e.get(group_key, f"{e.get(key, i)}")) for i, e in enumerate(entries)]
+        names = sorted(set(groups))
+        if len(names) < 2:
+            raise DatasetError(
+                f"cannot hold out a validation group: all {n} training image(s) belong to group {names!r}; give at "
+                "least 2 groups, or a validation list."
+            )
+        k = min(len(names) - 1, max(1, int(np.floor(val_fraction * len(names) + 0.5))))
+        held_groups = {names[j] for j in np.random.RandomState(seed).permutation(len(names))[:k]}
+        kept = [dict(e) for e, g in zip(entries, groups) if g not in held_groups]
+        return kept, [dict(e) for e, g in zip(entries, groups) if g in held_groups]
     if n < 2:
         raise DatasetError(
             f"cannot hold out a validation image from {n} training image(s): give at least 2, or a validation list."

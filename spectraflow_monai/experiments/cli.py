@@ -23,7 +23,6 @@ from spectraflow_monai.experiments.ablations import (
     dispersive_weight_ablation,
     run_ablation,
 )
-from spectraflow_monai.experiments.figures import FIGURES_DATASET, run_figures
 from spectraflow_monai.experiments.low_data import LOW_DATA_DATASET, LOW_DATA_SCALES, run_low_data
 from spectraflow_monai.experiments.robustness import (
     EXTRA_BASELINES,
@@ -33,9 +32,8 @@ from spectraflow_monai.experiments.robustness import (
     run_robustness,
 )
 from spectraflow_monai.experiments.runner import SCALES, EncoderWeightsError
-from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS
 from spectraflow_monai.utils.files import write_text_atomic
-from spectraflow_monai.utils.precision import PRECISION_SETTINGS
+from spectraflow_monai.utils.settings import CORRUPTION_KINDS, PRECISION_SETTINGS
 
 __all__ = ["EXPERIMENTS", "PAPER_DATASETS", "main", "write_report"]
 
@@ -53,7 +51,7 @@ PAPER_DATASETS: dict[str, str] = {
     "robustness": ROBUSTNESS_DATASET,
     "low-data": LOW_DATA_DATASET,
     **{name: ablation.dataset for name, ablation in ABLATIONS.items()},
-    "figures": FIGURES_DATASET,
+    "figures": ABLATIONS["stage1"].dataset,  # figures.FIGURES_DATASET: they reuse the stage1 runs
 }
 #: the data sets whose files the command line needs (``--dataset-dir`` or ``--data-list-file-path``)
 _SYNTHETIC = "synthetic"
@@ -165,6 +163,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
         elif name == "low-data":
             rows = run_low_data(output, data, args.scale, args.fractions, args.baseline_config, overrides)
         elif name == "figures":
+            from spectraflow_monai.experiments.figures import run_figures  # torch, MONAI: not for --help
+
             result = run_figures(output, data, args.scale, args.baseline_config, overrides, num_images=args.num_images)
             rows = list(result["files"].values())
         else:

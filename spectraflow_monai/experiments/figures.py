@@ -61,7 +61,7 @@ __all__ = [
 
 #: the default data set of the figures: that of the ``stage1`` ablation (ISIC-2016), whose runs they reuse. The paper
 #: names no data set for Figs. 1d, 3 and 6 and shows all three 2D data sets in Fig. 7.
-FIGURES_DATASET = "isic2016"
+FIGURES_DATASET = ABLATIONS["stage1"].dataset
 FIGURES_TITLE = "Analysis figures (paper Figs. 1d, 3, 6, 7)"
 
 #: the arms of the ``stage1`` ablation the figures use: the full Stage-1 (then Stage-2) and Stage-1 without dispersion.

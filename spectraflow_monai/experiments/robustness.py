@@ -25,8 +25,8 @@ from spectraflow_monai.experiments.runner import (
     settings_text,
     write_csv,
 )
-from spectraflow_monai.transforms.corruptions import CORRUPTION_KINDS, MAX_SEVERITY
 from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.utils.settings import CORRUPTION_KINDS, MAX_SEVERITY
 from spectraflow_monai.visualize.utils import save_figure
 
 __all__ = [

@@ -14,10 +14,12 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from monai.handlers.utils import from_engine
 from monai.utils import IgniteInfo, min_version, optional_import
 
+from spectraflow_monai.data.readers import read_2d
 from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
 
 Events, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Events")
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 else:
     Engine, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Engine")
 
-__all__ = ["EvaluationReportHandler", "MetricSuiteHandler", "name_from_path"]
+__all__ = ["EvaluationReportHandler", "MetricSuiteHandler", "name_from_path", "read_fov"]
 
 _EXTENSIONS = (".nii.gz", ".nii", ".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".npy", ".npz", ".h5", ".nrrd")
 
@@ -40,6 +42,23 @@ def name_from_path(path: Any) -> str:
         if low.endswith(ext) and len(base) > len(ext):
             return base[: -len(ext)]
     return base
+
+
+def read_fov(path: str | os.PathLike) -> torch.Tensor:
+    """A field-of-view / ignore mask file as a (1, 1, W, H) 0/1 tensor (non-zero = scored; spatial axes as the 2D
+    bundle's reader gives them, :class:`~spectraflow_monai.data.Image2DReader`)."""
+    arr = read_2d(path, "label")
+    if arr.ndim == 3:
+        arr = arr.max(axis=-1)
+    return torch.as_tensor(np.ascontiguousarray(arr.T) != 0, dtype=torch.float32)[None, None]
+
+
+def _resize_nearest(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """(B, C, *spatial) -> (B, C, *size), nearest neighbour (masks and label maps keep their values)."""
+    x = x.as_tensor() if hasattr(x, "as_tensor") else x
+    if tuple(x.shape[2:]) == tuple(size):
+        return x
+    return torch.nn.functional.interpolate(x.float(), size=tuple(int(s) for s in size), mode="nearest")
 
 
 def _item_name(item: Any, name_key: str, meta_keys: Sequence[str]) -> Any:
@@ -144,6 +163,15 @@ class MetricSuiteHandler(EvaluationReportHandler):
         csv_name: per-image CSV file name. Defaults to ``"metrics.csv"``.
         summary_name: Markdown summary file name. Defaults to ``"summary.md"``.
         json_name: JSON summary file name, ``None`` to skip. Defaults to ``"summary.json"``.
+        fov_key: key of a field-of-view / ignore mask file in the batch items (a datalist entry's ``"fov"``): where
+            present, only its non-zero pixels are scored (resized nearest to the scored size). ``None`` ignores
+            such files. Defaults to ``"fov"``.
+        original_size: score each image at its original size instead of the network's (e.g. 224x224): the ground
+            truth is read again from its file with ``label_loader`` and the prediction resized to it (nearest), so
+            thin structures are not scored on a squashed resize. Defaults to False.
+        label_loader: a dictionary transform ``{"label": path, "label_threshold": t} -> {"label": (1, *spatial)}``
+            reading a ground truth as the bundle does, without resizing
+            (:meth:`spectraflow_monai.apps.seg2d.LabelSetup.label_loader`). Needed by ``original_size``.
         metric_prefix: when not ``None``, the scalar summary values are also put in ``engine.state.metrics`` under
             ``f"{metric_prefix}{key}"`` (e.g. ``suite_mDSC``, ``suite_hd95_monai_empty_as_diagonal``, and the count
             ``suite_hd95_dropped``). Defaults to ``None``.
@@ -161,13 +189,21 @@ class MetricSuiteHandler(EvaluationReportHandler):
         summary_name: str = "summary.md",
         json_name: str | None = "summary.json",
         metric_prefix: str | None = None,
+        fov_key: str | None = "fov",
+        original_size: bool = False,
+        label_loader: Callable | None = None,
     ) -> None:
         super().__init__(output_dir, output_transform, batch_transform, name_key, json_name, metric_prefix)
         if suite is not None and not isinstance(suite, SegmentationMetricSuite):
             raise ValueError(f"suite must be a SegmentationMetricSuite, got {type(suite).__name__}.")
+        if not isinstance(original_size, bool):
+            raise ValueError(f"original_size must be True or False, got {original_size!r}.")
+        if original_size and label_loader is None:
+            raise ValueError("original_size True needs label_loader (it reads each ground truth at its own size).")
         self.suite = suite if suite is not None else SegmentationMetricSuite()
         self.meta_keys = tuple(meta_keys)
         self.csv_name, self.summary_name = csv_name, summary_name
+        self.fov_key, self.original_size, self.label_loader = fov_key, original_size, label_loader
 
     def epoch_started(self, engine: Engine) -> None:
         """Reset the suite."""
@@ -205,7 +241,35 @@ class MetricSuiteHandler(EvaluationReportHandler):
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ValueError("output_transform must return (pred, label).")
         pred, label = self._stack(out[0], "pred"), self._stack(out[1], "label")
-        self.suite.update(pred, label, name=self._names(engine, pred.shape[0]))
+        names = self._names(engine, pred.shape[0])
+        data = self.batch_transform(engine.state.batch)
+        items = list(data) if isinstance(data, (list, tuple)) else []
+        if len(items) != pred.shape[0] or not all(isinstance(i, Mapping) for i in items):
+            items = [{} for _ in range(pred.shape[0])]
+        fovs = [i.get(self.fov_key) if self.fov_key else None for i in items]
+        if not self.original_size and all(f is None for f in fovs):
+            self.suite.update(pred, label, name=names)
+            return
+        for b, item in enumerate(items):  # one image at a time: sizes may differ
+            p, g = pred[b : b + 1], label[b : b + 1]
+            if self.original_size:
+                g = self._original_label(item)
+                p = _resize_nearest(p, g.shape[2:])
+            mask = None if fovs[b] is None else _resize_nearest(read_fov(fovs[b]), g.shape[2:])
+            self.suite.update(p, g, name=names[b], mask=mask)
+
+    def _original_label(self, item: Mapping) -> torch.Tensor:
+        """The ground truth of ``item`` read again from its file, at its own size, with ``label_loader``."""
+        path = _item_name(item, "filename_or_obj", ("label",))
+        if path is None:
+            raise ValueError("original_size: the batch has no label file name (label.meta['filename_or_obj']).")
+        entry: dict[str, Any] = {"label": os.fspath(path)}
+        threshold = item.get("label_threshold")
+        if threshold is not None:
+            entry["label_threshold"] = int(threshold)
+        label = self.label_loader(entry)["label"]  # type: ignore[misc]
+        label = label.as_tensor() if hasattr(label, "as_tensor") else torch.as_tensor(label)
+        return label[None].float()
 
     def epoch_completed(self, engine: Engine) -> None:
         """Write the reports, log the table and optionally publish the summary in ``engine.state.metrics``."""

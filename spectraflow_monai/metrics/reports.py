@@ -81,7 +81,9 @@ def segmentation_markdown(summary: Mapping[str, Any], hd95: Sequence[str]) -> st
         [f"HD95, {d}, empty prediction = image diagonal ({units})", _distance(s[f"hd95_{d}_empty_as_diagonal"])]
         for d in hd95
     ]
-    lines = _table(["Metric", "Value"], rows)
+    lines = [f"**Warning:** {w}" for w in s.get("warnings", [])]
+    lines += [""] if lines else []
+    lines += _table(["Metric", "Value"], rows)
     lines += ["", f"Images: {s['num_images']}. Empty-mask convention: `{s['empty']}`."]
     for d in hd95:
         lines.append(f"HD95 [{d}]: {s['excluded'][f'hd95_{d}']} image(s) excluded (prediction or ground truth empty).")

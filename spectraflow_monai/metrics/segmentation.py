@@ -40,6 +40,7 @@ from spectraflow_monai.metrics.surface import HD95_DEFINITIONS
 from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = [
+    "degenerate_prediction_warnings",
     "EMPTY_CONVENTIONS",
     "METRIC_KEYS",
     "SegmentationMetricSuite",
@@ -56,6 +57,37 @@ def _to_tensor(x: Any, name: str) -> torch.Tensor:
     x = x.detach()
     x = x.as_tensor() if hasattr(x, "as_tensor") else x  # MetaTensor -> plain tensor
     return x.cpu().double()
+
+
+def degenerate_prediction_warnings(rows: Sequence[Mapping[str, Any]], share: float = 0.5) -> list[str]:
+    """Warnings about predictions that make averaged scores mislead: more than ``share`` of the rows (images, or
+    image and class) predicted empty, or predicted foreground everywhere (an all-foreground model scores a high
+    Dice on data whose foreground covers most of the image, e.g. EM membranes, without having learned anything).
+
+    Args:
+        rows: per-image rows with ``class``, ``pred_area``, ``gt_area`` and ``pixels`` (the image's pixel count).
+        share: the fraction of rows above which a warning is given. Defaults to 0.5.
+    """
+    warnings = []
+    for cls in dict.fromkeys(r["class"] for r in rows):
+        sub = [r for r in rows if r["class"] == cls and "pixels" in r]
+        if not sub:
+            continue
+        which = f" of class {cls!r}" if len({r["class"] for r in rows}) > 1 else ""
+        empty = sum(1 for r in sub if r["pred_area"] == 0)
+        full = sum(1 for r in sub if r["pred_area"] == r["pixels"])
+        gt_full = sum(1 for r in sub if r["gt_area"] == r["pixels"])
+        if empty > share * len(sub):
+            warnings.append(
+                f"{empty} of {len(sub)} prediction(s){which} are empty: the model predicts background almost "
+                "everywhere; the scores may reflect the empty-mask convention more than the segmentation."
+            )
+        if full > share * len(sub) and gt_full < full:
+            warnings.append(
+                f"{full} of {len(sub)} prediction(s){which} are foreground over the whole image: the scores measure "
+                "how much of each image the ground truth covers, not the segmentation."
+            )
+    return warnings
 
 
 class SegmentationMetricSuite:
@@ -83,6 +115,7 @@ class SegmentationMetricSuite:
             with more than two classes; ``None`` means single-channel input is binary. Defaults to ``None``.
         class_names: names of the scored classes in channel order (background included when
             ``include_background``); defaults to ``"foreground"`` for binary input and the channel index otherwise.
+            Binary input (a 2-class label map included) takes 1 name, or 2 with background first.
         spacing: default pixel/voxel size for HD95 (``None``: pixels); ``update`` may override it per call.
     """
 
@@ -141,8 +174,13 @@ class SegmentationMetricSuite:
                         "binarize_prediction(), or set num_classes for an integer label map."
                     )
             names = self.class_names or ["foreground"]
+            if len(names) == 2:  # a 2-class label map (background first): its one scored class is the foreground
+                names = names[1:]
             if len(names) != 1:
-                raise ValueError(f"class_names must have 1 entry for binary input, got {self.class_names!r}.")
+                raise ValueError(
+                    "class_names must have 1 entry (the foreground) or 2 (background first) for binary input, "
+                    f"got {self.class_names!r}."
+                )
             return p, g, list(names)
         n_cls = self.num_classes or max(p.shape[1], g.shape[1])
         converted = []
@@ -188,6 +226,7 @@ class SegmentationMetricSuite:
         gt: torch.Tensor | np.ndarray,
         name: str | Sequence[str] | None = None,
         spacing: float | Sequence[float] | None = None,
+        mask: torch.Tensor | np.ndarray | None = None,
     ) -> list[dict[str, Any]]:
         """Score a batch and record one row per image (and class).
 
@@ -197,12 +236,25 @@ class SegmentationMetricSuite:
             gt: ground truth in any of the same forms (it may differ in form from ``pred``).
             name: one name per image (a string for B == 1); ``None`` numbers the images. Defaults to ``None``.
             spacing: pixel/voxel size for HD95, overriding the suite's ``spacing``. Defaults to ``None``.
+            mask: field of view / ignore mask, (B, 1, *spatial) (or broadcastable), non-zero = scored: prediction and
+                ground truth outside it are set to background before scoring (as the DRIVE protocol scores vessels
+                inside the field of view only). Defaults to ``None`` (every pixel scored).
 
         Returns:
             The rows added: dicts with ``name``, ``class``, ``gt_area``, ``pred_area`` and :attr:`metric_keys`
             (``pred_area == 0 < gt_area`` marks an image dropped from ``hd95_<definition>``).
         """
         p, g, class_names = self._prepare(pred, gt)
+        pixels = torch.full((p.shape[0],), int(np.prod(p.shape[2:])))
+        if mask is not None:
+            m = _to_tensor(mask, "mask").to(p.device) != 0
+            if m.ndim != p.ndim or m.shape[0] != p.shape[0] or m.shape[1] != 1 or m.shape[2:] != p.shape[2:]:
+                raise ValueError(
+                    f"mask must be (B, 1, *spatial) like pred {tuple(p.shape[:1])} + (1,) + {tuple(p.shape[2:])}, "
+                    f"got {tuple(m.shape)}."
+                )
+            p, g = p * m, g * m
+            pixels = m.flatten(1).sum(1).cpu()
         spacing = self.spacing if spacing is None else spacing
         if spacing is not None:
             self._units = "spacing units"
@@ -213,6 +265,7 @@ class SegmentationMetricSuite:
         for b, c in np.ndindex(batch, n_cls):
             row: dict[str, Any] = {"name": names[b], "class": class_names[c]}
             row.update({k: int(values[k][b, c]) for k in ("gt_area", "pred_area")})
+            row["pixels"] = int(pixels[b])
             row.update({k: float(values[k][b, c]) for k in self.metric_keys})
             rows.append(row)
         self._rows.extend(rows)
@@ -249,7 +302,8 @@ class SegmentationMetricSuite:
             the images where either mask is empty, for the diagonal variant those with an empty ground truth),
             ``num_images``, ``empty``, ``hd95_definitions`` (the name and text of each definition), ``units`` and,
             for multi-class input, ``per_class`` (the same metrics for each class); the top-level values are then
-            the means over classes and ``excluded`` and ``hd95_dropped`` are summed over classes.
+            the means over classes and ``excluded`` and ``hd95_dropped`` are summed over classes; ``warnings``
+            (:func:`degenerate_prediction_warnings`: most predictions empty, or covering the whole image).
         """
         classes = list(dict.fromkeys(r["class"] for r in self._rows))
         out: dict[str, Any]
@@ -267,6 +321,7 @@ class SegmentationMetricSuite:
             out["hd95_dropped"] = sum(per_class[c]["hd95_dropped"] for c in classes)
             out["per_class"] = per_class
         out["num_images"] = self._count
+        out["warnings"] = degenerate_prediction_warnings(self._rows)
         out["empty"] = self.empty
         out["hd95_definitions"] = {d: HD95_DEFINITIONS[d] for d in self.hd95}
         out["units"] = self._units

@@ -1,5 +1,13 @@
 from .finite import NONFINITE_MODES, CheckFinite, CheckFinited, check_finite, count_nonfinite
-from .label import BinarizeLabel, BinarizeLabelD, BinarizeLabeld, BinarizeLabelDict, LabelClasses, LabelClassesd
+from .label import (
+    BinarizeLabel,
+    BinarizeLabelD,
+    BinarizeLabeld,
+    BinarizeLabelDict,
+    LabelClasses,
+    LabelClassesd,
+    SaveLabelValuesd,
+)
 from .mixed_domain import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -22,6 +30,7 @@ __all__: list[str] = [
 ]
 
 __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelDict", "LabelClasses", "LabelClassesd"]
+__all__ += ["SaveLabelValuesd"]
 
 __all__ += ["NONFINITE_MODES", "CheckFinite", "CheckFinited", "check_finite", "count_nonfinite"]
 __all__ += ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "num_masks"]

@@ -52,6 +52,8 @@ from monai.transforms import (
 )
 from monai.utils import TransformBackends, convert_to_dst_type, convert_to_tensor
 
+from spectraflow_monai.utils.settings import CORRUPTION_KINDS, CORRUPTION_SEVERITIES, MAX_SEVERITY
+
 __all__ = [
     "CORRUPTION_KINDS",
     "CORRUPTION_SEVERITIES",
@@ -69,17 +71,8 @@ __all__ = [
     "Corruptiond",
 ]
 
-#: parameter of each corruption kind at severity 0..5 (see the module docstring for the meaning of each).
-CORRUPTION_SEVERITIES: dict[str, tuple[float, ...]] = {
-    "brightness": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5),
-    "contrast": (1.0, 0.4, 0.3, 0.2, 0.1, 0.05),
-    "gaussian_blur": (0.0, 1.0, 2.0, 3.0, 4.0, 6.0),
-    "gaussian_noise": (0.0, 0.08, 0.12, 0.18, 0.26, 0.38),
-}
-#: the corruption kinds of paper Fig. 5.
-CORRUPTION_KINDS: tuple[str, ...] = tuple(CORRUPTION_SEVERITIES)
-#: the highest severity level.
-MAX_SEVERITY = 5
+# CORRUPTION_SEVERITIES (the parameter of each kind at severity 0..5), CORRUPTION_KINDS (paper Fig. 5) and
+# MAX_SEVERITY are owned by spectraflow_monai.utils.settings (command lines list them without loading torch).
 
 
 def _check_severity(severity: Any) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.config.type_definitions import NdarrayOrTensor
-from monai.transforms import MapTransform, Transform
+from monai.transforms import MapTransform, SaveImaged, Transform
 from monai.utils import TransformBackends, convert_to_dst_type
 
 from spectraflow_monai.transforms.finite import count_nonfinite
@@ -38,6 +38,7 @@ __all__ = [
     "BinarizeLabeld",
     "LabelClasses",
     "LabelClassesd",
+    "SaveLabelValuesd",
     "binary_mask_threshold",
 ]
 
@@ -90,8 +91,10 @@ def binary_mask_threshold(mask: Any, path: str | os.PathLike = "mask", max_grey_
         )
     if float(scaled.max()) < 224:
         raise DatasetError(
-            f"not a binary mask: {path!r} has values {_values_text(arr)}: neither a 0/1 mask nor a 0/255 mask "
-            "(a label map? its foreground would be read as background)."
+            f"not a binary mask: {path!r} has values {_values_text(arr)}: neither a 0/1 mask nor a 0/255 mask. "
+            "A 0/1 mask saved as JPEG (compression noise around 0 and 1) or an instance label map: "
+            "--datalist_kwargs \"{'label_threshold': 1}\" (every non-zero value is foreground); a label map of "
+            "classes: --label_classes."
         )
     return 128
 
@@ -335,3 +338,50 @@ class LabelClassesd(MapTransform):
         for key in self.key_iterator(d):
             d[key] = self.mapper(d[key])
         return d
+
+
+class SaveLabelValuesd(SaveImaged):
+    """MONAI's ``SaveImaged`` that writes class-index label maps with the source label values.
+
+    A network trained on a label map (``label_classes`` / ``label_map``: source values -> classes) predicts class
+    indices; this writer saves ``values[c]`` for class ``c`` (the inverse of the map,
+    :func:`spectraflow_monai.data.inverse_label_map`), so that a prediction holds the values its ground truth uses
+    (labels 1 and 5 come back as 1 and 5, an inverted 0/255 map as 0/255). The data dictionary is returned unchanged,
+    so metrics computed after the writer still see the class indices.
+
+    Args:
+        keys: keys of the label maps to save (as ``SaveImaged``).
+        values: source value of every class (index = class); None saves the class indices as they are. Defaults to
+            None.
+        kwargs: the other arguments of ``monai.transforms.SaveImaged`` (``output_dir``, ``output_dtype``, ...).
+
+    Raises:
+        ValueError: ``values`` is not None nor a non-empty sequence of integers.
+    """
+
+    def __init__(self, keys: KeysCollection, values: Sequence[int] | None = None, **kwargs: Any) -> None:
+        super().__init__(keys, **kwargs)
+        if values is not None:
+            ok = isinstance(values, Sequence) and not isinstance(values, str) and len(values) > 0
+            if not ok or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+                raise ValueError(f"values must be None or a non-empty sequence of ints (one per class), got {values!r}.")
+        self.values = None if values is None else [int(v) for v in values]
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Mapping[Hashable, Any]:
+        if self.values is None:
+            return super().__call__(data)
+        lut = torch.as_tensor(self.values, dtype=torch.float32)
+        d = dict(data)
+        for key in self.key_iterator(d):
+            x = d[key]
+            classes = torch.as_tensor(x).long()
+            if bool((classes < 0).any()) or bool((classes >= len(self.values)).any()):
+                raise ValueError(
+                    f"{key}: class indices must lie in 0..{len(self.values) - 1} to be saved with their source values."
+                )
+            mapped = x.clone() if isinstance(x, torch.Tensor) else torch.as_tensor(x).clone()
+            mapped = mapped.float()
+            mapped.copy_(lut.to(classes.device)[classes])
+            d[key] = mapped
+        super().__call__(d)
+        return data

@@ -78,17 +78,20 @@ def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, An
     """
     from monai.bundle import run
 
+    from spectraflow_monai.utils.quiet import trusted_bundle_configs
+
     print(f"\n=== {title}\n(cd {bundle} && {bundle_command(configs, overrides)})", flush=True)
     start = time.perf_counter()
     cwd = os.getcwd()
     try:
         os.chdir(bundle)  # the configs and their logging/metadata files are addressed relative to the bundle
-        run(
-            config_file=[str(bundle / "configs" / c) for c in configs],
-            meta_file=str(bundle / "configs" / "metadata.json"),
-            logging_file=str(bundle / "configs" / "logging.conf"),
-            **overrides,
-        )
+        with trusted_bundle_configs():
+            run(
+                config_file=[str(bundle / "configs" / c) for c in configs],
+                meta_file=str(bundle / "configs" / "metadata.json"),
+                logging_file=str(bundle / "configs" / "logging.conf"),
+                **overrides,
+            )
     finally:
         os.chdir(cwd)
     elapsed = time.perf_counter() - start

@@ -14,6 +14,7 @@ The bundles install it by listing ``$import spectraflow_monai.utils.excepthook``
 
 from __future__ import annotations
 
+import os
 import sys
 from types import TracebackType
 from typing import Any
@@ -74,13 +75,37 @@ def error_summary(exc: BaseException | None) -> str | None:
     return f"error: {text.replace(':; ', ': ')}"
 
 
+#: set (to anything but ``""`` / ``0``) to see the traceback of a user's mistake on screen as well
+TRACEBACK_ENV = "SPECTRAFLOW_TRACEBACK"
+
+
+def _write_traceback(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str | None:
+    """The full traceback into ``<temp dir>/spectraflow-error-<pid>.log``; its path, or None when it cannot be
+    written."""
+    import tempfile
+    import traceback
+
+    path = os.path.join(tempfile.gettempdir(), f"spectraflow-error-{os.getpid()}.log")
+    try:
+        with open(path, "w") as f:
+            f.write("".join(traceback.format_exception(exc_type, exc, tb)))
+    except OSError:
+        return None
+    return path
+
+
 def _hook(previous: Any) -> Any:
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        previous(exc_type, exc, tb)
         try:
             line = error_summary(exc)
         except Exception:  # the report must never hide the original error
             line = None
+        if not line or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            previous(exc_type, exc, tb)
+        elif (path := _write_traceback(exc_type, exc, tb)) is not None:
+            line += f" (traceback: {path})"
+        else:
+            previous(exc_type, exc, tb)
         if line:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
@@ -90,9 +115,11 @@ def _hook(previous: Any) -> Any:
 
 
 def install_excepthook() -> None:
-    """Make uncaught exceptions end with the one-line report of :func:`error_summary` (idempotent).
-
-    The previous ``sys.excepthook`` still prints the traceback first.
+    """Make an uncaught user's mistake (a :class:`DataError` or :class:`SettingError` in the exception's chain) end
+    the output with the one line of :func:`error_summary`, without the Python traceback on screen: the traceback is
+    written to ``<temp dir>/spectraflow-error-<pid>.log``, named at the end of the line (``SPECTRAFLOW_TRACEBACK=1``
+    prints it on screen as well). Other exceptions keep the previous ``sys.excepthook`` (the usual traceback).
+    Idempotent.
     """
     if getattr(sys.excepthook, "_spectraflow_previous", None) is not None:
         return

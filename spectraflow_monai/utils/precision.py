@@ -38,6 +38,7 @@ import torch
 from monai.inferers import Inferer, SimpleInferer
 
 from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.settings import PRECISION_SETTINGS
 
 __all__ = [
     "PRECISION_SETTINGS",
@@ -54,8 +55,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: the values of the ``precision`` setting
-PRECISION_SETTINGS = ("auto", "bf16", "fp16", "fp32")
 #: ``/proc/cpuinfo`` flags of native bfloat16 arithmetic (AVX512-BF16, AMX-BF16)
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

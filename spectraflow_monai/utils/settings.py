@@ -11,7 +11,32 @@ import numpy as np
 
 from spectraflow_monai.utils.errors import SettingError
 
-__all__ = ["MODEL_DEFAULTS", "PATCH_SIZE", "check_image_size", "check_unread_settings"]
+__all__ = [
+    "CORRUPTION_KINDS",
+    "CORRUPTION_SEVERITIES",
+    "MAX_SEVERITY",
+    "MODEL_DEFAULTS",
+    "PATCH_SIZE",
+    "PRECISION_SETTINGS",
+    "check_image_size",
+    "check_unread_settings",
+]
+
+#: the values of the ``precision`` setting (:func:`spectraflow_monai.utils.resolve_precision` reads them); here, away
+#: from torch, so that command lines list them without loading it
+PRECISION_SETTINGS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
+#: parameter of each corruption kind at severity 0..5 (:mod:`spectraflow_monai.transforms.corruptions` says what each
+#: means; the ``corruption`` / ``corruption_severity`` settings of evaluate.yaml, ``spectraflow experiment robustness``)
+CORRUPTION_SEVERITIES: dict[str, tuple[float, ...]] = {
+    "brightness": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5),
+    "contrast": (1.0, 0.4, 0.3, 0.2, 0.1, 0.05),
+    "gaussian_blur": (0.0, 1.0, 2.0, 3.0, 4.0, 6.0),
+    "gaussian_noise": (0.0, 0.08, 0.12, 0.18, 0.26, 0.38),
+}
+#: the corruption kinds of paper Fig. 5.
+CORRUPTION_KINDS: tuple[str, ...] = tuple(CORRUPTION_SEVERITIES)
+#: the highest severity level.
+MAX_SEVERITY = 5
 
 logger = logging.getLogger(__name__)
 

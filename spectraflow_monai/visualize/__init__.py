@@ -6,16 +6,15 @@
 - :mod:`.report`: :func:`write_report` (``report.md``); its command line is :mod:`.cli` (``spectraflow report``).
 """
 
-from .curves import plot_training_curves, read_scalars
-from .overlays import overlay_arrays, plot_overlays
-from .predictions import find_prediction
-from .report import write_report
+from spectraflow_monai._lazy import lazy_exports
 
-__all__ = [
-    "find_prediction",
-    "overlay_arrays",
-    "plot_overlays",
-    "plot_training_curves",
-    "read_scalars",
-    "write_report",
-]
+#: module -> the names it exports (imported when a name is first used: the command line stays light)
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".predictions": ("find_prediction",),
+    ".overlays": ("overlay_arrays", "plot_overlays"),
+    ".curves": ("plot_training_curves", "read_scalars"),
+    ".report": ("write_report",),
+}
+
+__all__: list[str] = [name for names in _EXPORTS.values() for name in names]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

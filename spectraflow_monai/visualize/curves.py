@@ -17,7 +17,7 @@ import numpy as np
 
 from spectraflow_monai.visualize.utils import save_figure, shorten
 
-__all__ = ["HEADLINE_TAGS", "plot_training_curves", "read_scalars"]
+__all__ = ["HEADLINE_TAGS", "plot_training_curves", "read_scalars", "step_units"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,27 +25,80 @@ logger = logging.getLogger(__name__)
 HEADLINE_TAGS = ("meanflow_error", "train_loss")
 
 
+def _event_files(folder: str) -> list[str]:
+    """The event files directly inside ``folder``, oldest run first (by the start time TensorBoard writes into each
+    name, ``events.out.tfevents.<time>.<host>...``, then by name)."""
+
+    def start(name: str) -> tuple[float, str]:
+        parts = name.split(".")
+        try:
+            return float(parts[3]), name
+        except (IndexError, ValueError):
+            return float("inf"), name
+
+    names = [n for n in os.listdir(folder) if n.startswith("events.out.tfevents")]
+    names = [n for n in names if os.path.isfile(os.path.join(folder, n))]
+    return [os.path.join(folder, n) for n in sorted(names, key=start)]
+
+
+def _read_file(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(path, size_guidance={SCALARS: 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags().get("scalars", []):
+        events = acc.Scalars(tag)
+        out[tag] = (np.array([e.step for e in events]), np.array([e.value for e in events], dtype=np.float64))
+    return out
+
+
 def read_scalars(log_dir: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """All scalar series of a TensorBoard log folder (the event files directly inside it, not its sub-folders).
+    """The scalar series of the latest run in a TensorBoard log folder (its event files, not its sub-folders).
+
+    A folder holds one event file per run (a rerun, a resumed run, a run started over in the same bundle_root). The
+    files are read oldest first and a later run replaces every step from its first one on: a resumed run continues
+    the curve of the run it resumed (the steps before it are kept), a run started over replaces the whole curve,
+    and an interrupted run and its rerun are never joined into one zig-zag.
 
     Args:
         log_dir: folder written by a ``SummaryWriter`` (e.g. MONAI's ``TensorBoardStatsHandler``), or one event file.
 
     Returns:
-        ``{tag: (steps, values)}``, sorted by tag; empty when the folder holds no scalars.
+        ``{tag: (steps, values)}``, sorted by tag, steps increasing; empty when the folder holds no scalars.
     """
-    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
-
     path = os.fspath(log_dir)
     if not os.path.exists(path):
         raise FileNotFoundError(f"log_dir '{path}' does not exist.")
-    acc = EventAccumulator(path, size_guidance={SCALARS: 0})
-    acc.Reload()
-    out = {}
-    for tag in sorted(acc.Tags().get("scalars", [])):
-        events = acc.Scalars(tag)
-        out[tag] = (np.array([e.step for e in events]), np.array([e.value for e in events], dtype=np.float64))
-    return out
+    files = _event_files(path) if os.path.isdir(path) else [path]
+    merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for file in files:
+        for tag, (steps, values) in _read_file(file).items():
+            if len(steps) == 0:
+                continue
+            if tag in merged:  # the later run replaces the steps from its first one on
+                old_steps, old_values = merged[tag]
+                keep = old_steps < steps.min()
+                steps, values = np.concatenate([old_steps[keep], steps]), np.concatenate([old_values[keep], values])
+            merged[tag] = (steps, values)
+    return {tag: merged[tag] for tag in sorted(merged)}
+
+
+def step_units(scalars: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, str]:
+    """The x-axis unit of every series of one log folder: ``"iteration"`` or ``"epoch"``.
+
+    MONAI's ``TensorBoardStatsHandler`` writes a trainer's output (e.g. ``train_loss``) at every iteration and the
+    metrics (``val_mean_dice``, the loss terms, ``boundary_beta``) once per epoch, both against its own counter. In
+    a folder whose series end at different steps, those ending at the largest step are per iteration and the others
+    per epoch; when every series ends at the same step (Stage-1 logs every term per iteration), all are per iteration.
+    """
+    ends = {tag: int(steps.max()) for tag, (steps, _) in scalars.items() if len(steps)}
+    if not ends:
+        return {tag: "iteration" for tag in scalars}
+    last = max(ends.values())
+    if len(set(ends.values())) == 1:
+        return {tag: "iteration" for tag in scalars}
+    return {tag: "iteration" if ends.get(tag, last) == last else "epoch" for tag in scalars}
 
 
 def _ema(values: np.ndarray, weight: float = 0.9) -> np.ndarray:
@@ -67,7 +120,8 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
     ``loss_meanflow_weighted``, ``loss_dispersive``, ``dispersive_weighted``, ``loss`` for the SpectraFlow Stage-1
     pretraining; the tags of ``HEADLINE_TAGS`` lead their block, the others follow in name order. Non-finite
     values (an undefined HD95) are left out of a panel and counted in its title; long series also get a smoothed
-    line. Folders that do not exist
+    line. Each folder shows its latest run (:func:`read_scalars`); x axes are named ``iteration`` or ``epoch``
+    (:func:`step_units`). Folders that do not exist
     or hold no scalars are skipped with a logged warning and named at the bottom of the figure.
 
     Args:
@@ -109,6 +163,7 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
     plotted: list[str] = []
     row0 = 0
     for (label, scalars), nrow in zip(groups, rows):
+        units = step_units(scalars)
         for i, (tag, (steps, values)) in enumerate(scalars.items()):
             ax = axes[row0 + i // ncols][i % ncols]
             ok = np.isfinite(values)
@@ -122,7 +177,7 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
             else:
                 ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(shorten(title, 44), fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
+            ax.set_xlabel(units[tag], fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -2,8 +2,11 @@
 
 SpectraFlow (Chen et al., "SpectraFlow: Unifying Structural Pretraining and Frequency Adaptation for Medical Image
 Segmentation") shows qualitative predictions next to the ground truth. Images, masks and predictions are all read
-with MONAI's ``LoadImage(reader="PILReader")``, the reader the bundle trains and saves with, so their orientations
-agree (MONAI's PIL reader and writer both swap the two spatial axes, and the figures swap them back). matplotlib
+with the reader the 2D bundle trains with, :class:`~spectraflow_monai.data.Image2DReader` (Pillow, and tifffile for the
+TIFFs Pillow cannot open; images as RGB in [0, 1], masks with their stored values), so every format the bundle reads
+is shown and the orientations agree (the reader and MONAI's PIL writer both swap the two spatial axes, and the
+figures swap them back). Label maps (``label_classes``) are shown through their label map: foreground = every
+value of a class other than background (class 0), the foreground value 0 of an inverted map included. matplotlib
 (Agg canvas, no pyplot state) and scikit-image are imported inside the functions that use them; the PNG is written
 atomically.
 """
@@ -18,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from spectraflow_monai.data.label_map import apply_label_map
+from spectraflow_monai.data.readers import Image2DReader
 from spectraflow_monai.transforms.label import BinarizeLabel
 from spectraflow_monai.visualize.predictions import PRED_SUFFIX, check_datalist, pair_predictions, read_dice
 from spectraflow_monai.visualize.utils import list_names, save_figure, shorten
@@ -44,8 +49,15 @@ def _spread_ranks(n: int, k: int) -> list[int]:
     return sorted(chosen)
 
 
+def _loaders() -> dict[str, Any]:
+    """``LoadImage`` of the images and of the masks / predictions, with the bundle's reader."""
+    from monai.transforms import LoadImage
+
+    return {kind: LoadImage(reader=Image2DReader(kind), image_only=True) for kind in ("image", "label")}
+
+
 def _load_chw(loader: Any, path: str, what: str) -> np.ndarray:
-    """Read one 2D image as a channel-first float array (MONAI PIL reader: spatial axes (W, H))."""
+    """Read one 2D image as a channel-first float array (spatial axes (W, H), as MONAI's PIL reader gives them)."""
     from monai.transforms import EnsureChannelFirst
     from monai.utils import convert_to_numpy
 
@@ -89,37 +101,54 @@ def mask_contours(mask_hw: np.ndarray) -> list[np.ndarray]:
     return [c - 1.0 for c in measure.find_contours(padded, 0.5)]
 
 
+def _foreground(arr: np.ndarray, label_map: Mapping[int, int], path: str) -> np.ndarray:
+    """(C, W, H) label values -> (1, W, H) bool: values of a class other than background (0) under ``label_map``."""
+    return apply_label_map(np.rint(arr[:1]), label_map, unmapped="background", where=path) > 0
+
+
 def overlay_arrays(
-    entry: Mapping, prediction: str | os.PathLike, size: int = 224, loader: Any = None
+    entry: Mapping,
+    prediction: str | os.PathLike,
+    size: int = 224,
+    loader: Any = None,
+    label_map: Mapping[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Image, ground truth and prediction of one datalist entry, aligned and ready to display.
 
-    All three files are read with MONAI's ``LoadImage(reader="PILReader")`` (as the bundle reads images and
-    ``SaveImaged``/``PILWriter`` writes predictions), resized to ``size`` x ``size`` (image: area; masks: nearest)
-    and returned in display orientation (row = image row, as the file shows it).
+    All three files are read with the bundle's :class:`~spectraflow_monai.data.Image2DReader` (images as RGB in
+    [0, 1], masks and predictions with their stored values), resized to ``size`` x ``size`` (image: area; masks:
+    nearest) and returned in display orientation (row = image row, as the file shows it).
 
     Args:
         entry: datalist entry with ``"image"``, ``"label"`` and optionally ``"label_threshold"`` (raw grey level
             from which a mask pixel is foreground; default 128).
         prediction: prediction file (foreground = value >= 128, or >= 0.5 for a file holding 0/1).
         size: output side length. Defaults to 224.
-        loader: a ``LoadImage`` instance to reuse. Defaults to a new PIL reader.
+        loader: one ``LoadImage`` instance for all three files, or ``{"image": ..., "label": ...}`` (masks and
+            predictions). Defaults to the bundle's reader per kind of file.
+        label_map: ``{source value: class}`` of label maps (``label_classes``): mask and prediction pixels are
+            foreground when their value belongs to a class other than 0 (the prediction holding source values, as
+            the bundle writes them). None: binary masks as above. Defaults to None.
 
     Returns:
         ``(rgb, gt, pred)``: float (size, size, 3) in [0, 1], bool (size, size), bool (size, size).
     """
-    if loader is None:
-        from monai.transforms import LoadImage
-
-        loader = LoadImage(reader="PILReader", image_only=True)
-    image = _resize(_load_chw(loader, os.fspath(entry["image"]), "image"), size, "area")
-    threshold = entry.get("label_threshold", 128)
-    label = BinarizeLabel(threshold=128 if threshold is None else threshold)(
-        _load_chw(loader, os.fspath(entry["label"]), "label")
-    )
+    if isinstance(loader, Mapping):
+        loaders = loader
+    else:
+        loaders = _loaders() if loader is None else {"image": loader, "label": loader}
+    image = _resize(_load_chw(loaders["image"], os.fspath(entry["image"]), "image"), size, "area")
+    label_path, pred_path = os.fspath(entry["label"]), os.fspath(prediction)
+    raw_label = _load_chw(loaders["label"], label_path, "label")
+    raw_pred = _load_chw(loaders["label"], pred_path, "prediction")
+    if label_map is not None:
+        label, pred = _foreground(raw_label, label_map, label_path), _foreground(raw_pred, label_map, pred_path)
+    else:
+        threshold = entry.get("label_threshold", 128)
+        label = BinarizeLabel(threshold=128 if threshold is None else threshold)(raw_label)
+        pred = raw_pred.max(axis=0, keepdims=True)
+        pred = pred >= (128.0 if pred.max() > 1.0 else 0.5)
     label = _resize(np.asarray(label, dtype=np.float32), size, "nearest")[0] > 0.5
-    pred = _load_chw(loader, os.fspath(prediction), "prediction").max(axis=0, keepdims=True)
-    pred = pred >= (128.0 if pred.max() > 1.0 else 0.5)
     pred = _resize(pred.astype(np.float32), size, "nearest")[0] > 0.5
     # MONAI's PIL reader gives (W, H) spatial axes: transpose back to (H, W) for display
     return _display_rgb(image), label.T, pred.T
@@ -133,10 +162,12 @@ def plot_overlays(
     size: int = 224,
     seed: int = 0,
     metrics_csv: str | os.PathLike | None = None,
+    label_map: Mapping[int, int] | None = None,
 ) -> int:
     """A grid of images with the ground-truth contour (green) and the predicted contour (red), titled by name.
 
-    Image and mask are read with MONAI's PIL reader and resized to ``size`` x ``size`` as in the bundle (image:
+    Image and mask are read with the bundle's reader (see :func:`overlay_arrays`, ``label_map`` for label maps) and
+    resized to ``size`` x ``size`` as in the bundle (image:
     area, mask: nearest after ``value >= entry["label_threshold"]``, default 128); the prediction (see
     :func:`find_prediction`; foreground = value >= 128, or >= 0.5 for a 0/1 file) is expected at that size and
     resized (nearest) otherwise. Entries without a prediction are skipped with a logged warning.
@@ -155,6 +186,7 @@ def plot_overlays(
         size: displayed side length in pixels, the evaluation resolution. Defaults to 224.
         seed: seed of the random choice without ``metrics_csv``. Defaults to 0.
         metrics_csv: per-image metrics CSV with a name column and a Dice (``dice``/``DSC``) column. Defaults to None.
+        label_map: ``{source value: class}`` of label maps (see :func:`overlay_arrays`). Defaults to None.
 
     Returns:
         The number of images shown.
@@ -198,9 +230,7 @@ def plot_overlays(
 
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
-    from monai.transforms import LoadImage
-
-    loader = LoadImage(reader="PILReader", image_only=True)
+    loaders = _loaders()
     # fixed layout in inches (square panels, room for two title lines above each and the legend below)
     ncols = len(picked) if len(picked) <= 3 else min(4, math.ceil(math.sqrt(len(picked))))
     nrows = math.ceil(len(picked) / ncols)
@@ -217,7 +247,7 @@ def plot_overlays(
         for i in range(len(picked))
     ]
     for i, (entry, name, pred_path, suffix) in enumerate(picked):
-        rgb, label, pred = overlay_arrays(entry, pred_path, size=size, loader=loader)
+        rgb, label, pred = overlay_arrays(entry, pred_path, size=size, label_map=label_map, loader=loaders)
         ax = axes[i]
         ax.set_axis_off()
         ax.imshow(rgb, interpolation="nearest")

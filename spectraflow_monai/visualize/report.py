@@ -30,7 +30,15 @@ from spectraflow_monai.visualize.overlays import plot_overlays
 from spectraflow_monai.visualize.predictions import check_datalist, find_prediction, pair_predictions
 from spectraflow_monai.visualize.utils import list_names
 
-__all__ = ["find_prediction", "write_report"]
+__all__ = ["BETA_RAMP_NOTE", "find_prediction", "write_report"]
+
+#: why the Stage-2 total loss can rise while it trains well (the report adds it under the Stage-2 curves)
+BETA_RAMP_NOTE = (
+    "  - Stage-2 `train_loss` is Dice + BCE + β·boundary, and β (`boundary_beta`) ramps from `boundary_beta` to "
+    "`boundary_beta_max` over `boundary_ramp_epochs` epochs (Chen et al., Sec. 4.2): the total can rise while every "
+    "term falls. Read progress from `train_loss_dice`, `train_loss_bce`, `train_loss_boundary` and the validation "
+    "metrics; `train_loss_boundary_weighted` is the β-weighted term inside the total."
+)
 
 
 def write_report(
@@ -42,6 +50,7 @@ def write_report(
     num_images: int = 6,
     seed: int = 0,
     image_size: int = 224,
+    label_map: Mapping[int, int] | None = None,
 ) -> str:
     """Write ``eval_dir/report.md``: the ``summary.md`` metric table, training curves and prediction overlays.
 
@@ -62,6 +71,8 @@ def write_report(
         seed: seed of the overlay choice without ``metrics.csv``. Defaults to 0.
         image_size: side length of the overlay panels in pixels, the evaluation resolution (see
             :func:`plot_overlays`). Defaults to 224.
+        label_map: ``{source value: class}`` of label maps (``label_classes``), for the overlays' contours; None:
+            binary masks. Defaults to None.
 
     Returns:
         The path of ``report.md``.
@@ -104,6 +115,13 @@ def write_report(
                 lines.append(f"- {label}: no scalars in `{d}`, skipped.")
             else:
                 lines.append(f"- {label} (`{d}`): " + ", ".join(f"`{t}`" for t in tags))
+                if {"train_loss", "boundary_beta"} <= set(tags):
+                    lines.append(BETA_RAMP_NOTE)
+        lines.append("")
+        lines.append(
+            "Each log folder shows its latest run: a later event file replaces the steps it repeats (a resumed run "
+            "continues the curve, a run started over replaces it). x axes count iterations or epochs, as named."
+        )
         lines.append("")
 
     if datalist is not None:
@@ -114,7 +132,8 @@ def write_report(
         metrics_csv = os.path.join(folder, "metrics.csv")
         has_csv = os.path.isfile(metrics_csv)
         n = plot_overlays(entries, pred_dir, os.path.join(folder, "overlays.png"), num_images=num_images,
-                          size=image_size, seed=seed, metrics_csv=metrics_csv if has_csv else None)
+                          size=image_size, seed=seed, metrics_csv=metrics_csv if has_csv else None,
+                          label_map=label_map)
         how = "best, worst and median Dice (metrics.csv), then spread over the ranking" if has_csv else (
             f"drawn at random (seed {seed})")
         lines += [

@@ -50,9 +50,12 @@ def test_last_output_line_names_the_file_and_the_problem(tmp_path):
     proc = subprocess.run(cmd, cwd=BUNDLE, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert "Traceback" in proc.stderr  # the usual report is kept, the summary comes after it
+    assert "Traceback" not in proc.stderr  # a user's mistake: no traceback on screen ...
     last = lines[-1]
     assert last.startswith("error: ") and str(base / "images" / "b.jpg") in last and "without a mask" in last, last
+    log = last.rsplit("(traceback: ", 1)[1].rstrip(")")  # ... it is in the log file the line names
+    with open(log) as f:
+        assert "Traceback" in f.read()
     assert not (tmp_path / "b" / "models" / "model.pt").exists()
 
 

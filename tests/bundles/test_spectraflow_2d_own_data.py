@@ -17,7 +17,7 @@ import tifffile
 from PIL import Image
 
 from spectraflow_monai.utils.errors import DataError, find_input_error
-from tests.bundles.helpers import load_weights, run_bundle
+from tests.bundles.helpers import load_weights, parse_config, run_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
@@ -177,3 +177,87 @@ def test_bad_input_stops_before_training_and_keeps_outputs(tmp_path, problem):
     error = find_input_error(info.value)
     assert isinstance(error, DataError) and named in str(error), str(error)
     assert (root / "models" / "model.pt").read_bytes() == b"earlier model"
+
+
+@pytest.mark.parametrize(
+    "classes",
+    [{"background": 255, "membrane": 0}, {255: 0, 0: 1}],
+    ids=["names_foreground_value_0", "values_foreground_value_0"],
+)
+def test_two_class_label_map_with_foreground_value_0(tmp_path, classes):
+    """An EM-style stack: membrane (the foreground) stored as 0 on a 255 background; 2 classes trained as a label
+    map (2 channels, softmax) are evaluated per image and inferred."""
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    (data / "masks").mkdir()
+    for i in range(6):
+        img, lab = _scene(i)
+        Image.fromarray((img * 255).astype(np.uint8)).save(data / "images" / f"em{i}.png")
+        Image.fromarray(np.where(lab == 1, 0, 255).astype(np.uint8)).save(data / "masks" / f"em{i}.png")
+    source = {"dataset": "folder", "dataset_dir": str(data), "label_classes": classes}
+    out = _train_evaluate_infer(tmp_path / "b", source, [data / "images" / "em0.png"])
+    heads = [v for k, v in out["model"].items() if v.ndim == 4 and v.shape[0] == 2]
+    assert heads, "a 2-channel output layer"
+    assert len(out["rows"]) == 1 and float(out["rows"][0]["dice"]) >= 0.0
+    assert out["rows"][0]["class"] == ("membrane" if "membrane" in classes else "class_1")
+    pred = np.asarray(Image.open(out["pred"][0]))
+    assert pred.shape == (SIZE, SIZE) and set(np.unique(pred).tolist()) <= {0, 255}  # the source values
+    saved = np.asarray(Image.open(next((tmp_path / "b" / "eval" / "predictions").iterdir())))
+    assert set(np.unique(saved).tolist()) <= {0, 255}
+
+
+@pytest.mark.parametrize("dataset_dir", [None, "other"], ids=["json_folder", "dataset_dir_given"])
+def test_datalist_json_paths_resolve_against_its_folder(tmp_path, dataset_dir):
+    """A datalist JSON with relative paths and no --dataset_dir: the paths start at the JSON's own folder (as in the
+    Synapse bundle); a given dataset_dir is their base instead."""
+    data = _folder_pairs(tmp_path / "own", n=4)
+    items = [{"image": f"images/{p.name}", "label": f"masks/{p.stem}_mask.png"} for p in _images(data)]
+    items = [it if "case3" not in it["image"] else dict(it, label="masks/case3_mask.gif") for it in items]
+    js = data / "dataset.json"
+    js.write_text(json.dumps({"training": items[:3], "validation": items[3:]}))
+    settings = {"bundle_root": str(tmp_path / "b"), **NET, "data_list_file_path": str(js)}
+    if dataset_dir is not None:
+        other = tmp_path / dataset_dir
+        (other / "images").mkdir(parents=True)
+        (other / "masks").mkdir()
+        for it in items:
+            for f in it.values():
+                (other / f).write_bytes((data / f).read_bytes())
+        settings["dataset_dir"] = str(other)
+    parser = parse_config(TRAIN, **settings)
+    base = tmp_path / (dataset_dir or "own")
+    train = parser.get_parsed_content("data_source").datalist("train")
+    assert [e["image"] for e in train] == [str(base / it["image"]) for it in items[:3]]
+    assert parser.get_parsed_content("dataset_dir") == str(base)
+
+
+def test_scores_at_original_size_inside_the_field_of_view(tmp_path):
+    """Evaluation of a datalist whose test entries carry a field-of-view mask (``"fov"``, relative path): only the
+    pixels inside it are scored; ``score_at_original_size`` scores each image at its own size (52x40 here) instead
+    of image_size."""
+    data = tmp_path / "data"
+    for sub in ("images", "masks", "fov"):
+        (data / sub).mkdir(parents=True)
+    items = []
+    for i in range(6):
+        img, lab = np.full((40, 52), 0.4), np.zeros((40, 52), np.uint8)
+        img[8 + i : 24 + i, 6:30], lab[8 + i : 24 + i, 6:30] = 0.9, 255
+        fov = np.zeros((40, 52), np.uint8)
+        fov[:, :20] = 255  # the left part is the field of view
+        Image.fromarray((img * 255).astype(np.uint8)).save(data / "images" / f"r{i}.png")
+        Image.fromarray(lab).save(data / "masks" / f"r{i}.png")
+        Image.fromarray(fov).save(data / "fov" / f"r{i}.png")
+        items.append({"image": f"images/r{i}.png", "label": f"masks/r{i}.png", "fov": f"fov/r{i}.png"})
+    js = data / "dataset.json"
+    js.write_text(json.dumps({"training": items[:4], "test": items[4:]}))
+    common = {"bundle_root": str(tmp_path / "b"), **RUN, "data_list_file_path": str(js)}
+    run_bundle(TRAIN, META, **common)
+    gt_inside = {f"r{i}": int(((np.asarray(Image.open(data / "masks" / f"r{i}.png")) > 0)[:, :20]).sum()) for i in (4, 5)}
+    run_bundle([TRAIN, EVALUATE], META, **common, score_at_original_size=True)
+    rows = _rows(tmp_path / "b" / "eval" / "metrics.csv")
+    assert {r["name"]: int(r["gt_area"]) for r in rows} == gt_inside  # original size, inside the field of view
+    run_bundle([TRAIN, EVALUATE], META, **common)
+    rows = _rows(tmp_path / "b" / "eval" / "metrics.csv")
+    areas = {r["name"]: int(r["gt_area"]) for r in rows}
+    scale = SIZE * SIZE / (40 * 52)  # at 28x28 (image_size), inside the field of view (the whole square: ~1.7x)
+    assert all(abs(areas[n] - gt_inside[n] * scale) < 0.2 * gt_inside[n] * scale for n in areas), (areas, gt_inside)

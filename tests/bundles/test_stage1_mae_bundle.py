@@ -3,6 +3,7 @@ end to end on tiny synthetic data: Stage-1 with the override, then Stage-2, whic
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,8 @@ def test_mae_stage1_then_stage2(tmp_path):
     assert isinstance(parser.get_parsed_content("stage1#trainer"), MAEPretrainer)
 
     run_bundle(STAGE1, META, **common, **stage1)
+    record = json.loads((tmp_path / "models" / "stage1" / "run_record.json").read_text())
+    assert record["settings"]["mae_decoder_hidden_size"] == 32 and record["settings"]["mae_mask_ratio"] == 0.75
     path = tmp_path / "models" / "encoder_stage1.pt"
     export = load_weights(path)
     # the MAE export is a plain timm-layout encoder (no decoder keys) that loads with strict keys

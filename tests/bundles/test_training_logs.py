@@ -97,3 +97,13 @@ def test_console_one_summary_line_per_epoch(runs, stage):
         for name in ("train_loss ", "train_loss_dice", "train_loss_bce", "train_loss_boundary", "boundary_beta 0.01"):
             assert name in line, line
         assert "val_mean_dice" in line and "best val_mean_dice" in line, line
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+def test_quiet_without_progress_bars(runs, stage):
+    """``--progress_bar False``: no bar at all (MONAI's dataset caching bar included); the known-harmless library
+    warnings (spectraflow_monai.utils.quiet) do not print."""
+    log = runs[stage]
+    assert "Loading dataset" not in log and "%|" not in log, log[-4000:]
+    for text in ("`torch.jit.script` is deprecated", "is all 0, this may result", "always_return_as_numpy"):
+        assert text not in log, text

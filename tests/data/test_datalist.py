@@ -228,3 +228,42 @@ def test_inference_files_globs_images_of_a_folder(tmp_path):
     assert [os.path.basename(f) for f in inference_files(tmp_path)] == ["a.tif", "b.png"]
     with pytest.raises(DatasetError, match="not a folder"):
         inference_files(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("source", ["folder_pattern", "json_groups"])
+def test_grouped_holdout_keeps_each_video_in_one_split(tmp_path, seed, source):
+    """Frames of one video (CVC-style ids ``v<video>_f<frame>``) are never split between training and validation:
+    a folder with ``group_pattern``, or a JSON whose entries carry a ``group`` field."""
+    data = tmp_path / "data"
+    names = [f"v{v}_f{f}" for v in range(5) for f in range(4)]
+    for n in names:
+        _pair(data, n, f"{n}_mask.png")
+    if source == "folder_pattern":
+        kw = {"group_pattern": r"^(v\d+)_"}
+        train = folder_datalist(data, "train", seed=seed, **kw)
+        val = folder_datalist(data, "val", seed=seed, **kw)
+    else:
+        items = [{"image": f"images/{n}.png", "label": f"masks/{n}_mask.png", "group": n.split("_")[0]} for n in names]
+        (data / "d.json").write_text(json.dumps({"training": items}))
+        train, val = (decathlon_datalist(data / "d.json", None, s, seed=seed) for s in ("train", "val"))
+    video = {e["name"].split("_")[0] for e in train}, {e["name"].split("_")[0] for e in val}
+    assert not video[0] & video[1] and len(video[1]) == 1  # round(0.2 * 5 groups) = 1 whole video held out
+    assert len(train) + len(val) == 20 and len(val) == 4
+    with pytest.raises(DatasetError, match="does not match the image id"):
+        folder_datalist(data, "val", group_pattern=r"^patient(\d+)")
+    with pytest.raises(SettingError, match="group_pattern"):
+        folder_datalist(data, "val", group_pattern="(")
+
+
+def test_folder_field_of_view_masks_are_paired_like_masks(tmp_path):
+    """``<dataset_dir>/fov/<id>_mask.png`` (DRIVE-style) gives the entry's ``fov``; images without one have none."""
+    data = _folder(tmp_path / "data", n=3)
+    (data / "fov").mkdir()
+    for i in (0, 1):
+        Image.fromarray(np.full((8, 8), 255, np.uint8)).save(data / "fov" / f"im{i}_mask.png")
+    entries = {e["name"]: e for e in folder_datalist(data, "all")}
+    assert entries["im0"]["fov"] == str(data / "fov" / "im0_mask.png") and "fov" not in entries["im2"]
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(data / "fov" / "other.png")
+    with pytest.raises(DatasetError, match="other.png"):
+        folder_datalist(data, "all")

@@ -116,6 +116,18 @@ def test_multiclass_label_maps_per_class():
     assert rows2[2]["dice"] == pytest.approx(2 / 3)
 
 
+@pytest.mark.parametrize("class_names", [["membrane"], ["background", "membrane"]])
+def test_two_class_label_map_names(class_names):
+    """A 2-class label map (``num_classes=2``) is binary input; its names may list the background first."""
+    gt = torch.zeros(1, 1, 8, 8)
+    gt[0, 0, :4] = 1
+    suite = SegmentationMetricSuite(num_classes=2, class_names=class_names, hd95=None)
+    rows = suite.update(gt.clone(), gt, name="em0")
+    assert [r["class"] for r in rows] == ["membrane"] and rows[0]["dice"] == 1.0
+    with pytest.raises(ValueError, match="1 entry"):
+        SegmentationMetricSuite(num_classes=2, class_names=["a", "b", "c"]).update(gt, gt)
+
+
 def test_3d_input_and_spacing():
     gt = torch.zeros(1, 1, 6, 6, 12)
     pred = torch.zeros_like(gt)
@@ -262,3 +274,38 @@ def test_missed_structure_volume_diagonal_in_spacing_units():
     assert rows[1]["hd95_pooled_empty_as_diagonal"] == 0.0
     s = suite.summary()
     assert s["hd95_dropped"] == 1 and s["per_class"]["1"]["hd95_dropped"] == 1
+
+
+@pytest.mark.parametrize("case", ["empty", "full", "fine"])
+def test_degenerate_predictions_warned_in_the_summary(case):
+    """An all-foreground model on masks that cover most of each image (EM membranes) scores a high Dice; the
+    summary says so. Mostly empty predictions are named as well."""
+    gt = torch.ones(4, 1, 8, 8)
+    gt[:, :, :2] = 0  # foreground covers 75 % of each image
+    pred = {"empty": torch.zeros_like(gt), "full": torch.ones_like(gt), "fine": gt.clone()}[case]
+    suite = SegmentationMetricSuite(hd95=None)
+    suite.update(pred, gt)
+    s = suite.summary()
+    md = suite.summary_markdown()
+    if case == "fine":
+        assert s["warnings"] == [] and "Warning" not in md
+    else:
+        words = {"empty": "4 of 4 prediction(s) are empty", "full": "foreground over the whole image"}[case]
+        assert len(s["warnings"]) == 1 and words in s["warnings"][0] and f"**Warning:** {s['warnings'][0]}" in md
+    if case == "full":
+        assert s["mDSC"] > 0.8  # the misleading score the warning is about
+
+
+def test_field_of_view_mask_scores_inside_only():
+    gt = torch.zeros(1, 1, 8, 8)
+    gt[0, 0, 2:6, 2:6] = 1
+    pred = gt.clone()
+    pred[0, 0, :, 6:] = 1  # false positives, all outside the field of view
+    fov = torch.zeros(1, 1, 8, 8)
+    fov[..., :6] = 1
+    suite = SegmentationMetricSuite(hd95=None)
+    assert suite.update(pred, gt)[0]["dice"] < 1.0
+    row = suite.update(pred, gt, mask=fov)[0]
+    assert row["dice"] == 1.0 and row["pred_area"] == 16 and row["pixels"] == 48
+    with pytest.raises(ValueError, match="mask must be"):
+        suite.update(pred, gt, mask=fov[..., :4])

@@ -80,3 +80,49 @@ def test_check_values_rejects_other_value_sets_naming_the_file(values, shown):
 def test_bad_check_arguments(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         BinarizeLabel(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "label_map, num_classes, expected",
+    [
+        ({255: 0, 0: 1}, 2, [255, 0]),
+        ({0: 0, 1: 1, 5: 2}, 3, [0, 1, 5]),
+        ({0: 0, 100: 1, 101: 1, 7: 2}, 3, [0, 100, 7]),
+        ({0: 0, 3: 2}, 3, [0, 1, 3]),  # class 1 has no source value: its index
+        (None, 2, None),
+    ],
+)
+def test_inverse_label_map(label_map, num_classes, expected):
+    from spectraflow_monai.data import inverse_label_map
+
+    assert inverse_label_map(label_map, num_classes) == expected
+
+
+def test_save_label_values_writes_source_values_and_keeps_the_classes(tmp_path):
+    from monai.data import MetaTensor
+    from PIL import Image
+
+    from spectraflow_monai.transforms import SaveLabelValuesd
+
+    classes = torch.zeros(1, 6, 5)
+    classes[0, 1:3, 1:4] = 1
+    pred = MetaTensor(classes, meta={"filename_or_obj": "em0.png"})
+    writer = SaveLabelValuesd("pred", values=[255, 0], output_dir=str(tmp_path), output_postfix="seg",
+                              output_ext=".png", writer="PILWriter", output_dtype=np.uint8, separate_folder=False,
+                              print_log=False)  # fmt: skip
+    out = writer({"pred": pred})
+    assert torch.equal(out["pred"], classes)  # the metrics after the writer still see class indices
+    saved = np.asarray(Image.open(tmp_path / "em0_seg.png"))
+    assert sorted(np.unique(saved).tolist()) == [0, 255] and (saved == 0).sum() == 6
+    with pytest.raises(ValueError, match="values"):
+        SaveLabelValuesd("pred", values=[0.5, 1], output_dir=str(tmp_path))
+
+
+def test_jpeg_saved_0_1_mask_names_label_threshold(tmp_path):
+    """A 0/1 mask saved as JPEG holds compression noise around 0 and 1: the message names the setting that reads it."""
+    from spectraflow_monai.transforms.label import binary_mask_threshold
+
+    noisy = np.random.default_rng(0).integers(0, 2, (32, 32)).astype(np.uint8)  # JPEG noise around 0 ...
+    noisy[8:24, 8:24] += 1  # ... and around 1: values 0, 1, 2
+    with pytest.raises(DataError, match="label_threshold': 1"):
+        binary_mask_threshold(noisy, tmp_path / "m.jpg")

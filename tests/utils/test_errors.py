@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -48,6 +49,16 @@ def test_excepthook_adds_the_last_line(raised, last):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1
-    assert "Traceback" in proc.stderr and "RuntimeError: Failed to evaluate" in proc.stderr  # the usual report
     assert lines[-1].startswith(last), proc.stderr
     assert sum(line.startswith("error:") for line in lines) == (1 if "DataError" in raised else 0)
+    if "DataError" not in raised:  # not a user's mistake: the usual report
+        assert "Traceback" in proc.stderr and "RuntimeError: Failed to evaluate" in proc.stderr
+        return
+    assert len(lines) == 1 and "Traceback" not in proc.stderr  # one line, no traceback on screen
+    log = lines[0].rsplit("(traceback: ", 1)[1].rstrip(")")
+    with open(log) as f:
+        assert "RuntimeError: Failed to evaluate" in f.read()  # the full traceback is in the log file
+    os.remove(log)
+    env = dict(os.environ, SPECTRAFLOW_TRACEBACK="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "Traceback" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("error:")

@@ -59,3 +59,60 @@ def test_cli_output_and_image_size(run_dir, tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(["--datalist", str(tmp_path / "dl.json")])  # --output is required
     assert "--output" in capsys.readouterr().err
+
+
+def _own_data(root):
+    """A folder data set as the 2D bundle reads it: half-float TIFF images (Pillow cannot open them), ``<id>_mask.png``
+    masks, and evaluation outputs (summary.md, 224x224 predictions)."""
+    import numpy as np
+    import tifffile
+    from PIL import Image
+
+    from tests.visualize.helpers import box_mask, save_prediction
+
+    for sub in ("images", "masks", "raw_pred", "eval/predictions"):
+        os.makedirs(root / sub)
+    for i in range(5):
+        img = np.full((48, 64), 0.3, np.float16)
+        img[10:30, 10:40] = 0.9
+        tifffile.imwrite(root / "images" / f"c{i}.tif", img)
+        Image.fromarray(box_mask((10, 30, 10, 40))).save(root / "masks" / f"c{i}_mask.png")
+        Image.fromarray(box_mask((12, 30, 10, 40))).save(root / "raw_pred" / f"c{i}.png")
+        save_prediction(str(root / "raw_pred" / f"c{i}.png"), str(root / "eval" / "predictions"))
+    (root / "eval" / "summary.md").write_text(SUMMARY)
+    return root
+
+
+@pytest.mark.parametrize("source", ["folder", "json_own_folder", "json_dataset_dir"])
+def test_cli_reads_the_bundles_sources_and_formats(tmp_path, capsys, source):
+    """``spectraflow report`` reads what the bundle reads: a folder source, a datalist JSON with paths relative to
+    its own folder or to --dataset-dir, TIFFs that Pillow cannot open."""
+    data = _own_data(tmp_path / "data")
+    items = [{"image": f"images/c{i}.tif", "label": f"masks/c{i}_mask.png"} for i in range(5)]
+    if source == "folder":
+        argv = ["--dataset", "folder", "--dataset-dir", str(data)]
+        expected = 1  # the bundle's seeded hold-out (val_fraction 0.2 of 5 images)
+    elif source == "json_own_folder":
+        (data / "d.json").write_text(json.dumps({"training": items[:3], "test": items[3:]}))
+        argv, expected = ["--datalist", str(data / "d.json")], 2
+    else:
+        (tmp_path / "lists").mkdir()
+        (tmp_path / "lists" / "d.json").write_text(json.dumps({"training": items[:2], "validation": items[2:]}))
+        argv, expected = ["--datalist", str(tmp_path / "lists" / "d.json"), "--dataset-dir", str(data)], 3
+    assert cli.main(["--output", str(data / "eval"), *argv]) == 0
+    text = (data / "eval" / "report.md").read_text()
+    assert f"{expected} of {expected} image(s) with a prediction shown" in text
+    assert (data / "eval" / "overlays.png").is_file()
+    from spectraflow_monai.visualize.overlays import overlay_arrays
+
+    rgb, gt, pred = overlay_arrays({"image": str(data / "images" / "c0.tif"), "label": str(data / "masks" /
+                                    "c0_mask.png")}, data / "eval" / "predictions" / "c0_seg.png", size=48)
+    assert rgb[0, 0] == pytest.approx([0.3] * 3, abs=1e-3) and rgb[20, 20] == pytest.approx([0.9] * 3, abs=1e-3)
+    assert gt.sum() > 0 and pred.sum() > 0
+
+
+def test_cli_help_lists_the_bundles_sources(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "folder" in out and "--label-classes" in out

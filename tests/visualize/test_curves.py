@@ -68,3 +68,47 @@ def test_plot_training_curves_bad_args(run_dir, tmp_path):
         cv.plot_training_curves([str(root / "logs")], tmp_path / "c.png")
     with pytest.raises(FileNotFoundError, match="nope"):
         cv.read_scalars(root / "nope")
+
+
+def _write(folder, series):
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(log_dir=str(folder))
+    for tag, points in series.items():
+        for step, value in points:
+            w.add_scalar(tag, value, step)
+    w.close()
+
+
+def test_latest_run_of_a_folder_without_zigzag(tmp_path):
+    """An interrupted run (iterations 1..10) and its rerun from a checkpoint (6..12): one curve, the rerun's values
+    from step 6 on; a run started over (1..3) replaces the whole curve."""
+    from spectraflow_monai.visualize.curves import read_scalars
+
+    _write(tmp_path, {"train_loss": [(s, 1.0) for s in range(1, 11)]})
+    _write(tmp_path, {"train_loss": [(s, 2.0) for s in range(6, 13)]})
+    steps, values = read_scalars(tmp_path)["train_loss"]
+    assert steps.tolist() == list(range(1, 13)) and values.tolist() == [1.0] * 5 + [2.0] * 7
+    _write(tmp_path, {"train_loss": [(s, 3.0) for s in range(1, 4)]})
+    steps, values = read_scalars(tmp_path)["train_loss"]
+    assert steps.tolist() == [1, 2, 3] and values.tolist() == [3.0] * 3
+
+
+def test_axes_named_iteration_or_epoch(run_dir):
+    from spectraflow_monai.visualize.curves import read_scalars, step_units
+
+    root, _ = run_dir
+    units = step_units(read_scalars(root / "logs"))
+    assert units == {"train_loss": "iteration", "val_hd95": "epoch", "val_mean_dice": "epoch"}
+    assert set(step_units(read_scalars(root / "logs" / "stage1")).values()) == {"iteration"}
+
+
+def test_report_explains_the_beta_ramp(tmp_path):
+    from spectraflow_monai.visualize.report import BETA_RAMP_NOTE, write_report
+    from tests.visualize.helpers import SUMMARY
+
+    (tmp_path / "summary.md").write_text(SUMMARY)
+    _write(tmp_path / "logs", {"train_loss": [(s, 0.5 + 0.01 * s) for s in range(1, 9)],
+                               "boundary_beta": [(1, 0.01), (2, 0.02)], "train_loss_dice": [(1, 0.5), (2, 0.4)]})
+    text = open(write_report(tmp_path, log_dirs={"Stage-2": tmp_path / "logs"})).read()
+    assert BETA_RAMP_NOTE in text and "latest run" in text

@@ -112,3 +112,18 @@ def test_missing_files(run_dir, tmp_path):
     (tmp_path / "junk.png").write_text("not an image")
     with pytest.raises(ValueError, match="junk.png"):
         ov.overlay_arrays(datalist[0], tmp_path / "junk.png")
+
+
+def test_overlay_arrays_inverted_label_map(tmp_path):
+    """A 2-class label map whose foreground is value 0 (``label_classes {'background': 255, 'membrane': 0}``):
+    ground truth and prediction (source values, as the bundle writes them) are foreground where the value is 0."""
+    from PIL import Image
+
+    mask = np.full((32, 40), 255, np.uint8)
+    mask[5:15, 8:20] = 0
+    Image.fromarray(np.full((32, 40, 3), 120, np.uint8)).save(tmp_path / "im.png")
+    Image.fromarray(mask).save(tmp_path / "lab.png")
+    Image.fromarray(mask).save(tmp_path / "pred.png")
+    entry = {"image": str(tmp_path / "im.png"), "label": str(tmp_path / "lab.png")}
+    _, gt, pred = ov.overlay_arrays(entry, tmp_path / "pred.png", size=32, label_map={255: 0, 0: 1})
+    assert gt.sum() == pred.sum() > 0 and gt[:5].sum() == 0 and gt[6:14, :].sum() > 0

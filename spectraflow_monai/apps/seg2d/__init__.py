@@ -2,34 +2,18 @@
 and the datalist entry point of the ``spectraflow_2d_segmentation`` bundle.
 """
 
-from .datalist import DataSource, build_datalist, canonical_source_name
-from .label_setup import LabelSetup, OneHotOutput, label_setup, stage2_loss
-from .presets import (
-    DATASET_PRESETS,
-    KVASIR_SPLIT_DIR,
-    canonical_dataset_name,
-    glas_datalist,
-    isic2016_datalist,
-    kvasir_seg_datalist,
-    synthetic_datalist,
-)
-from .synthetic import generate_synthetic_dataset, synthesize_pair
+from spectraflow_monai._lazy import lazy_exports
 
-__all__ = [
-    "DATASET_PRESETS",
-    "KVASIR_SPLIT_DIR",
-    "canonical_dataset_name",
-    "glas_datalist",
-    "isic2016_datalist",
-    "kvasir_seg_datalist",
-    "synthetic_datalist",
-    "generate_synthetic_dataset",
-    "synthesize_pair",
-    "DataSource",
-    "build_datalist",
-    "canonical_source_name",
-    "LabelSetup",
-    "OneHotOutput",
-    "label_setup",
-    "stage2_loss",
-]
+#: module -> the names it exports (imported when a name is first used: the command line stays light)
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".presets": (
+        "DATASET_PRESETS", "KVASIR_SPLIT_DIR", "canonical_dataset_name", "glas_datalist", "isic2016_datalist",
+        "kvasir_seg_datalist", "synthetic_datalist",
+    ),
+    ".synthetic": ("generate_synthetic_dataset", "synthesize_pair"),
+    ".datalist": ("DataSource", "build_datalist", "canonical_source_name"),
+    ".label_setup": ("LabelSetup", "OneHotOutput", "label_setup", "stage2_loss"),
+}
+
+__all__: list[str] = [name for names in _EXPORTS.values() for name in names]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -10,11 +10,51 @@ from typing import Any
 
 from spectraflow_monai.apps.seg2d.presets import DATASET_PRESETS, canonical_dataset_name
 from spectraflow_monai.data.datalist import DATA_SOURCES, OWN_DATA_KWARGS, decathlon_datalist, folder_datalist
+from spectraflow_monai.data.subsets import check_val_fraction, holdout, low_data_subset
 from spectraflow_monai.utils.errors import SettingError
 
-__all__ = ["DataSource", "build_datalist", "canonical_source_name"]
+__all__ = ["TEST_AS_VALIDATION", "DataSource", "build_datalist", "canonical_source_name"]
 
 logger = logging.getLogger(__name__)
+
+#: presets whose validation split is their test set (the official releases have no validation split): the test set
+#: then picks the checkpoint. ``datalist_kwargs`` ``val_from_train`` holds out a share of training instead.
+TEST_AS_VALIDATION: tuple[str, ...] = ("isic2016", "glas")
+
+
+def _preset_datalist(
+    key: str, dataset_dir: Any, split: str, fraction: float, seed: int, val_from_train: Any, **kwargs: Any
+) -> list[dict]:
+    """A preset's split; for the presets of :data:`TEST_AS_VALIDATION`, ``val_from_train`` (a share in (0, 1)) makes
+    ``val`` a seeded hold-out of the training images (``train`` the rest, ``test`` the test set); without it
+    ``val`` is the test set, with a warning."""
+    preset = DATASET_PRESETS[key]
+    if key not in TEST_AS_VALIDATION:
+        if val_from_train is not None:
+            raise SettingError(f"datalist_kwargs val_from_train applies to {list(TEST_AS_VALIDATION)}, not {key!r}.")
+        return preset(dataset_dir, split=split, fraction=fraction, seed=seed, **kwargs)
+    split_key = str(split).lower()
+    if val_from_train is None:
+        if split_key in ("val", "validation", "valid"):
+            logger.warning(
+                "%s has no validation split: validation uses its test split, so the test set picks the checkpoint "
+                "(best model, early stopping, learning-rate plateau) and the test score is optimistic. To keep the "
+                "test set unseen: --datalist_kwargs \"{'val_from_train': 0.2}\" (20 %% of training held out, seed "
+                "data_seed).", key,
+            )  # fmt: skip
+        return preset(dataset_dir, split=split, fraction=fraction, seed=seed, **kwargs)
+    try:
+        share = check_val_fraction(val_from_train)
+    except SettingError as e:
+        raise SettingError(f"datalist_kwargs val_from_train must be a number in (0, 1), got {val_from_train!r}.") from e
+    if split_key in ("test", "all"):
+        return preset(dataset_dir, split=split, fraction=fraction, seed=seed, **kwargs)
+    train, val = holdout(preset(dataset_dir, split="train", seed=seed, **kwargs), share, seed)
+    if split_key == "train":
+        return low_data_subset(train, fraction, seed)
+    logger.info("%s: validation = %d training image(s) held out (val_from_train %s, seed %d); test = the test set",
+                key, len(val), share, seed)  # fmt: skip
+    return val
 
 
 def canonical_source_name(dataset: str, data_list_file_path: Any = None) -> str:
@@ -53,7 +93,8 @@ def build_datalist(
         label_classes: None: binary masks; else the classes of the label maps (:func:`label_mode`); presets are
             binary. Defaults to None.
         preset_kwargs: source arguments: ``check_images``, ``check_masks``, ``label_threshold`` (own data),
-            ``mask_suffix`` (folder), the preset arguments (``split_dir``, ``generate``, ...).
+            ``mask_suffix`` (folder), the preset arguments (``split_dir``, ``generate``, ...), ``val_from_train``
+            (ISIC-2016 / GlaS: validate on this share of training instead of the test set).
 
     Raises:
         SettingError: an unknown source or argument. DatasetError: see the sources.
@@ -80,7 +121,8 @@ def build_datalist(
     key = canonical_source_name(dataset)
     if label_classes is not None:
         raise SettingError(f"label_classes must be null for the binary preset {key!r}, got {label_classes!r}.")
-    return DATASET_PRESETS[key](dataset_dir, split=split, fraction=fraction, seed=seed, **preset_kwargs)
+    val_from_train = preset_kwargs.pop("val_from_train", None)
+    return _preset_datalist(key, dataset_dir, split, fraction, seed, val_from_train, **preset_kwargs)
 
 
 class DataSource:

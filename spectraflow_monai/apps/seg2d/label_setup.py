@@ -7,7 +7,9 @@ setting, ``label_classes``: :class:`~spectraflow_monai.data.LabelMode` reads wha
 
 - binary masks: one output channel, sigmoid Dice + BCE + boundary loss, threshold 0.5, predictions saved as 0/255;
 - label maps of K classes: K output channels, softmax Dice + cross entropy + boundary loss (one-hot targets), argmax
-  label maps saved as class indices, metrics per class with background excluded.
+  label maps saved with the source label values (the inverse of the label map, e.g. an inverted
+  ``{background: 255, membrane: 0}`` map saves 255 / 0; :class:`~spectraflow_monai.transforms.SaveLabelValuesd`),
+  metrics per class with background excluded.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 import numpy as np
 from monai.handlers import from_engine
 from monai.networks.utils import one_hot
-from monai.transforms import Activationsd, AsDiscreted
+from monai.transforms import Activationsd, AsDiscreted, Compose, EnsureChannelFirstd, LoadImaged
 
+from spectraflow_monai.data.label_map import inverse_label_map
 from spectraflow_monai.data.label_mode import LabelMode
 from spectraflow_monai.losses.dice_bce_boundary import DiceBCEBoundaryLoss
 from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
@@ -48,7 +51,10 @@ class LabelSetup(LabelMode):
         sigmoid, softmax, to_onehot_y: arguments of :class:`spectraflow_monai.losses.DiceBCEBoundaryLoss`.
         include_background: of the Dice / IoU / HD95 handlers (True for the single binary channel).
         save_scale: ``SaveImaged`` scale of predictions (255: 0/255 masks; None: label values as they are).
-        save_dtype: ``SaveImaged`` ``output_dtype`` (float32 scaled to 0/255; uint8 label values).
+        save_values: source label value of each class, the ``values`` of
+            :class:`~spectraflow_monai.transforms.SaveLabelValuesd` (None for binary masks).
+        save_dtype: ``SaveImaged`` ``output_dtype`` (float32 scaled to 0/255; uint8 label values, uint16 when a
+            source value exceeds 255).
         metric_output: ``output_transform`` of the metric handlers.
     """
 
@@ -58,7 +64,9 @@ class LabelSetup(LabelMode):
         self.sigmoid, self.softmax, self.to_onehot_y = self.binary, not self.binary, not self.binary
         self.include_background = self.binary
         self.save_scale = 255 if self.binary else None
-        self.save_dtype = np.float32 if self.binary else np.uint8
+        self.save_values = None if self.binary else inverse_label_map(self.label_map, self.num_classes)
+        wide = self.save_values is not None and max(self.save_values) > 255
+        self.save_dtype = np.float32 if self.binary else (np.uint16 if wide else np.uint8)
         self.metric_output = from_engine(["pred", "label"]) if self.binary else OneHotOutput(self.num_classes)
 
     def loss(self, **kwargs: Any) -> DiceBCEBoundaryLoss:
@@ -71,6 +79,18 @@ class LabelSetup(LabelMode):
         if self.binary:
             return [Activationsd(keys, sigmoid=True), AsDiscreted(keys, threshold=0.5)]
         return [AsDiscreted(keys, argmax=True)]
+
+    def label_loader(self, keys: Any = "label") -> Any:
+        """The bundle's loading of the masks without the resize: ``LoadImaged`` with
+        :class:`~spectraflow_monai.data.Image2DReader`, ``EnsureChannelFirstd`` and :meth:`label_transform`; for
+        scoring at each image's original size (``MetricSuiteHandler(original_size=True)``)."""
+        from spectraflow_monai.data.readers import Image2DReader
+
+        return Compose([
+            LoadImaged(keys, reader=Image2DReader("label"), image_only=True),
+            EnsureChannelFirstd(keys),
+            self.label_transform(keys),
+        ])
 
     def metric_suite(self, **kwargs: Any) -> Any:
         """A :class:`~spectraflow_monai.metrics.SegmentationMetricSuite` for these masks (per class for label maps)."""

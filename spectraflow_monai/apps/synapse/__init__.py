@@ -33,133 +33,42 @@ h5 readers, label mapping and checks), ``layouts`` (datalists of the two layouts
 ``datalist`` (a Decathlon datalist JSON of one's own volumes), ``bundle`` (the bundle's entry points).
 """
 
-from .bundle import build_synapse_datalist, check_synapse_settings
-from .cache import extract_slices
-from .constants import (
-    AFFINE_TOL,
-    BTCV_LABEL_NAMES,
-    BTCV_LUT,
-    BTCV_TO_SYNAPSE,
-    CASE_ID,
-    INDEX_NAME,
-    INDEX_VERSION,
-    NIFTI_SUFFIX,
-    NUM_BTCV_LABELS,
-    RAW_IMAGE,
-    RAW_LABEL,
-    SYNAPSE_BUNDLE_DATASETS,
-    ORGAN_DISPLAY_NAMES,
-    PAPER_ORGAN_ORDER,
-    SYNAPSE_ORGANS,
-    SYNAPSE_TEST_CASES,
-    SYNAPSE_TRAIN_CASES,
-    TU_SLICE,
-    TU_TEST,
-    TU_TRAIN_DIR,
-    format_case_id,
-)
-from .datalist import (
-    DECATHLON_LISTS,
-    case_fraction,
-    decathlon_synapse_datalist,
-    holdout_split,
-    nifti_case_id,
-    read_decathlon_datalist,
-    synapse_inference_datalist,
-)
-from .label_map import MapLabels, MapLabelsd
-from .layouts import case_list, synapse_datalist
-from .phantom import (
-    DEFAULT_SYNTHETIC_CASES,
-    PHANTOM_MANIFEST,
-    generate_synthetic_ct,
-    main,
-    phantom_parameters,
-    synthetic_ct_volume,
-)
-from .readers import (
-    check_loaded_pair,
-    check_synapse_labels,
-    check_volume_pair,
-    import_nibabel,
-    load_nifti,
-    load_synapse_h5,
-    map_btcv_labels,
-)
-from .source import SynapseDataSource
-from .settings import check_datalist_base, check_own_data_settings, resolve_label_map, synapse_class_names
-from .transforms import (
-    CTWindow,
-    CTWindowd,
-    LoadSynapseH5d,
-    LoadSynapseSliced,
-    MapBTCVLabels,
-    MapBTCVLabelsd,
-    load_slice_npz,
-)
+from spectraflow_monai._lazy import lazy_exports
 
-__all__ = [
-    "SynapseDataSource",
-    "check_own_data_settings",
-    "resolve_label_map",
-    "synapse_class_names",
-    "check_datalist_base",
-    "MapLabels",
-    "MapLabelsd",
-    "AFFINE_TOL",
-    "BTCV_LABEL_NAMES",
-    "BTCV_LUT",
-    "BTCV_TO_SYNAPSE",
-    "CASE_ID",
-    "INDEX_NAME",
-    "INDEX_VERSION",
-    "NIFTI_SUFFIX",
-    "NUM_BTCV_LABELS",
-    "RAW_IMAGE",
-    "RAW_LABEL",
-    "SYNAPSE_BUNDLE_DATASETS",
-    "ORGAN_DISPLAY_NAMES",
-    "PAPER_ORGAN_ORDER",
-    "SYNAPSE_ORGANS",
-    "SYNAPSE_TEST_CASES",
-    "SYNAPSE_TRAIN_CASES",
-    "TU_SLICE",
-    "TU_TEST",
-    "TU_TRAIN_DIR",
-    "format_case_id",
-    "check_loaded_pair",
-    "check_synapse_labels",
-    "check_volume_pair",
-    "import_nibabel",
-    "load_nifti",
-    "load_synapse_h5",
-    "map_btcv_labels",
-    "case_list",
-    "synapse_datalist",
-    "extract_slices",
-    "CTWindow",
-    "CTWindowd",
-    "MapBTCVLabels",
-    "MapBTCVLabelsd",
-    "LoadSynapseSliced",
-    "LoadSynapseH5d",
-    "load_slice_npz",
-    "DEFAULT_SYNTHETIC_CASES",
-    "PHANTOM_MANIFEST",
-    "phantom_parameters",
-    "synthetic_ct_volume",
-    "generate_synthetic_ct",
-    "main",
-    "DECATHLON_LISTS",
-    "nifti_case_id",
-    "read_decathlon_datalist",
-    "holdout_split",
-    "case_fraction",
-    "resolve_label_map",
-    "synapse_class_names",
-    "decathlon_synapse_datalist",
-    "synapse_inference_datalist",
-    "check_own_data_settings",
-    "build_synapse_datalist",
-    "check_synapse_settings",
-]
+#: module -> the names it exports (imported when a name is first used: the command line stays light)
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".source": ("SynapseDataSource",),
+    ".settings": (
+        "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
+        "check_datalist_base",
+    ),
+    ".label_map": ("MapLabels", "MapLabelsd"),
+    ".constants": (
+        "AFFINE_TOL", "BTCV_LABEL_NAMES", "BTCV_LUT", "BTCV_TO_SYNAPSE", "CASE_ID", "INDEX_NAME", "INDEX_VERSION",
+        "NIFTI_SUFFIX", "NUM_BTCV_LABELS", "RAW_IMAGE", "RAW_LABEL", "SYNAPSE_BUNDLE_DATASETS",
+        "ORGAN_DISPLAY_NAMES", "PAPER_ORGAN_ORDER", "SYNAPSE_ORGANS", "SYNAPSE_TEST_CASES", "SYNAPSE_TRAIN_CASES",
+        "TU_SLICE", "TU_TEST", "TU_TRAIN_DIR", "format_case_id",
+    ),
+    ".readers": (
+        "check_loaded_pair", "check_synapse_labels", "check_volume_pair", "import_nibabel", "load_nifti",
+        "load_synapse_h5", "map_btcv_labels",
+    ),
+    ".layouts": ("case_list", "synapse_datalist"),
+    ".cache": ("extract_slices",),
+    ".transforms": (
+        "CTWindow", "CTWindowd", "MapBTCVLabels", "MapBTCVLabelsd", "LoadSynapseSliced", "LoadSynapseH5d",
+        "load_slice_npz",
+    ),
+    ".phantom": (
+        "DEFAULT_SYNTHETIC_CASES", "PHANTOM_MANIFEST", "phantom_parameters", "synthetic_ct_volume",
+        "generate_synthetic_ct", "main",
+    ),
+    ".datalist": (
+        "DECATHLON_LISTS", "nifti_case_id", "read_decathlon_datalist", "holdout_split", "case_fraction",
+        "decathlon_synapse_datalist", "synapse_inference_datalist",
+    ),
+    ".bundle": ("build_synapse_datalist", "check_synapse_settings"),
+}
+
+__all__: list[str] = [name for names in _EXPORTS.values() for name in names]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

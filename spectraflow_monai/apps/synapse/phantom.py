@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from spectraflow_monai.apps.synapse.constants import SYNAPSE_TEST_CASES, format_case_id
-from spectraflow_monai.apps.synapse.readers import map_btcv_labels
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = [
@@ -232,6 +231,8 @@ def generate_synthetic_ct(
                 files.append(str(path))
         if layout in ("transunet", "both"):
             windowed = ((np.clip(image.astype(np.float32), -125.0, 275.0) + 125.0) / 400.0).astype(np.float32)
+            from spectraflow_monai.apps.synapse.readers import map_btcv_labels  # torch: not for --help
+
             mapped = map_btcv_labels(label, case=c, dtype=np.uint8)
             if c in test_ids:
                 if h5py is None:

@@ -55,19 +55,19 @@ def map_btcv_labels(label: Any, case: str | None = None, dtype: Any = None) -> A
             bad |= idx.to(lab.dtype) != lab
         if bool(bad.any()):
             vals = torch.unique(lab[bad]).cpu().numpy()
-            raise ValueError(f"BTCV label{where} has values outside 0..13 or non-integral values: {_fmt(vals)}.")
+            raise DataError(f"BTCV label{where} has values outside 0..13 or non-integral values: {_fmt(vals)}.")
         out = torch.as_tensor(BTCV_LUT, device=lab.device)[idx]
         return out.to(dtype if dtype is not None else label.dtype)
     arr = np.asarray(label)
     if not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating) or arr.dtype == bool):
-        raise ValueError(f"BTCV label{where} must be a numeric array, got dtype {arr.dtype}.")
+        raise DataError(f"BTCV label{where} must be a numeric array, got dtype {arr.dtype}.")
     if arr.size:
         lo, hi = arr.min(), arr.max()
         bad_range = lo < 0 or hi >= NUM_BTCV_LABELS
         bad_frac = np.issubdtype(arr.dtype, np.floating) and not np.array_equal(arr, np.rint(arr))
         if bad_range or bad_frac:
             bad = (arr < 0) | (arr >= NUM_BTCV_LABELS) | (arr != np.rint(arr))
-            raise ValueError(
+            raise DataError(
                 f"BTCV label{where} has values outside 0..13 or non-integral values: {_fmt(np.unique(arr[bad]))}."
             )
     out_np = BTCV_LUT[arr.astype(np.intp, copy=False)]
@@ -97,13 +97,13 @@ def check_synapse_labels(label: Any, num_classes: int = len(SYNAPSE_ORGANS), whe
         arr = (arr.as_tensor() if hasattr(arr, "as_tensor") else arr).detach().cpu().numpy()
     arr = np.asarray(arr)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise ValueError(f"label{' of ' + where if where else ''} must be a numeric array, got dtype {arr.dtype}.")
+        raise DataError(f"label{' of ' + where if where else ''} must be a numeric array, got dtype {arr.dtype}.")
     if arr.size:
         lo, hi = arr.min(), arr.max()
         frac = np.issubdtype(arr.dtype, np.floating) and not np.array_equal(arr, np.rint(arr))
         if lo < 0 or hi >= num_classes or frac:
             bad = np.unique(arr[(arr < 0) | (arr >= num_classes) | (arr != np.rint(arr))])
-            raise ValueError(
+            raise DataError(
                 f"label{' of ' + where if where else ''} has values outside the expected classes 0..{num_classes - 1} "
                 f"or non-integral values: {_fmt(bad)}."
             )
@@ -257,7 +257,7 @@ def read_h5_volume(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Read a TransUNet ``test_vol_h5`` volume (already windowed to [0, 1] and mapped to the Synapse classes)."""
     if label_path is not None and os.path.abspath(label_path) != os.path.abspath(image_path):
-        raise ValueError(
+        raise DatasetError(
             f"case {case}: a TransUNet .h5 volume holds its own label; 'label' must be the same file as 'image' "
             f"({image_path!r}), got {label_path!r}."
         )

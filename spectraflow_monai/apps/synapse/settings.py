@@ -10,12 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.apps.synapse.constants import SYNAPSE_ORGANS
-from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, check_class_names, check_label_map, identity_label_map
+from spectraflow_monai.data.label_map import (
+    LABEL_MAP_UNMAPPED,
+    check_class_names,
+    check_label_map,
+    identity_label_map,
+    inverse_label_map,
+)
 from spectraflow_monai.data.subsets import check_val_fraction
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 
-__all__ = ["check_datalist_base", "check_own_data_settings", "resolve_label_map", "synapse_class_names"]
+__all__ = [
+    "check_datalist_base",
+    "check_own_data_settings",
+    "prediction_values",
+    "resolve_label_map",
+    "synapse_class_names",
+]
 
 
 def check_datalist_base(data_list_file_path: Any, dataset_dir: Any) -> tuple[Path, Path]:
@@ -49,6 +61,14 @@ def resolve_label_map(label_map: Any, data_list_file_path: Any, num_classes: Any
     if label_map is None:
         return identity_label_map(num_classes) if data_list_file_path else None
     return check_label_map(label_map, num_classes)
+
+
+def prediction_values(label_map: Any, data_list_file_path: Any, num_classes: Any) -> list | None:
+    """The source label value of every class for saved predictions (the inverse of the run's label map,
+    :func:`spectraflow_monai.data.inverse_label_map`): own volumes labelled 0, 1, 5 come back as 0, 1, 5. None (class
+    indices, the Synapse convention of TransUNet) for the BTCV -> 8 organ map of the presets, whose 13 source labels
+    have no one value per organ class to return."""
+    return inverse_label_map(resolve_label_map(label_map, data_list_file_path, num_classes), num_classes)
 
 
 def synapse_class_names(num_classes: int, data_list_file_path: Any = None) -> list[str]:

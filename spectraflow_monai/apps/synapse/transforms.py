@@ -33,6 +33,7 @@ from monai.transforms import MapTransform, ScaleIntensityRange, ScaleIntensityRa
 from monai.utils import convert_to_dst_type
 
 from spectraflow_monai.apps.synapse.readers import check_synapse_labels, load_synapse_h5, map_btcv_labels
+from spectraflow_monai.utils.errors import DatasetError
 
 __all__ = [
     "CTWindow",
@@ -170,7 +171,8 @@ def load_slice_npz(path: str | os.PathLike, fields: Sequence[str] = ("image", "l
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file is not a readable ``.npz`` archive or lacks one of ``fields``.
+        DatasetError: (a ``ValueError``) the file is not a readable ``.npz`` archive or lacks one of ``fields``;
+            the run then ends with one ``error:`` line naming the file.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -178,17 +180,17 @@ def load_slice_npz(path: str | os.PathLike, fields: Sequence[str] = ("image", "l
     try:
         npz = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise ValueError(f"slice file {path!r} is not a readable .npz archive: {e}") from e
+        raise DatasetError(f"slice file {path!r} is not a readable .npz archive: {e}") from e
     if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise ValueError(f"slice file {path!r} is a single array, not an .npz archive with {list(fields)}.")
+        raise DatasetError(f"slice file {path!r} is a single array, not an .npz archive with {list(fields)}.")
     with npz:
         missing = [f for f in fields if f not in npz.files]
         if missing:
-            raise ValueError(f"slice file {path!r} has no array {missing} (it contains {sorted(npz.files)}).")
+            raise DatasetError(f"slice file {path!r} has no array {missing} (it contains {sorted(npz.files)}).")
         try:
             return {f: np.asarray(npz[f]) for f in fields}
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-            raise ValueError(f"slice file {path!r} is not a readable .npz archive: {e}") from e
+            raise DatasetError(f"slice file {path!r} is not a readable .npz archive: {e}") from e
 
 
 class LoadSynapseSliced(MapTransform):

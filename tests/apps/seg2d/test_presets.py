@@ -378,3 +378,25 @@ def test_bad_arguments_are_setting_errors(tmp_path):
         with pytest.raises(SettingError) as e:  # a ValueError whose message ends a bundle run's output
             call()
         assert isinstance(e.value, ValueError) and "got" in str(e.value)
+
+
+def test_glas_validation_on_the_test_split_is_warned_with_the_alternative(tmp_path, caplog):
+    """GlaS has no validation split: validating on its test split is warned with the alternative, val_from_train,
+    which holds out training images so that the test set stays unseen."""
+    from spectraflow_monai.apps.seg2d import build_datalist
+
+    make_glas(tmp_path, names=("train_1", "train_2", "train_3", "train_4", "train_5", "testA_1", "testB_1"))
+    caplog.set_level("INFO")
+    val = build_datalist("glas", tmp_path, "val")
+    assert {e["name"] for e in val} == {"testA_1", "testB_1"}
+    assert "validation uses its test split" in caplog.text and "val_from_train" in caplog.text
+    caplog.clear()
+    opts = {"val_from_train": 0.4}
+    train, val, test = (build_datalist("glas", tmp_path, s, **opts) for s in ("train", "val", "test"))
+    assert "validation uses its test split" not in caplog.text
+    assert len(val) == 2 and all(e["name"].startswith("train_") for e in val)
+    assert {e["name"] for e in train} | {e["name"] for e in val} == {f"train_{i}" for i in range(1, 6)}
+    assert not {e["name"] for e in train} & {e["name"] for e in val}
+    assert {e["name"] for e in test} == {"testA_1", "testB_1"}
+    with pytest.raises(ValueError, match="val_from_train"):
+        build_datalist("glas", tmp_path, "val", val_from_train=1.5)

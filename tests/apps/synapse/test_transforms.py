@@ -121,3 +121,19 @@ def test_pipeline_with_dataloader(slice_files):
     assert batch["image"].shape == (2, 3, 6, 7) and batch["label"].shape == (2, 1, 6, 7)
     assert list(batch["image"].meta["slice"]) == [0, 1]
     assert list(batch["image"].meta["case"]) == ["0005", "0005"]
+
+
+def test_bad_slices_and_labels_end_in_one_error_line(tmp_path):
+    """An npz without ``label`` and BTCV labels outside 0..13 are data errors: the bundles' excepthook ends the run
+    with one ``error:`` line naming the file (not MONAI's ``Failed to evaluate ConfigExpression``)."""
+    from spectraflow_monai.apps.synapse import map_btcv_labels
+    from spectraflow_monai.utils.errors import error_summary
+
+    path = tmp_path / "case0005_slice000.npz"
+    np.savez(path, image=np.ones((4, 4), np.float32))
+    with pytest.raises(ValueError) as exc:
+        load_slice_npz(path)
+    assert (error_summary(exc.value) or "").startswith("error:") and "case0005_slice000.npz" in error_summary(exc.value)
+    with pytest.raises(ValueError) as exc:
+        map_btcv_labels(np.array([0, 3, 14]), case="0007")
+    assert (error_summary(exc.value) or "").startswith("error:") and "0..13" in error_summary(exc.value)
