@@ -285,8 +285,49 @@ def _offline_message(model_name: str, location: str, cfg: Mapping[str, Any], exc
     )
 
 
+#: how long the one connection attempt to the hub may take before a download is given up as offline
+HUB_PROBE_TIMEOUT = 5.0
+# the file names under which timm reads a hub model's weights (safetensors first)
+_HUB_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _hub_cached(hub_id: str) -> bool:
+    """Whether the Hugging Face cache already holds the weights of ``hub_id`` (then no network is needed)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    hub_id = hub_id.split("@")[0]
+    return any(isinstance(try_to_load_from_cache(hub_id, name), str) for name in _HUB_WEIGHT_FILES)
+
+
+def _hub_unreachable(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """Why the Hugging Face hub cannot be reached, or None when it can (or when that cannot be told here).
+
+    One TCP connection to the hub's endpoint, at most ``timeout`` seconds: a machine without internet fails here at
+    once instead of after the hub client's retries (about a minute). Skipped (None) in huggingface_hub's offline mode,
+    which fails at once by itself, and where a proxy is configured (the hub is reached through it, not directly).
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(v) for v in _PROXY_VARIABLES):
+        return None
+    endpoint = urlparse(constants.ENDPOINT)
+    host, port = endpoint.hostname, endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{host}:{port} could not be reached within {timeout:g} s ({type(exc).__name__}: {exc})"
+
+
 def _download_timm_state_dict(vit: nn.Module, model_name: str) -> tuple[dict[str, torch.Tensor], str]:
-    """timm's pretrained DINOv2 weights of ``vit`` (Hugging Face hub, else the url of its pretrained config)."""
+    """timm's pretrained DINOv2 weights of ``vit`` (Hugging Face hub, else the url of its pretrained config).
+
+    Weights not in the Hugging Face cache need the hub: an unreachable hub (no internet) fails at once
+    (:func:`_hub_unreachable`), with the message that says how to go on."""
     import timm.models
 
     cfg = dict(getattr(vit, "pretrained_cfg", None) or {})
@@ -294,6 +335,10 @@ def _download_timm_state_dict(vit: nn.Module, model_name: str) -> tuple[dict[str
     location = f"hf-hub {hub_id}" if hub_id else f"url {url}"
     if not hub_id and not url:
         raise SettingError(f"pretrained_weights='timm': timm has no pretrained weights for {model_name!r}.")
+    if hub_id and not _hub_cached(hub_id):
+        reason = _hub_unreachable()
+        if reason is not None:
+            raise SettingError(_offline_message(model_name, location, cfg, ConnectionError(reason)))
     try:  # every failure of the download itself (no network, offline mode, missing cache) gets the message below
         if hub_id:
             state = timm.models.load_state_dict_from_hf(hub_id, weights_only=True)

@@ -97,12 +97,15 @@ def test_timm_offline_says_how_to_go_on(monkeypatch, tmp_path, failure):
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"), raising=False)
-    else:
+    else:  # the hub client itself fails (the connection probe passed)
         import timm.models
+
+        from spectraflow_monai.networks import utils
 
         def unreachable(*args, **kwargs):
             raise ConnectionError("Name or service not known")
 
+        monkeypatch.setattr(utils, "_hub_unreachable", lambda *a, **k: None)
         monkeypatch.setattr(timm.models, "load_state_dict_from_hf", unreachable)
     net = _net()
     before = {k: v.clone() for k, v in net.encoder.vit.state_dict().items()}
@@ -121,8 +124,57 @@ def test_timm_offline_says_how_to_go_on(monkeypatch, tmp_path, failure):
         assert torch.equal(value, before[key]), key
 
 
+def test_timm_offline_fails_fast_without_the_hub_client(monkeypatch, tmp_path):
+    """No internet: one short connection attempt, then the message (not the hub client's minute of retries)."""
+    import socket
+
+    import huggingface_hub.constants
+    import timm.models
+
+    from spectraflow_monai.networks import utils
+
+    for name in utils._PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"), raising=False)
+    attempts = []
+
+    def no_route(address, timeout=None, *args, **kwargs):
+        attempts.append((address, timeout))
+        raise OSError("[Errno -2] Name or service not known")
+
+    def client(*args, **kwargs):
+        raise AssertionError("the hub client must not be called when the hub cannot be reached")
+
+    monkeypatch.setattr(socket, "create_connection", no_route)
+    monkeypatch.setattr(timm.models, "load_state_dict_from_hf", client)
+    with pytest.raises(SettingError) as info:
+        initialize_encoder(_net(), "pretrained", pretrained_weights="timm")
+    assert len(attempts) == 1 and attempts[0][1] == utils.HUB_PROBE_TIMEOUT
+    text = str(info.value)
+    assert "could not be reached within 5 s" in text and "Name or service not known" in text
+    assert "--pretrained_weights none" in text and "Nothing was trained" in text
+
+
+def test_timm_hub_probe_skipped_behind_a_proxy(monkeypatch):
+    import socket
+
+    import huggingface_hub.constants
+
+    from spectraflow_monai.networks import utils
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False, raising=False)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("no direct probe behind a proxy"))
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert utils._hub_unreachable() is None
+
+
 def test_timm_hub_weights_are_loaded_when_reachable(monkeypatch, caplog):
     import timm.models
+
+    from spectraflow_monai.networks import utils
+
+    monkeypatch.setattr(utils, "_hub_unreachable", lambda *a, **k: None)  # this machine may have no internet
 
     hub = timm.create_model(NAME, pretrained=False, img_size=518, depth=2, num_classes=0)  # the hub's 37x37 grid
     calls = []

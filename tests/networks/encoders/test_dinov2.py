@@ -184,9 +184,12 @@ def test_timm_download_failure_is_explained(monkeypatch):
 
     from spectraflow_monai.utils import SettingError
 
+    from spectraflow_monai.networks import utils
+
     def offline(*args, **kwargs):
         raise OSError("no network")
 
+    monkeypatch.setattr(utils, "_hub_unreachable", lambda *a, **k: None)  # the hub client itself fails here
     monkeypatch.setattr(timm.models, "load_state_dict_from_hf", offline)
     with pytest.raises(SettingError, match=r"(?s)vit_small_patch14_dinov2.*no network.*pretrained='/path/file'"):
         DINOv2Encoder(pretrained="timm", img_size=28, model_kwargs={"depth": 2})
