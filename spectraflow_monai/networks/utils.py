@@ -146,14 +146,15 @@ def _format_keys(keys: list[str]) -> str:
 
 
 def _load_strict(vit: nn.Module, state: Mapping[str, torch.Tensor], where: str, what: str) -> None:
-    """Load ``state`` into ``vit`` when every key and shape fits; else a ValueError naming ``where`` and the keys."""
+    """Load ``state`` into ``vit`` when every key and shape fits; else a :class:`SettingError` (a ``ValueError``)
+    naming ``where`` and the keys: the weights setting points at weights of another model."""
     expected = vit.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     wrong = [k for k in state if k in expected and tuple(state[k].shape) != tuple(expected[k].shape)]
     shapes = ", ".join(f"{k!r} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}" for k in wrong[:_MAX_LISTED_KEYS])
     if missing or unexpected or wrong:
-        raise ValueError(
+        raise SettingError(
             f"{where} does not match {what}: {len(missing)} missing key(s) [{_format_keys(missing)}], "
             f"{len(unexpected)} unexpected key(s) [{_format_keys(unexpected)}], {len(wrong)} shape mismatch(es) "
             f"(weights vs model) [{shapes}]."
@@ -230,7 +231,7 @@ def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = 
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"could not read encoder weight file '{file}': {type(exc).__name__}: {exc}") from exc
+        raise SettingError(f"could not read encoder weight file '{file}': {type(exc).__name__}: {exc}") from exc
 
     while isinstance(obj, Mapping) and not _is_state_dict(obj):
         inner = next((obj[k] for k in _WRAPPER_KEYS if k in obj and isinstance(obj[k], Mapping)), None)
@@ -238,7 +239,7 @@ def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = 
             break
         obj = inner
     if not _is_state_dict(obj):
-        raise ValueError(
+        raise SettingError(
             f"encoder weight file '{file}' does not hold a state dict of tensors (top-level type "
             f"{type(obj).__name__}; nested state dicts are searched under {list(_WRAPPER_KEYS)})."
         )
@@ -258,12 +259,12 @@ def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = 
         try:
             state["pos_embed"] = interpolate_official_pos_embed(state["pos_embed"], grid, offset, antialias)
         except ValueError as exc:
-            raise ValueError(f"encoder weight file '{file}': {exc}") from exc
+            raise SettingError(f"encoder weight file '{file}': {exc}") from exc
 
     try:
         state = checkpoint_filter_fn(state, vit)
     except Exception as exc:
-        raise ValueError(
+        raise SettingError(
             f"could not map encoder weight file '{file}' onto {what}: {type(exc).__name__}: {exc}"
         ) from exc
 

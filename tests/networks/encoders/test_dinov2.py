@@ -393,6 +393,13 @@ def test_bad_checkpoints(tmp_path):
     with pytest.raises(ValueError, match=r"shape\.pt.*'norm\.weight'.*\(10,\).*\(384,\)"):
         enc.load_weights(shape)
 
+    # another model's weights (ViT-B into ViT-S) are a setting's mistake: SettingError, one `error:` line in a run
+    from spectraflow_monai.utils import SettingError
+
+    base = _bad_file(tmp_path, _timm_model("vit_base_patch14_dinov2", depth=3).state_dict(), "vit_b.pt")
+    with pytest.raises(SettingError, match=r"vit_b\.pt.*shape mismatch"):
+        enc.load_weights(base)
+
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"garbage\.pt"):
