@@ -159,6 +159,27 @@ def kill_when_file_appears(proc: subprocess.Popen, path: Path, timeout: float = 
     proc.wait(timeout=60)
 
 
+CONFIGS_2D = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
+CONFIGS_3D = REPO / "bundles" / "spectraflow_synapse_segmentation" / "configs"
+
+
+def tiny_2d_settings(image_size: int, device: str) -> dict:
+    """2D bundle overrides of a tiny run on ``device``: a 2-block encoder at ``image_size``, 4 + 2 synthetic images,
+    batches of 2, random encoder weights, no loader workers and no progress bar."""
+    return {
+        "image_size": image_size,
+        "encoder_kwargs": {"depth": 2},
+        "synthetic_size": {"num_train": 4, "num_val": 2},
+        "batch_size": 2,
+        "val_batch_size": 2,
+        "num_workers": 0,
+        "progress_bar": False,
+        "pretrained_weights": "none",
+        "encoder_init": "random",
+        "device": f"$torch.device('{device}')",
+    }
+
+
 def run_workflow(parser: ConfigParser) -> None:
     """The config's ``initialize`` then ``run`` lists, evaluated as ``monai.bundle run`` does."""
     for section in ("initialize", "run"):

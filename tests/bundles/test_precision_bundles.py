@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 
 import nibabel as nib
 import numpy as np
@@ -19,29 +18,19 @@ import torch
 
 from spectraflow_monai.apps.synapse import synthetic_ct_volume
 from tests.bundles.helpers import (
+    CONFIGS_2D,
+    CONFIGS_3D,
     assert_float32_state,
     error_text,
     load_weights,
     parse_config,
     record_output_dtypes,
     run_workflow,
+    tiny_2d_settings,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS_2D = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
-CONFIGS_3D = REPO / "bundles" / "spectraflow_synapse_segmentation" / "configs"
 NET = {"image_size": 28, "encoder_kwargs": {"depth": 2}}
-TINY = {
-    **NET,
-    "synthetic_size": {"num_train": 4, "num_val": 2},
-    "batch_size": 2,
-    "val_batch_size": 2,
-    "num_workers": 0,
-    "progress_bar": False,
-    "pretrained_weights": "none",
-    "encoder_init": "random",
-    "device": "$torch.device('cpu')",
-}
+TINY = tiny_2d_settings(28, "cpu")
 PRECISION_LOGGER = "spectraflow_monai.utils.precision"
 
 

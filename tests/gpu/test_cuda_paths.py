@@ -13,7 +13,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import nibabel as nib
 import numpy as np
@@ -22,30 +21,20 @@ import torch
 
 from spectraflow_monai.apps.synapse import synthetic_ct_volume
 from tests.bundles.helpers import (
+    CONFIGS_2D,
+    CONFIGS_3D,
     assert_float32_state,
     load_weights,
     parse_config,
     record_output_dtypes,
     run_workflow,
+    tiny_2d_settings,
 )
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS_2D = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
-CONFIGS_3D = REPO / "bundles" / "spectraflow_synapse_segmentation" / "configs"
 NET = {"image_size": 56, "encoder_kwargs": {"depth": 2}}
-TINY = {
-    **NET,
-    "synthetic_size": {"num_train": 4, "num_val": 2},
-    "batch_size": 2,
-    "val_batch_size": 2,
-    "num_workers": 0,
-    "progress_bar": False,
-    "pretrained_weights": "none",
-    "encoder_init": "random",
-    "device": "$torch.device('cuda')",
-}
+TINY = tiny_2d_settings(56, "cuda")
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
