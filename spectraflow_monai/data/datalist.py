@@ -388,7 +388,6 @@ def folder_datalist(
     return _finish(chosen, split, what, fraction, seed, mode, label_threshold, check_images, check_masks)
 
 
-#END
 
 
 def inference_files(
