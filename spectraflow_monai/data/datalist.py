@@ -388,8 +388,6 @@ def folder_datalist(
     return _finish(chosen, split, what, fraction, seed, mode, label_threshold, check_images, check_masks)
 
 
-
-
 def inference_files(
     input_dir: str | os.PathLike | None,
     input_pattern: str = "*.*",
