@@ -82,14 +82,27 @@ class SafeCheckpointSaver(CheckpointSaver):
     ``model_settings`` (a keyword of its own): the settings that built the model, written beside the key-metric file
     (``model.pt`` -> ``model.json``, see :class:`AtomicFiniteSaver`); evaluation and inference read them.
 
+    ``prune_on_completion`` (a keyword of its own, default False): once the final checkpoint of a completed run is
+    written, remove the epoch checkpoints: a restart resumes from the newest checkpoint, the final one, so they serve
+    no resume any more (Stage-1's checkpoints hold encoder, EMA encoder, head and optimizer states, hundreds of MB
+    each). Nothing is removed when the final checkpoint could not be written.
+
     Example (bundle config)::
 
         model_saver: {_target_: spectraflow_monai.handlers.SafeCheckpointSaver, save_dir: '@ckpt_dir',
                       save_dict: {model: '@network'}, save_key_metric: true, key_metric_filename: model.pt}
     """
 
-    def __init__(self, save_dir: str, save_dict: dict, model_settings: Mapping | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        save_dir: str,
+        save_dict: dict,
+        model_settings: Mapping | None = None,
+        prune_on_completion: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(save_dir, save_dict, **kwargs)
+        self.prune_on_completion = bool(prune_on_completion)
         fixed = {"_final_checkpoint": kwargs.get("final_filename"), "_key_metric_checkpoint": kwargs.get("key_metric_filename")}
         for attr in ("_final_checkpoint", "_key_metric_checkpoint", "_interval_checkpoint"):
             checkpoint = getattr(self, attr)
@@ -106,6 +119,18 @@ class SafeCheckpointSaver(CheckpointSaver):
         pattern = re.compile(rf"^{re.escape(prefix)}checkpoint_epoch=(\d+)\.{re.escape(interval.ext)}$")
         found = [(int(m.group(1)), name) for name in os.listdir(self.save_dir) if (m := pattern.match(name))]
         interval._saved = [Checkpoint.Item(epoch, name) for epoch, name in sorted(found)]
+
+    def completed(self, engine: Engine) -> None:
+        """Save the final checkpoint; with ``prune_on_completion``, then remove the epoch checkpoints."""
+        super().completed(engine)
+        interval = self._interval_checkpoint
+        if not self.prune_on_completion or interval is None or self._final_checkpoint is None:
+            return
+        for item in interval._saved:
+            path = os.path.join(self.save_dir, item.filename)
+            if idist.get_rank() == 0 and os.path.isfile(path):
+                os.remove(path)
+        interval._saved.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """The key-metric bookkeeping (ignite ``Checkpoint.state_dict()``: saved scores and file names)."""

@@ -102,14 +102,17 @@ def test_stage2_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, data_dir)
 
 def test_stage1_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, data_dir):
     ref, run = tmp_path / "ref", tmp_path / "run"
-    rc, out = _run([TRAIN, STAGE1], _settings(ref, data_dir, **STAGE1_ARGS), ref, "ref")
+    # the epoch checkpoints stay after completion here, so that their count across the restart can be checked (the
+    # bundle's default removes them once checkpoint_final.pt is written: test_spectraflow_2d_bundle)
+    args = {**STAGE1_ARGS, "stage1#checkpoint_saver#prune_on_completion": False}
+    rc, out = _run([TRAIN, STAGE1], _settings(ref, data_dir, **args), ref, "ref")
     assert rc == 0, out[-4000:]
 
     ckpts = run / "models" / "stage1"
-    _kill_in_second_epoch([TRAIN, STAGE1], _settings(run, data_dir, **STAGE1_ARGS), run,
+    _kill_in_second_epoch([TRAIN, STAGE1], _settings(run, data_dir, **args), run,
                           ckpts / "checkpoint_epoch=1.pt", ckpts / "checkpoint_epoch=2.pt")  # fmt: skip
     _assert_all_load(run / "models")
-    rc, out = _run([TRAIN, STAGE1], _settings(run, data_dir, **STAGE1_ARGS), run, "resumed")
+    rc, out = _run([TRAIN, STAGE1], _settings(run, data_dir, **args), run, "resumed")
     assert rc == 0, out[-4000:]
     assert "resuming from" in out
 

@@ -325,6 +325,7 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
     export_path = root / "models" / "encoder_stage1.pt"
     assert export_path.is_file()
     assert (root / "models" / "stage1" / "checkpoint_final.pt").is_file()
+    assert not list((root / "models" / "stage1").glob("checkpoint_epoch=*.pt"))  # a completed run keeps the final one
     # the same program as one process: the precision is checked and logged, Stage-1 records itself in its folder
     assert (root / "models" / "stage1" / "run_record.json").is_file()
     assert (root / "models" / "encoder_stage1.json").is_file()

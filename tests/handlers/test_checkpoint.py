@@ -94,6 +94,39 @@ def test_interval_checkpoints_of_the_resumed_run_count_in_n_saved(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_epoch=3.pt", "checkpoint_epoch=4.pt"]
 
 
+@pytest.mark.parametrize("prune", [True, False])
+def test_completed_run_keeps_only_its_final_checkpoint_when_pruning(tmp_path, prune):
+    net = torch.nn.Linear(2, 2)
+    objects = {"model": net, "opt": torch.optim.SGD(net.parameters(), 0.1)}
+    saver = SafeCheckpointSaver(str(tmp_path), objects, save_interval=1, n_saved=2, save_final=True,
+                                final_filename="checkpoint_final.pt", prune_on_completion=prune)  # fmt: skip
+    engine = Engine(lambda e, b: None)
+    saver.attach(engine)
+    engine.run([0], max_epochs=3)
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    epochs = ["checkpoint_epoch=2.pt", "checkpoint_epoch=3.pt"]
+    assert kept == (["checkpoint_final.pt"] if prune else [*epochs, "checkpoint_final.pt"])
+    torch.testing.assert_close(_load(tmp_path / "checkpoint_final.pt")["model"]["weight"], net.weight)
+
+
+def test_failed_final_checkpoint_keeps_the_epoch_checkpoints(tmp_path):
+    net = torch.nn.Linear(2, 2)
+    objects = {"model": net, "opt": torch.optim.SGD(net.parameters(), 0.1)}
+    saver = SafeCheckpointSaver(str(tmp_path), objects, save_interval=1, n_saved=2, save_final=True,
+                                final_filename="checkpoint_final.pt", prune_on_completion=True)  # fmt: skip
+    engine = Engine(lambda e, b: None)
+    saver.attach(engine)
+
+    @engine.on(Events.EPOCH_COMPLETED(once=2))
+    def _break_weights(_):
+        with torch.no_grad():
+            net.weight[0, 0] = float("nan")
+
+    with pytest.raises(NonFiniteStateError):  # the final checkpoint is refused: the epoch checkpoints stay
+        engine.run([0], max_epochs=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_epoch=1.pt", "checkpoint_epoch=2.pt"]
+
+
 def test_early_stop_state_round_trip_before_set_trainer():
     first = ResumableEarlyStopHandler(patience=3, score_function=lambda e: 1.0)
     first.set_trainer(Engine(lambda e, b: None))
