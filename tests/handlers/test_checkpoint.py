@@ -94,14 +94,20 @@ def test_interval_checkpoints_of_the_resumed_run_count_in_n_saved(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_epoch=3.pt", "checkpoint_epoch=4.pt"]
 
 
-@pytest.mark.parametrize("prune", [True, False])
-def test_completed_run_keeps_only_its_final_checkpoint_when_pruning(tmp_path, prune):
-    net = torch.nn.Linear(2, 2)
+def _pruning_run(tmp_path, net, prune: bool) -> Engine:
+    """An engine with Stage-1's checkpoint saver: every epoch, the newest 2 kept, a final checkpoint."""
     objects = {"model": net, "opt": torch.optim.SGD(net.parameters(), 0.1)}
     saver = SafeCheckpointSaver(str(tmp_path), objects, save_interval=1, n_saved=2, save_final=True,
                                 final_filename="checkpoint_final.pt", prune_on_completion=prune)  # fmt: skip
     engine = Engine(lambda e, b: None)
     saver.attach(engine)
+    return engine
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_completed_run_keeps_only_its_final_checkpoint_when_pruning(tmp_path, prune):
+    net = torch.nn.Linear(2, 2)
+    engine = _pruning_run(tmp_path, net, prune)
     engine.run([0], max_epochs=3)
     kept = sorted(p.name for p in tmp_path.iterdir())
     epochs = ["checkpoint_epoch=2.pt", "checkpoint_epoch=3.pt"]
@@ -111,11 +117,7 @@ def test_completed_run_keeps_only_its_final_checkpoint_when_pruning(tmp_path, pr
 
 def test_failed_final_checkpoint_keeps_the_epoch_checkpoints(tmp_path):
     net = torch.nn.Linear(2, 2)
-    objects = {"model": net, "opt": torch.optim.SGD(net.parameters(), 0.1)}
-    saver = SafeCheckpointSaver(str(tmp_path), objects, save_interval=1, n_saved=2, save_final=True,
-                                final_filename="checkpoint_final.pt", prune_on_completion=True)  # fmt: skip
-    engine = Engine(lambda e, b: None)
-    saver.attach(engine)
+    engine = _pruning_run(tmp_path, net, True)
 
     @engine.on(Events.EPOCH_COMPLETED(once=2))
     def _break_weights(_):
