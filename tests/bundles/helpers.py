@@ -203,3 +203,27 @@ def assert_float32_state(state: dict) -> None:
     """Every floating-point entry of a state dict is float32 (what the bundles save, whatever the precision)."""
     floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
     assert floats and all(d == torch.float32 for d in floats.values()), floats
+
+
+def synapse_model_and_volume(tmp_path: Path, net: dict, shape: tuple[int, int, int]):
+    """A Synapse bundle folder ``tmp_path/bundle`` with a freshly initialised ``models/model.pt`` (seed 0, the
+    network settings ``net``) and one synthetic CT volume of ``shape`` in ``tmp_path/ct/case.nii.gz``.
+
+    Returns:
+        ``(bundle root, input folder, the volume array)``.
+    """
+    import nibabel as nib
+    import numpy as np
+
+    from spectraflow_monai.apps.synapse import synthetic_ct_volume
+
+    root = tmp_path / "bundle"
+    (root / "models").mkdir(parents=True)
+    torch.manual_seed(0)
+    model = parse_config(str(CONFIGS_3D / "inference.yaml"), bundle_root=str(root), **net)
+    torch.save(model.get_parsed_content("network_def").state_dict(), root / "models" / "model.pt")
+    in_dir = tmp_path / "ct"
+    in_dir.mkdir()
+    image = synthetic_ct_volume(1, shape=shape)[0]
+    nib.save(nib.Nifti1Image(image, np.diag([0.8, 0.8, 2.5, 1.0])), str(in_dir / "case.nii.gz"))
+    return root, in_dir, image

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from spectraflow_monai.apps.synapse import synthetic_ct_volume
 from tests.bundles.helpers import (
     CONFIGS_2D,
     CONFIGS_3D,
@@ -26,6 +25,7 @@ from tests.bundles.helpers import (
     parse_config,
     record_output_dtypes,
     run_workflow,
+    synapse_model_and_volume,
     tiny_2d_settings,
 )
 
@@ -96,17 +96,7 @@ def test_stage1_one_epoch_bf16_on_cpu(tmp_path, precision_log):
 
 
 def test_synapse_slicewise_inference_bf16_on_cpu(tmp_path, precision_log):
-    root = tmp_path / "bundle"
-    (root / "models").mkdir(parents=True)
-    torch.manual_seed(0)
-    net = parse_config(str(CONFIGS_3D / "inference.yaml"), bundle_root=str(root), **NET).get_parsed_content(
-        "network_def"
-    )
-    torch.save(net.state_dict(), root / "models" / "model.pt")
-    in_dir = tmp_path / "ct"
-    in_dir.mkdir()
-    image = synthetic_ct_volume(1, shape=(30, 26, 3))[0]
-    nib.save(nib.Nifti1Image(image, np.diag([0.8, 0.8, 2.5, 1.0])), str(in_dir / "case.nii.gz"))
+    root, in_dir, image = synapse_model_and_volume(tmp_path, NET, (30, 26, 3))
     parser = parse_config(
         str(CONFIGS_3D / "inference.yaml"),
         bundle_root=str(root),

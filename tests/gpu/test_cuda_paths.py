@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 
-from spectraflow_monai.apps.synapse import synthetic_ct_volume
 from tests.bundles.helpers import (
     CONFIGS_2D,
     CONFIGS_3D,
@@ -28,6 +27,7 @@ from tests.bundles.helpers import (
     parse_config,
     record_output_dtypes,
     run_workflow,
+    synapse_model_and_volume,
     tiny_2d_settings,
 )
 
@@ -102,17 +102,7 @@ def test_stage2_epoch_on_cuda(tmp_path, precision):
 
 
 def test_synapse_slice_inferer_on_cuda(tmp_path):
-    root = tmp_path / "bundle"
-    (root / "models").mkdir(parents=True)
-    torch.manual_seed(0)
-    net = parse_config(str(CONFIGS_3D / "inference.yaml"), bundle_root=str(root), **NET).get_parsed_content(
-        "network_def"
-    )
-    torch.save(net.state_dict(), root / "models" / "model.pt")
-    in_dir = tmp_path / "ct"
-    in_dir.mkdir()
-    image = synthetic_ct_volume(1, shape=(60, 52, 5))[0]
-    nib.save(nib.Nifti1Image(image, np.diag([0.8, 0.8, 2.5, 1.0])), str(in_dir / "case.nii.gz"))
+    root, in_dir, image = synapse_model_and_volume(tmp_path, NET, (60, 52, 5))
     common = {"bundle_root": str(root), "input_dir": str(in_dir), **NET}
     results = {}
     for device, precision in (("cuda", "bf16"), ("cuda", "fp32"), ("cpu", "fp32")):
