@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 from spectraflow_monai.utils.quiet import filter_known_warnings, trusted_bundle_configs
@@ -58,3 +59,25 @@ def test_own_configs_parse_without_the_config_notice(tmp_path, monkeypatch):
         with trusted_bundle_configs():
             parse()
     assert not any("source you trust" in str(w.message) for w in caught)
+
+
+def test_monai_nvimagecodec_notices_are_filtered(caplog, monkeypatch):
+    import logging
+
+    from monai.transforms import LoadImage
+
+    from spectraflow_monai.utils.quiet import KNOWN_HARMLESS_LOG_RECORDS
+
+    name = KNOWN_HARMLESS_LOG_RECORDS[0][0]
+    monkeypatch.setattr(logging.getLogger(name), "filters", [])  # as before any filter of this process
+    caplog.set_level(logging.WARNING, logger=name)
+    unfiltered = _messages(False, LoadImage)  # LoadImage registers every reader, NvImgCodecPydicomReader included
+    if not any("nvImageCodec" in r.getMessage() for r in caplog.records):
+        pytest.skip("this MONAI / pydicom / nvImageCodec set-up prints no nvImageCodec notice")
+    assert any("nvImageCodec" in m for m in unfiltered)
+    caplog.clear()
+    filtered = _messages(True, LoadImage)
+    assert not any("nvImageCodec" in m for m in filtered)
+    assert not any("nvImageCodec" in r.getMessage() for r in caplog.records)
+    logging.getLogger(name).warning("another notice")  # only the known record is dropped
+    assert [r.getMessage() for r in caplog.records] == ["another notice"]
