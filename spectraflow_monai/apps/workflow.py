@@ -7,11 +7,12 @@ be chains of config expressions lives here, once for both bundles:
   folders);
 - :func:`segmentation_metrics`: the key and additional metric handlers of a trainer or evaluator;
 - :func:`trainable_parameters`: the optimizer's parameters (frozen encoder blocks left out);
-- :func:`start_training`: the ``run`` list of Stage-2 (early stopping bound to the trainer, resume, checkpoints).
-
-Importing this module also imports the modules the configs name in their expressions (``apps.seg2d``,
-``apps.synapse``, ``data``, ``engines``, ``networks``, ``handlers``, ``utils``), so a config's ``imports`` list is
-``os``, ``spectraflow_monai`` and this module (plus the error hook).
+- :func:`datalist`: one split of a run's data source;
+- :func:`total_iterations`: the length of a per-iteration learning-rate schedule;
+- :func:`pretrainer_checkpoint`: what a Stage-1 checkpoint holds;
+- :func:`recorded_network`: the network of a model file, built from the settings recorded beside it;
+- :func:`start_training`: the ``run`` of both stages (early stopping bound to the trainer, the resume decision,
+  checkpoints).
 """
 
 from __future__ import annotations
@@ -21,22 +22,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import monai
+import torch
 import torch.nn as nn
 from ignite.engine import Engine
-from monai.handlers import HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
+from monai.handlers import CheckpointLoader, HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
 
-import spectraflow_monai.apps.seg2d  # noqa: F401  (named by the configs' expressions)
-import spectraflow_monai.apps.synapse  # noqa: F401
-import spectraflow_monai.data  # noqa: F401
-import spectraflow_monai.engines  # noqa: F401
-import spectraflow_monai.networks.utils  # noqa: F401
-import spectraflow_monai.utils.checkpoint  # noqa: F401
-import spectraflow_monai.utils.distributed  # noqa: F401
-import spectraflow_monai.utils.run_record  # noqa: F401
 from spectraflow_monai.handlers import HD95EmptyAsDiagonal
+from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
 from spectraflow_monai.utils.settings import check_image_size
 
-__all__ = ["prepare_run", "segmentation_metrics", "start_training", "trainable_parameters"]
+__all__ = [
+    "datalist",
+    "prepare_run",
+    "pretrainer_checkpoint",
+    "recorded_network",
+    "segmentation_metrics",
+    "start_training",
+    "total_iterations",
+    "trainable_parameters",
+]
 
 
 def prepare_run(seed: int, folders: Sequence[str | os.PathLike] = (), image_size: int | None = None) -> None:
@@ -89,24 +93,75 @@ def segmentation_metrics(
     return metrics
 
 
-def trainable_parameters(network: nn.Module) -> list[nn.Parameter]:
-    """The parameters of ``network`` that require gradient (frozen encoder blocks are left out of the optimizer)."""
-    return [p for p in network.parameters() if p.requires_grad]
+def trainable_parameters(network: nn.Module | Sequence[nn.Module]) -> list[nn.Parameter]:
+    """The parameters of ``network`` (one module or several, e.g. Stage-1's encoder and head) that require gradient:
+    frozen encoder blocks are left out of the optimizer."""
+    modules = [network] if isinstance(network, nn.Module) else list(network)
+    return [p for module in modules for p in module.parameters() if p.requires_grad]
+
+
+def datalist(source: Any, split: str, *args: Any, **kwargs: Any) -> list[dict]:
+    """``source.datalist(split, *args, **kwargs)``: one split (``train``, ``val``, ``test``) of a run's data source
+    (:class:`~spectraflow_monai.apps.seg2d.DataSource`, :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`)."""
+    return source.datalist(split, *args, **kwargs)
+
+
+def total_iterations(epochs: int, data_loader: Any) -> int:
+    """Iterations of ``epochs`` epochs over ``data_loader`` (at least 1): the length of a per-iteration schedule."""
+    return max(1, int(epochs) * len(data_loader))
+
+
+def pretrainer_checkpoint(trainer: Any, lr_scheduler: Any, random_state: Any) -> dict[str, Any]:
+    """What a Stage-1 checkpoint holds: the trainer's modules, optimizer and state
+    (:meth:`~spectraflow_monai.engines.Stage1Trainer.checkpoint_dict`), the learning-rate schedule and the random
+    state of the data pipeline (:class:`~spectraflow_monai.handlers.RandomStateHandler`)."""
+    return dict(trainer.checkpoint_dict(lr_scheduler), random_state=random_state)
+
+
+def recorded_network(
+    record: Any, out_channels: int, image_size: int | None = None, in_channels: int = 3
+) -> SpectraFlowNet:
+    """The :class:`~spectraflow_monai.networks.SpectraFlowNet` of a model file, built from the model settings of its
+    :class:`~spectraflow_monai.utils.run_record.ModelRecord` (encoder, image size, fusion, refinement), for the
+    weights of that file (evaluation, inference, MONAI Label); ``image_size``: the config's value when given (it is
+    checked against the record), else the record's."""
+    return SpectraFlowNet(
+        in_channels=in_channels,
+        out_channels=out_channels,
+        encoder=record.encoder_name,
+        img_size=record.image_size if image_size is None else image_size,
+        encoder_kwargs=record.encoder_kwargs,
+        fusion=record.fusion,
+        refine=record.refine,
+    )
 
 
 def start_training(
     trainer: Engine,
     checkpoint_saver: Any,
-    checkpoint_loader: Any = None,
+    checkpoint: dict[str, Any] | None = None,
     resume_path: str | None = None,
     early_stop: Any = None,
+    map_location: str | torch.device | None = None,
 ) -> None:
-    """The ``run`` list of a bundle's Stage-2: bind early stopping to the trainer, continue from ``resume_path``
-    (the checkpoint chosen by :func:`~spectraflow_monai.utils.checkpoint.resume_checkpoint`), attach the
-    checkpoint saver, and train."""
+    """The ``run`` of a bundle's training stage: bind early stopping to the trainer, continue from ``resume_path``
+    (the checkpoint chosen by :func:`~spectraflow_monai.utils.checkpoint.resume_checkpoint`, None: a new run) by
+    loading it into ``checkpoint`` (MONAI's ``CheckpointLoader``, mapped to ``map_location``), attach the
+    checkpoint saver, and train.
+
+    Args:
+        trainer: the stage's trainer.
+        checkpoint_saver: its :class:`~spectraflow_monai.handlers.SafeCheckpointSaver`.
+        checkpoint: the objects a checkpoint holds (the saver's ``save_dict``); needed when ``resume_path`` is set.
+        resume_path: the checkpoint to continue from, or None.
+        early_stop: an early-stopping handler whose trainer is set here (a config reference would be circular).
+        map_location: where the checkpoint's tensors go (the training device).
+    """
     if early_stop is not None:
         early_stop.set_trainer(trainer)
-    if resume_path and checkpoint_loader is not None:
-        checkpoint_loader.attach(trainer)
+    if resume_path:
+        if not checkpoint:
+            raise ValueError(f"resume_path {resume_path!r} was given without the checkpoint objects to load it into.")
+        CheckpointLoader(load_path=resume_path, load_dict=checkpoint, map_location=map_location).attach(trainer)
     checkpoint_saver.attach(trainer)
     trainer.run()

@@ -393,6 +393,7 @@ def inference_files(
     input_pattern: str = "*.*",
     data_list_file_path: str | os.PathLike | None = None,
     dataset_dir: str | os.PathLike | None = None,
+    require_any: bool = False,
 ) -> list[str]:
     """The images ``configs/inference.yaml`` of the 2D bundle segments.
 
@@ -402,9 +403,12 @@ def inference_files(
     (:data:`~spectraflow_monai.data.validation.IMAGE_EXTENSIONS`), sorted. The files are decoded afterwards by
     :class:`~spectraflow_monai.data.validation.InputCheck`, which skips (and lists) the unreadable ones.
 
+    With ``require_any``, a folder without a matching image stops the run (naming the folder and the pattern).
+
     Raises:
         DatasetError: the JSON is missing, not valid JSON, has no ``test`` list or a ``test`` entry without an image
             path; ``input_dir`` is not a folder.
+        FileNotFoundError: (``require_any``) ``input_dir`` holds no matching image.
     """
     if data_list_file_path:
         path = os.fspath(data_list_file_path)
@@ -431,4 +435,10 @@ def inference_files(
     if input_dir is None or not os.path.isdir(os.fspath(input_dir)):
         raise DatasetError(f"input_dir {input_dir!r} is not a folder of images.")
     found = sorted(glob.glob(os.path.join(os.fspath(input_dir), input_pattern)))
-    return [f for f in found if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+    images = [f for f in found if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS]
+    if require_any and not images:
+        raise FileNotFoundError(
+            f"no image matches {input_pattern!r} in {os.fspath(input_dir)!r} (image extensions: "
+            f"{', '.join(sorted(IMAGE_EXTENSIONS))}); give --input_dir and --input_pattern."
+        )
+    return images

@@ -32,6 +32,7 @@ All errors are :class:`DatasetError`, a :class:`spectraflow_monai.utils.errors.D
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
@@ -41,6 +42,8 @@ import numpy as np
 from spectraflow_monai.data.readers import check_finite, check_image_readable, decode_image, tiff_fallback
 from spectraflow_monai.transforms.label import binary_mask_threshold
 from spectraflow_monai.utils.errors import DatasetError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DatasetError",
@@ -248,12 +251,11 @@ class InputCheck:
     Args:
         paths: the input image files.
         key: the datalist key of the image. Defaults to ``"image"``.
+        require_readable: raise :meth:`raise_failures`' error at once when no input at all is readable (nothing
+            would be segmented). Defaults to False.
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike], key: str = "image") -> None:
-        import logging
-
-        logger = logging.getLogger(__name__)
+    def __init__(self, paths: Sequence[str | os.PathLike], key: str = "image", require_readable: bool = False) -> None:
         self.paths = [os.fspath(p) for p in paths]
         self.good: list[str] = []
         self.failures: list[str] = []
@@ -265,6 +267,8 @@ class InputCheck:
                 logger.warning("skipping %s", e)
                 self.failures.append(str(e))
         self.datalist = [{key: p} for p in self.good]
+        if require_readable and not self.good:
+            self.raise_failures()
 
     def raise_failures(self) -> None:
         """Raise :class:`DatasetError` listing the files that failed the check (nothing when all passed)."""

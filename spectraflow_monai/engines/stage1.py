@@ -75,7 +75,9 @@ class Stage1Trainer(Trainer):
         max_epochs: number of epochs (paper: 300).
         train_data_loader: data loader or iterable of batches (dicts with ``image_key`` and optionally
             ``domain_key``; tensors or ``(image, domain)`` tuples also work).
-        encoder: the encoder (``DINOv2Encoder``); its trainable parameters (``requires_grad``) are optimised.
+        encoder: the encoder (``DINOv2Encoder``); its trainable parameters (``requires_grad``) are optimised. It is
+            moved to ``device`` (in place: an optimizer built on its parameters stays valid), as are ``head`` and
+            ``ema_encoder``.
         head: the module trained with the encoder and discarded afterwards (MeanFlow head, MAE decoder).
         optimizer: optimizer over the trainable parameters of encoder and head (paper: AdamW, lr 1e-5).
         dispersive_loss: dispersive loss on the pooled penultimate-block features. Defaults to
@@ -196,6 +198,9 @@ class Stage1Trainer(Trainer):
             to_kwargs=to_kwargs,
             amp_kwargs=amp_kwargs,
         )
+        for module in (encoder, head, ema_encoder):  # in place: the optimizer's parameters are these tensors
+            if module is not None:
+                module.to(self.state.device)
         if dispersive_loss is None and dispersive_weight > 0:
             from spectraflow_monai.losses.dispersive import DispersiveLoss
 

@@ -44,6 +44,8 @@ class ProgressBarHandler:
         keys: names of the output entries to display, those present in the output in this order (e.g.
             ``["meanflow_error", "loss_mae"]`` for the Stage-1 trainers: the headline error of whichever runs);
             replaces ``output_transform``. Defaults to ``None``.
+        enabled: False attaches nothing (a bundle's ``progress_bar: false``, or a process other than the first of
+            a distributed run). Defaults to ``True``.
 
     Raises:
         ValueError: ``keys`` is a string or empty.
@@ -56,6 +58,7 @@ class ProgressBarHandler:
         persist: bool = False,
         desc: str | None = None,
         keys: Sequence[str] | None = None,
+        enabled: bool = True,
     ) -> None:
         if keys is not None:
             if isinstance(keys, str) or not len(keys):
@@ -66,7 +69,10 @@ class ProgressBarHandler:
         self.output_transform = output_transform
         self.metric_names = metric_names
         self.bar = ProgressBar(persist=persist, desc=desc)
+        self.enabled = bool(enabled)
 
     def attach(self, engine: Engine) -> None:
-        """Attach the progress bar to ``engine``."""
+        """Attach the progress bar to ``engine`` (nothing when not ``enabled``)."""
+        if not self.enabled:
+            return
         self.bar.attach(engine, metric_names=self.metric_names, output_transform=self.output_transform)

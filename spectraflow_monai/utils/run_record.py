@@ -253,19 +253,31 @@ def check_model_settings(
 class ModelRecord:
     """The model settings of a model file, for evaluation and inference: the record beside it.
 
-    A bundle's evaluation / inference config reads each model setting from this object
-    (``image_size: "$@model_record.image_size"``) and checks the values in its ``initialize`` list
-    (``"$@model_record.check(image_size=@image_size, ...)"``): a value given on the command line replaces the read
-    one and must agree with the record, else a :class:`SettingError` names both values.
+    A bundle's evaluation / inference config builds the network from this object
+    (:func:`~spectraflow_monai.apps.workflow.recorded_network`) and reads the settings its transforms need from it
+    (``image_size: "$@model_record.image_size"``). A model setting given on the command line replaces the read one
+    and must agree with the record, else a :class:`SettingError` names both values: the settings only the network
+    reads come in ``given`` (``null`` in the config: not given), the others are checked by
+    :func:`check_model_settings` in the config's ``initialize`` list.
 
     Args:
         model_file: the model file (``models/model.pt``).
         defaults: the values of settings the record does not hold, or of a model file without a record (written by
             an earlier version or by hand; a warning says so). Defaults to
             :data:`spectraflow_monai.utils.settings.MODEL_DEFAULTS`.
+        given: ``{setting: value}`` given on the command line; None values are not given. Each given value is
+            checked against the record and replaces the read one. Defaults to None.
+
+    Raises:
+        SettingError: a given value differs from the record, naming both.
     """
 
-    def __init__(self, model_file: str | os.PathLike, defaults: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model_file: str | os.PathLike,
+        defaults: Mapping[str, Any] | None = None,
+        given: Mapping[str, Any] | None = None,
+    ) -> None:
         from spectraflow_monai.utils.settings import MODEL_DEFAULTS
 
         self.model_file = os.fspath(model_file)
@@ -275,7 +287,9 @@ class ModelRecord:
                 f"{self.model_file}: no settings recorded beside it ({model_settings_path(self.model_file)}); the "
                 "model settings are the defaults or the values given."
             )
-        self.settings = {**dict(MODEL_DEFAULTS if defaults is None else defaults), **(self.recorded or {})}
+        given = {k: _plain(v) for k, v in (given or {}).items() if v is not None}
+        self.check(**given)
+        self.settings = {**dict(MODEL_DEFAULTS if defaults is None else defaults), **(self.recorded or {}), **given}
 
     def __getattr__(self, name: str) -> Any:
         settings = self.__dict__.get("settings", {})

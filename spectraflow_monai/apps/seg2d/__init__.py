@@ -5,14 +5,18 @@ and the datalist entry point of the ``spectraflow_2d_segmentation`` bundle.
 from spectraflow_monai._lazy import lazy_exports
 
 #: module -> the names it exports (imported when a name is first used: the command line stays light)
-_EXPORTS: dict[str, tuple[str, ...]] = {
+_EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".presets": (
         "DATASET_PRESETS", "KVASIR_SPLIT_DIR", "canonical_dataset_name", "glas_datalist", "isic2016_datalist",
         "kvasir_seg_datalist", "synthetic_datalist",
     ),
     ".synthetic": ("generate_synthetic_dataset", "synthesize_pair"),
     ".datalist": ("DataSource", "build_datalist", "canonical_source_name"),
-    ".label_setup": ("LabelSetup", "OneHotOutput", "label_setup", "stage2_loss"),
+    ".augmentation": ("train_augmentation",),
+    ".label_setup": (
+        "LabelSetup", "OneHotOutput", "label_setup", "label_transform", "metric_suite_handler", "postprocessing",
+        "prediction_writer", "stage2_loss",
+    ),
 }
 
 __all__: list[str] = [name for names in _EXPORTS.values() for name in names]

@@ -24,10 +24,21 @@ from monai.transforms import Activationsd, AsDiscreted, Compose, EnsureChannelFi
 
 from spectraflow_monai.data.label_map import inverse_label_map
 from spectraflow_monai.data.label_mode import LabelMode
+from spectraflow_monai.handlers.metric_suite import MetricSuiteHandler
 from spectraflow_monai.losses.dice_bce_boundary import DiceBCEBoundaryLoss
 from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
+from spectraflow_monai.transforms.label import SaveLabelValuesd
 
-__all__ = ["LabelSetup", "OneHotOutput", "label_setup", "stage2_loss"]
+__all__ = [
+    "LabelSetup",
+    "OneHotOutput",
+    "label_setup",
+    "label_transform",
+    "metric_suite_handler",
+    "postprocessing",
+    "prediction_writer",
+    "stage2_loss",
+]
 
 
 class OneHotOutput:
@@ -111,3 +122,49 @@ def label_setup(label_classes: Any = None) -> LabelSetup:
 def stage2_loss(label_setup: LabelSetup, **kwargs: Any) -> DiceBCEBoundaryLoss:
     """The 2D bundle's Stage-2 loss (config entry point): :meth:`LabelSetup.loss` of ``label_setup``."""
     return label_setup.loss(**kwargs)
+
+
+# ---------------------------------------------------------------- config entry points: one component each
+
+
+def label_transform(label_setup: LabelSetup, keys: Any = "label") -> Any:
+    """The mask transform of ``label_setup`` (:meth:`LabelSetup.label_transform`): ``BinarizeLabeld`` with its value
+    check for binary masks, ``LabelClassesd`` (source values -> class indices) for label maps."""
+    return label_setup.label_transform(keys)
+
+
+def postprocessing(label_setup: LabelSetup, keys: Any = "pred", then: Sequence[Any] = ()) -> Compose:
+    """``Compose`` of :meth:`LabelSetup.postprocessing` (logits -> masks) followed by the transforms ``then``
+    (e.g. inverting the resize, writing the predictions)."""
+    return Compose([*label_setup.postprocessing(keys), *then])
+
+
+def prediction_writer(label_setup: LabelSetup, output_dir: str, keys: Any = "pred", **kwargs: Any) -> SaveLabelValuesd:
+    """The writer of predicted masks: :class:`~spectraflow_monai.transforms.SaveLabelValuesd` with MONAI's
+    ``PILWriter``, 0/255 masks for binary tasks, label maps with the source label values otherwise
+    (``LabelSetup.save_values`` / ``save_scale`` / ``save_dtype``), ``<name>_seg<output_ext>`` directly in
+    ``output_dir``; ``kwargs`` are further ``SaveImaged`` arguments (``output_ext``, ``print_log``, ...)."""
+    options = {"output_postfix": "seg", "output_ext": ".png", "separate_folder": False, "resample": False, **kwargs}
+    return SaveLabelValuesd(
+        keys,
+        values=label_setup.save_values,
+        output_dir=output_dir,
+        writer="PILWriter",
+        scale=label_setup.save_scale,
+        output_dtype=label_setup.save_dtype,
+        **options,
+    )
+
+
+def metric_suite_handler(label_setup: LabelSetup, output_dir: str, original_size: bool = False, **kwargs: Any) -> Any:
+    """The paper's metric suite for the masks of ``label_setup`` (:meth:`LabelSetup.metric_suite`, per class for label
+    maps) as a :class:`~spectraflow_monai.handlers.MetricSuiteHandler` writing to ``output_dir``; with
+    ``original_size`` every image is scored at its own size (its ground truth read again by
+    :meth:`LabelSetup.label_loader`)."""
+    return MetricSuiteHandler(
+        output_dir,
+        suite=label_setup.metric_suite(),
+        original_size=original_size,
+        label_loader=label_setup.label_loader(),
+        **kwargs,
+    )
