@@ -7,9 +7,20 @@ import torch
 from monai.handlers import HausdorffDistance, MeanDice, MeanIoUHandler
 
 from spectraflow_monai.apps.seg2d import label_setup
-from spectraflow_monai.apps.workflow import prepare_run, segmentation_metrics, trainable_parameters
+from spectraflow_monai.apps.workflow import (
+    datalist,
+    prepare_run,
+    pretrainer_checkpoint,
+    recorded_network,
+    segmentation_metrics,
+    start_training,
+    total_iterations,
+    trainable_parameters,
+)
 from spectraflow_monai.handlers import HD95EmptyAsDiagonal
+from spectraflow_monai.networks import SpectraFlowNet
 from spectraflow_monai.utils import SettingError
+from spectraflow_monai.utils.run_record import ModelRecord, write_model_settings
 
 
 @pytest.mark.parametrize("classes, background", [(None, True), (["background", "polyp", "tool"], False)])
@@ -37,3 +48,84 @@ def test_trainable_parameters_leave_frozen_ones_out():
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     net[0].requires_grad_(False)
     assert trainable_parameters(net) == list(net[1].parameters())
+
+
+def test_trainable_parameters_of_several_modules():  # Stage-1: the encoder's trainable blocks and the whole head
+    encoder, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    encoder.weight.requires_grad_(False)
+    assert trainable_parameters([encoder, head]) == [encoder.bias, *head.parameters()]
+
+
+class _Source:
+    def datalist(self, split, *args, **kwargs):
+        return [{"split": split, "args": args, **kwargs}]
+
+
+def test_datalist_asks_the_source_for_one_split():
+    assert datalist(_Source(), "val", [1, 2], slices=False) == [{"split": "val", "args": ([1, 2],), "slices": False}]
+
+
+@pytest.mark.parametrize("epochs, batches, expected", [(3, 4, 12), (1, 0, 1), (0, 5, 1)])
+def test_total_iterations(epochs, batches, expected):
+    assert total_iterations(epochs, range(batches)) == expected
+
+
+def test_pretrainer_checkpoint_adds_the_random_state():
+    class Trainer:
+        def checkpoint_dict(self, lr_scheduler):
+            return {"encoder": 1, "lr_scheduler": lr_scheduler}
+
+    assert pretrainer_checkpoint(Trainer(), "lr", "rng") == {"encoder": 1, "lr_scheduler": "lr", "random_state": "rng"}
+
+
+def test_recorded_network_follows_the_record(tmp_path):
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"")
+    settings = {"image_size": 28, "encoder_name": "vit_small_patch14_dinov2", "encoder_kwargs": {"depth": 2},
+                "fusion": "concat", "refine": "standard", "label_classes": None}  # fmt: skip
+    write_model_settings(model, settings)
+    net = recorded_network(ModelRecord(model), out_channels=2)
+    assert isinstance(net, SpectraFlowNet) and net(torch.zeros(1, 3, 28, 28)).shape == (1, 2, 28, 28)
+    assert net.decoder.fusion == "concat" and len(net.encoder.vit.blocks) == 2
+    with pytest.raises(SettingError, match="fusion: 'concat' in the record, 'daf' given"):
+        ModelRecord(model, given={"fusion": "daf", "refine": None})  # None: not given
+
+
+class _Engine:
+    def __init__(self):
+        self.calls = []
+
+    def run(self):
+        self.calls.append("run")
+
+
+class _Saver:
+    def attach(self, engine):
+        engine.calls.append("saver")
+
+
+def test_start_training_resumes_only_from_a_given_checkpoint(tmp_path):
+    engine, early = _Engine(), type("Early", (), {"set_trainer": lambda self, t: setattr(self, "trainer", t)})()
+    start_training(engine, _Saver(), early_stop=early)  # a new run: nothing loaded
+    assert engine.calls == ["saver", "run"] and early.trainer is engine
+    with pytest.raises(ValueError, match="without the checkpoint objects"):
+        start_training(_Engine(), _Saver(), resume_path=str(tmp_path / "c.pt"))
+
+
+def test_start_training_loads_the_checkpoint_at_start(tmp_path):
+    from ignite.engine import Engine
+
+    net = torch.nn.Linear(2, 2)
+    saved = {k: torch.full_like(v, 3.0) for k, v in net.state_dict().items()}
+    torch.save({"model": saved}, tmp_path / "c.pt")
+    trainer = Engine(lambda engine, batch: None)
+    trainer.state.max_epochs = None
+    trainer.run_args = None
+
+    class Saver:
+        def attach(self, engine):
+            pass
+
+    trainer.run = lambda: Engine.run(trainer, [0], max_epochs=1)
+    start_training(trainer, Saver(), checkpoint={"model": net}, resume_path=str(tmp_path / "c.pt"), map_location="cpu")
+    assert all(torch.equal(v, torch.full_like(v, 3.0)) for v in net.state_dict().values())

@@ -228,6 +228,9 @@ def test_inference_files_globs_images_of_a_folder(tmp_path):
     assert [os.path.basename(f) for f in inference_files(tmp_path)] == ["a.tif", "b.png"]
     with pytest.raises(DatasetError, match="not a folder"):
         inference_files(tmp_path / "missing")
+    assert inference_files(tmp_path, "*.jpg") == []
+    with pytest.raises(FileNotFoundError, match=r"no image matches '\*\.jpg' in .*--input_dir and --input_pattern"):
+        inference_files(tmp_path, "*.jpg", require_any=True)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -187,6 +187,9 @@ def test_input_check_keeps_readable_files_and_lists_the_others(tmp_path):
         check.raise_failures()
     assert str(cut) in str(e.value)
     InputCheck(good).raise_failures()  # nothing to report
+    assert InputCheck([good[0], cut], require_readable=True).good == [good[0]]  # one readable: go on
+    with pytest.raises(DataError, match=r"1 of 1 input image\(s\) could not be read"):
+        InputCheck([cut], require_readable=True)  # none readable: stop before any work
 
 
 @pytest.mark.skipif(not os.path.isdir(KVASIR_REAL), reason="real Kvasir-SEG not available")

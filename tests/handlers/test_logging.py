@@ -193,3 +193,11 @@ def test_epoch_summary_replaces_the_engines_per_epoch_lines(caplog):
     with caplog.at_level(logging.INFO):
         other.run([0], max_epochs=1)
     assert any(r.getMessage().startswith("Epoch[1] Complete") for r in caplog.records)
+
+
+@pytest.mark.parametrize("enabled, expected", [(True, 1), (False, 0)])
+def test_progress_bar_attaches_only_when_enabled(enabled, expected):
+    engine = Engine(lambda e, b: {"loss": 1.0})
+    before = len(engine._event_handlers[Events.ITERATION_COMPLETED])
+    ProgressBarHandler(desc="Stage-2", enabled=enabled).attach(engine)
+    assert len(engine._event_handlers[Events.ITERATION_COMPLETED]) - before == expected

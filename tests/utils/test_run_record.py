@@ -91,3 +91,18 @@ def test_model_settings_beside_a_model_file(tmp_path):
     with pytest.raises(SettingError, match=r"encoder_kwargs.depth: 2 in the record, 12 given"):
         check_model_settings(model, {"encoder_kwargs": {"depth": 12}})
     check_model_settings(tmp_path / "absent.pt", {"image_size": 1})  # no record: nothing to check
+
+
+def test_model_record_takes_the_given_settings(tmp_path):
+    model = tmp_path / "model.pt"
+    torch.save({}, model)
+    defaults = {"encoder_name": "vit_small_patch14_dinov2", "fusion": "daf"}
+    # no record (an older model file): a given value is what the network is built with
+    assert ModelRecord(model, defaults, given={"encoder_name": "vit_base_patch14_dinov2"}).encoder_name == (
+        "vit_base_patch14_dinov2"
+    )
+    write_model_settings(model, {"encoder_name": "vit_small_patch14_dinov2", "fusion": "concat"})
+    record = ModelRecord(model, defaults, given={"encoder_name": None, "fusion": "concat"})  # None: not given
+    assert (record.encoder_name, record.fusion) == ("vit_small_patch14_dinov2", "concat")
+    with pytest.raises(SettingError, match="fusion: 'concat' in the record, 'add' given"):
+        ModelRecord(model, defaults, given={"fusion": "add"})
