@@ -27,6 +27,7 @@ __all__ = [
     "error_summary",
     "find_input_error",
     "install_excepthook",
+    "set_error_log_dir",
 ]
 
 
@@ -79,19 +80,36 @@ def error_summary(exc: BaseException | None) -> str | None:
 TRACEBACK_ENV = "SPECTRAFLOW_TRACEBACK"
 
 
+_ERROR_LOG_DIR: list[str] = []  # the run's log folder, once a bundle run has named it (set_error_log_dir)
+
+
+def set_error_log_dir(path: str | os.PathLike | None) -> None:
+    """Send the traceback of a user's mistake that ends this process to ``<path>/error-<time>-<pid>.log`` (the run's
+    log folder, created when the file is written) instead of the temp folder; None: back to the temp folder. The
+    bundles' :func:`~spectraflow_monai.apps.workflow.prepare_run` calls it with their ``log_dir``."""
+    _ERROR_LOG_DIR[:] = [] if path is None else [os.fspath(path)]
+
+
 def _write_traceback(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str | None:
-    """The full traceback into ``<temp dir>/spectraflow-error-<pid>.log``; its path, or None when it cannot be
-    written."""
+    """The full traceback into the run's log folder (:func:`set_error_log_dir`), else (or when that cannot be
+    written) ``<temp dir>/spectraflow-error-<pid>.log``; its path, or None when neither can be written."""
     import tempfile
+    import time
     import traceback
 
-    path = os.path.join(tempfile.gettempdir(), f"spectraflow-error-{os.getpid()}.log")
-    try:
-        with open(path, "w") as f:
-            f.write("".join(traceback.format_exception(exc_type, exc, tb)))
-    except OSError:
-        return None
-    return path
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidates = [os.path.join(d, f"error-{stamp}-{os.getpid()}.log") for d in _ERROR_LOG_DIR]
+    candidates.append(os.path.join(tempfile.gettempdir(), f"spectraflow-error-{os.getpid()}.log"))
+    for path in candidates:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError:
+            continue
+        return os.path.abspath(path)
+    return None
 
 
 def _hook(previous: Any) -> Any:
@@ -117,7 +135,8 @@ def _hook(previous: Any) -> Any:
 def install_excepthook() -> None:
     """Make an uncaught user's mistake (a :class:`DataError` or :class:`SettingError` in the exception's chain) end
     the output with the one line of :func:`error_summary`, without the Python traceback on screen: the traceback is
-    written to ``<temp dir>/spectraflow-error-<pid>.log``, named at the end of the line (``SPECTRAFLOW_TRACEBACK=1``
+    written to the run's log folder (:func:`set_error_log_dir`; before a run names it: ``<temp
+    dir>/spectraflow-error-<pid>.log``), named at the end of the line (``SPECTRAFLOW_TRACEBACK=1``
     prints it on screen as well). Other exceptions keep the previous ``sys.excepthook`` (the usual traceback).
     Idempotent.
     """

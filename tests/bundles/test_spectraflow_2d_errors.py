@@ -4,6 +4,7 @@ with a message naming the file or setting, and ``python -m monai.bundle run`` en
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,8 @@ def test_last_output_line_names_the_file_and_the_problem(tmp_path):
     assert "Traceback" not in proc.stderr  # a user's mistake: no traceback on screen ...
     last = lines[-1]
     assert last.startswith("error: ") and str(base / "images" / "b.jpg") in last and "without a mask" in last, last
-    log = last.rsplit("(traceback: ", 1)[1].rstrip(")")  # ... it is in the log file the line names
+    log = last.rsplit("(traceback: ", 1)[1].rstrip(")")  # ... it is in the log file the line names, in the run's
+    assert os.path.dirname(log) == str(tmp_path / "b" / "logs"), log  # log folder
     with open(log) as f:
         assert "Traceback" in f.read()
     assert not (tmp_path / "b" / "models" / "model.pt").exists()

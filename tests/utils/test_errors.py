@@ -62,3 +62,19 @@ def test_excepthook_adds_the_last_line(raised, last):
     env = dict(os.environ, SPECTRAFLOW_TRACEBACK="1")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert "Traceback" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("error:")
+
+
+def test_traceback_goes_to_the_runs_log_folder(tmp_path):
+    code = (
+        "import spectraflow_monai.utils.excepthook\n"
+        "from spectraflow_monai.utils.errors import SettingError, set_error_log_dir\n"
+        f"set_error_log_dir({str(tmp_path / 'logs')!r})\n"
+        "raise SettingError('image_size must be a multiple of 14')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: image_size must be a multiple of 14 (traceback: "), proc.stderr
+    log = line.rsplit("(traceback: ", 1)[1].rstrip(")")
+    assert os.path.dirname(log) == str(tmp_path / "logs") and os.path.basename(log).startswith("error-")
+    with open(log) as f:
+        assert "SettingError: image_size must be a multiple of 14" in f.read()
