@@ -2,7 +2,7 @@
 
 ``spectraflow demo --output runs/demo`` runs the ``spectraflow_2d_segmentation`` bundle's configs with
 ``monai.bundle.run`` exactly as a user would run them by hand (the commands are printed), on a synthetic lesion
-dataset generated on the fly. The defaults take about 6 minutes on 2 CPU cores; every option is listed by
+dataset generated on the fly. The defaults take about 9 minutes on 2 CPU cores (README); every option is listed by
 ``spectraflow demo --help``.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.utils.bundles import bundle_path, run_bundle_configs
+from spectraflow_monai.utils.settings import MODEL_DEFAULTS, PRECISION_SETTINGS, check_image_size
 
 __all__ = ["main", "run_demo"]
 
@@ -27,11 +28,11 @@ def run_demo(
     output: str | os.PathLike = "runs/demo",
     num_train: int = 64,
     num_val: int = 24,
-    image_size: int = 224,
+    image_size: int = MODEL_DEFAULTS["image_size"],
     stage1_epochs: int = 4,
     stage2_epochs: int = 20,
     batch_size: int = 8,
-    encoder: str = "vit_small_patch14_dinov2",
+    encoder: str = MODEL_DEFAULTS["encoder_name"],
     pretrained_weights: str | None = "none",
     threads: int | None = None,
     seed: int = 0,
@@ -73,8 +74,7 @@ def run_demo(
     from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
     from spectraflow_monai.utils import resolve_precision
 
-    if image_size % 14:
-        raise ValueError(f"image_size must be a multiple of 14 (the DINOv2 patch size), got {image_size}.")
+    check_image_size(image_size)
     from spectraflow_monai.networks.utils import normalize_weights_source
 
     weights = normalize_weights_source(pretrained_weights)
@@ -159,8 +159,6 @@ def run_demo(
 
 def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
     """``spectraflow demo`` (or ``python -m spectraflow_monai demo``): see :func:`run_demo`."""
-    from spectraflow_monai.utils.settings import PRECISION_SETTINGS
-
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Run SpectraFlow Stage-1 -> Stage-2 -> evaluation -> report on a generated synthetic dataset.",
@@ -168,11 +166,12 @@ def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
     parser.add_argument("--output", default="runs/demo", help="output folder (bundle_root of the run)")
     parser.add_argument("--num-train", type=int, default=64, help="synthetic training images (default 64)")
     parser.add_argument("--num-val", type=int, default=24, help="synthetic validation images (default 24)")
-    parser.add_argument("--image-size", type=int, default=224, help="input size, multiple of 14 (default 224)")
+    parser.add_argument("--image-size", type=int, default=MODEL_DEFAULTS["image_size"],
+                        help=f"input size, multiple of 14 (default {MODEL_DEFAULTS['image_size']})")
     parser.add_argument("--stage1-epochs", type=int, default=4, help="Stage-1 epochs (default 4)")
     parser.add_argument("--stage2-epochs", type=int, default=20, help="Stage-2 epochs (default 20)")
     parser.add_argument("--batch-size", type=int, default=8, help="batch size (default 8)")
-    parser.add_argument("--encoder", default="vit_small_patch14_dinov2", help="timm DINOv2 model name")
+    parser.add_argument("--encoder", default=MODEL_DEFAULTS["encoder_name"], help="timm DINOv2 model name")
     parser.add_argument(
         "--pretrained-weights",
         "--pretrained",
