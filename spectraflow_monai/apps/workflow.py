@@ -8,6 +8,7 @@ be chains of config expressions lives here, once for both bundles:
 - :func:`segmentation_metrics`: the key and additional metric handlers of a trainer or evaluator;
 - :func:`trainable_parameters`: the optimizer's parameters (frozen encoder blocks left out);
 - :func:`datalist`: one split of a run's data source;
+- :func:`flat_compose`: one ``Compose`` of the config's transform lists;
 - :func:`total_iterations`: the length of a per-iteration learning-rate schedule;
 - :func:`pretrainer_checkpoint`: what a Stage-1 checkpoint holds;
 - :func:`recorded_network`: the network of a model file, built from the settings recorded beside it;
@@ -26,6 +27,7 @@ import torch
 import torch.nn as nn
 from ignite.engine import Engine
 from monai.handlers import CheckpointLoader, HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
+from monai.transforms import Compose
 
 from spectraflow_monai.handlers import HD95EmptyAsDiagonal
 from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
@@ -34,6 +36,7 @@ from spectraflow_monai.utils.settings import check_image_size
 
 __all__ = [
     "datalist",
+    "flat_compose",
     "prepare_run",
     "pretrainer_checkpoint",
     "recorded_network",
@@ -113,6 +116,21 @@ def datalist(source: Any, split: str, *args: Any, **kwargs: Any) -> list[dict]:
     """``source.datalist(split, *args, **kwargs)``: one split (``train``, ``val``, ``test``) of a run's data source
     (:class:`~spectraflow_monai.apps.seg2d.DataSource`, :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`)."""
     return source.datalist(split, *args, **kwargs)
+
+
+def flat_compose(transforms: Sequence[Any]) -> Compose:
+    """One flat ``Compose`` of ``transforms``, whose items are transforms, lists of transforms (a config's
+    ``load_transforms``, ``train_augmentation``, ...) or ``Compose`` objects, in order. Flat, so that ``CacheDataset``
+    caches every deterministic transform up to the first random one, and a config lists the pieces by reference."""
+    flat: list[Any] = []
+    for item in transforms:
+        if isinstance(item, Compose):
+            flat.extend(item.flatten().transforms)
+        elif isinstance(item, (list, tuple)):
+            flat.extend(flat_compose(item).transforms)
+        else:
+            flat.append(item)
+    return Compose(flat)
 
 
 def total_iterations(epochs: int, data_loader: Any) -> int:

@@ -9,6 +9,7 @@ from monai.handlers import HausdorffDistance, MeanDice, MeanIoUHandler
 from spectraflow_monai.apps.seg2d import label_setup
 from spectraflow_monai.apps.workflow import (
     datalist,
+    flat_compose,
     prepare_run,
     pretrainer_checkpoint,
     recorded_network,
@@ -129,3 +130,11 @@ def test_start_training_loads_the_checkpoint_at_start(tmp_path):
     trainer.run = lambda: Engine.run(trainer, [0], max_epochs=1)
     start_training(trainer, Saver(), checkpoint={"model": net}, resume_path=str(tmp_path / "c.pt"), map_location="cpu")
     assert all(torch.equal(v, torch.full_like(v, 3.0)) for v in net.state_dict().values())
+
+
+def test_flat_compose_keeps_the_order_of_lists_and_composes():
+    from monai.transforms import Compose, Identityd, RandFlipd
+
+    a, b, c, d = Identityd("x"), RandFlipd("x", prob=0.5), Identityd("y"), Identityd("z")
+    flat = flat_compose([[a], Compose([b, Compose([c])]), d, []])
+    assert flat.transforms == (a, b, c, d)

@@ -6,15 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from monai.transforms import Compose
-
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = ["train_augmentation"]
 
 
-def train_augmentation(geometric: Sequence[Any], colour: Mapping[str, Sequence[Any]], data_source: Any) -> Compose:
-    """``Compose`` of the ``geometric`` transforms and the ``colour`` transforms of ``data_source.name``.
+def train_augmentation(geometric: Sequence[Any], colour: Mapping[str, Sequence[Any]], data_source: Any) -> list[Any]:
+    """The ``geometric`` transforms followed by the ``colour`` transforms of ``data_source.name``.
 
     Args:
         geometric: the geometric transforms (image and label together).
@@ -31,4 +29,4 @@ def train_augmentation(geometric: Sequence[Any], colour: Mapping[str, Sequence[A
             f"colour_augmentation has no entry for the data source {name!r} (entries: {sorted(colour)}); add one "
             f"(--colour_augmentation#{name} \"[]\" for none)."
         )
-    return Compose([*geometric, *colour[name]])
+    return [*geometric, *colour[name]]
