@@ -1,4 +1,6 @@
-"""Settings of the Synapse bundle's data source: the label map, the class names, and their checks before any work.
+"""Settings of the Synapse bundle's data source: the label map, the class names, and their checks before any work;
+the settings the bundle derives from them (``layout``, the default ``val_cases``, the non-finite replacements, the
+spacing of the volume metrics).
 
 Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
 """
