@@ -15,15 +15,15 @@ TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentatio
 SHARED_CONSTANTS = [
     "bundle_root", "ckpt_dir", "output_dir", "log_dir", "data_fraction", "data_seed", "data_list_file_path",
     "val_fraction", "image_size", "device", "encoder_name", "encoder_kwargs", "pretrained_weights", "encoder_init",
-    "stage1_encoder", "encoder_initialization", "trainable_blocks", "fusion", "refine", "num_workers", "cache_rate",
-    "learning_rate", "weight_decay", "min_learning_rate", "lr_factor", "val_interval", "boundary_beta",
+    "stage1_encoder", "model_path", "encoder_initialization", "trainable_blocks", "fusion", "refine", "num_workers",
+    "cache_rate", "learning_rate", "weight_decay", "min_learning_rate", "lr_factor", "val_interval", "boundary_beta",
     "boundary_beta_max", "boundary_ramp_epochs", "progress_bar", "resume", "stage2_dir", "stage2_checkpoints_kept",
-    "train_sampler", "val_sampler", "stage1_sampler", "image_mean", "image_std", "network", "run",
-    "encoder_settings", "process_group",
+    "train_sampler", "val_sampler", "image_mean", "image_std", "network", "run", "encoder_settings", "process_group",
+    "imports",
 ]  # fmt: skip
 SHARED_STAGE2 = [
     "train#run", "train#optimizer", "train#random_state", "train#checkpoint", "train#resume_path", "train#checkpoint_saver",
-    "train#checkpoint_loader", "validate#lr_scheduler", "validate#model_saver", "validate#early_stop",
+    "validate#lr_scheduler", "validate#model_saver", "validate#early_stop",
     "validate#evaluator",
 ]  # fmt: skip
 STAGE1_CONSTANTS = [
@@ -32,7 +32,8 @@ STAGE1_CONSTANTS = [
     "dispersive_normalize", "meanflow_ratio_unequal", "ema_decay", "head_hidden_channels", "head_num_blocks",
     "head_condition_on_domain", "latent_norm", "stage1_checkpoint_interval", "stage1_checkpoints_kept",
     "stage1_views", "meanflow_adaptive_p", "meanflow_adaptive_c",
-    "resume_from", "stage1_dir", "run_record#not_compared", "unread_settings", "run_setup#folders", "run",
+    "resume_from", "stage1_dir", "stage1_sampler", "run_record#not_compared", "unread_settings", "run_setup#folders",
+    "run",
 ]  # fmt: skip
 # the Synapse masks are organ label maps merged into one foreground (binarize); everything else of Stage-1 is shared
 STAGE1_DIFFERENT = {"mixed_domain"}

@@ -36,11 +36,12 @@ h5 readers, label mapping and checks), ``layouts`` (datalists of the two layouts
 from spectraflow_monai._lazy import lazy_exports
 
 #: module -> the names it exports (imported when a name is first used: the command line stays light)
-_EXPORTS: dict[str, tuple[str, ...]] = {
+_EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".source": ("SynapseDataSource",),
     ".settings": (
-        "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
-        "check_datalist_base",
+        "LAYOUTS", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
+        "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
+        "slice_nonfinite_value", "volume_spacing",
     ),
     ".label_map": ("MapLabels", "MapLabelsd"),
     ".constants": (
@@ -54,7 +55,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "load_synapse_h5", "map_btcv_labels",
     ),
     ".layouts": ("case_list", "synapse_datalist"),
-    ".cache": ("extract_slices",),
+    ".cache": ("extract_slices", "slice_cache_dir"),
     ".transforms": (
         "CTWindow", "CTWindowd", "MapBTCVLabels", "MapBTCVLabelsd", "LoadSynapseSliced", "LoadSynapseH5d",
         "load_slice_npz",
@@ -67,7 +68,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "DECATHLON_LISTS", "nifti_case_id", "read_decathlon_datalist", "holdout_split", "case_fraction",
         "decathlon_synapse_datalist", "synapse_inference_datalist",
     ),
-    ".bundle": ("build_synapse_datalist", "check_synapse_settings"),
+    ".bundle": (
+        "build_synapse_datalist", "check_synapse_settings", "prediction_writer", "volume_loading",
+        "volume_metrics_handler", "volume_postprocessing",
+    ),
 }
 
 __all__: list[str] = [name for names in _EXPORTS.values() for name in names]

@@ -25,6 +25,8 @@ import torch
 
 from spectraflow_monai.apps.synapse.cache import extract_slices
 from spectraflow_monai.apps.synapse.constants import (
+    ORGAN_DISPLAY_NAMES,
+    PAPER_ORGAN_ORDER,
     RAW_IMAGE,
     SYNAPSE_BUNDLE_DATASETS,
     SYNAPSE_TEST_CASES,
@@ -35,13 +37,25 @@ from spectraflow_monai.apps.synapse.datalist import case_fraction, decathlon_syn
 from spectraflow_monai.apps.synapse.layouts import case_list, synapse_datalist
 from spectraflow_monai.apps.synapse.phantom import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
-from spectraflow_monai.apps.synapse.settings import check_own_data_settings, resolve_label_map
+from spectraflow_monai.apps.synapse.settings import (
+    LAYOUTS,
+    check_own_data_settings,
+    resolve_label_map,
+    volume_spacing,
+)
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size
 
-__all__ = ["build_synapse_datalist", "check_synapse_settings"]
+__all__ = [
+    "build_synapse_datalist",
+    "check_synapse_settings",
+    "prediction_writer",
+    "volume_loading",
+    "volume_metrics_handler",
+    "volume_postprocessing",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -362,4 +376,100 @@ def _build_synapse_datalist(
         nonfinite_value=nonfinite_value,
         label_map=mapping,
         unmapped_labels=unmapped_labels,
+    )
+
+
+# ---------------------------------------------------------------- config entry points: one component each
+
+
+def volume_loading(loading: Mapping[str, Sequence[Any]], layout: Any) -> Any:
+    """``Compose`` of the volume-loading transforms of ``layout`` (``configs/evaluate.yaml``: ``volume_loading``
+    holds one list per layout: NIfTI volumes in HU read, checked, label-mapped, reoriented and windowed; TransUNet's
+    h5 volumes read windowed and mapped already).
+
+    Args:
+        loading: ``{layout: its transforms}``; needs an entry for ``layout``.
+        layout: ``"raw"`` or ``"transunet"`` (:func:`~spectraflow_monai.apps.synapse.synapse_layout`).
+
+    Raises:
+        SettingError: ``layout`` is unknown or ``loading`` has no entry for it, naming the layout and the entries.
+    """
+    from monai.transforms import Compose
+
+    if layout not in LAYOUTS:
+        raise SettingError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}.")
+    if not isinstance(loading, Mapping) or layout not in loading:
+        entries = sorted(loading) if isinstance(loading, Mapping) else loading
+        raise SettingError(f"volume_loading has no entry for the layout {layout!r} (entries: {entries!r}).")
+    return Compose(list(loading[layout]))
+
+
+def volume_postprocessing(transforms: Sequence[Any], writer: Any = None, save: bool = True) -> Any:
+    """``Compose`` of ``transforms`` (argmax, back to the input grid) followed by ``writer`` when ``save`` is true
+    (``configs/evaluate.yaml``: ``save_predictions``).
+
+    Raises:
+        SettingError: ``save`` is not a bool, or true without a ``writer``, naming the value.
+    """
+    from monai.transforms import Compose
+
+    if not isinstance(save, (bool, np.bool_)):
+        raise SettingError(f"save_predictions must be true or false, got {save!r}.")
+    if save and writer is None:
+        raise SettingError("save_predictions is true but no prediction writer was given.")
+    return Compose([*transforms, *([writer] if save else [])])
+
+
+def prediction_writer(
+    output_dir: str | os.PathLike, values: Sequence[int] | None = None, keys: Any = "pred", **kwargs: Any
+) -> Any:
+    """The writer of predicted label volumes: :class:`~spectraflow_monai.transforms.SaveLabelValuesd` writing
+    ``<name>_seg.nii.gz`` (uint8) directly into ``output_dir``, on the grid the prediction carries (no resampling).
+
+    Args:
+        output_dir: the folder of the predictions.
+        values: the source label value of every class
+            (:func:`~spectraflow_monai.apps.synapse.prediction_values`); None: the class indices. Defaults to None.
+        keys: the prediction key. Defaults to ``"pred"``.
+        kwargs: further ``SaveImaged`` arguments (``print_log``, ...), replacing the defaults above.
+
+    Raises:
+        SettingError: ``output_dir`` is not a folder path, naming the value.
+    """
+    from spectraflow_monai.transforms.label import SaveLabelValuesd
+
+    if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
+        raise SettingError(f"output_dir must be a folder path, got {output_dir!r}.")
+    options = {
+        "output_postfix": "seg", "output_ext": ".nii.gz", "output_dtype": np.uint8, "separate_folder": False,
+        "resample": False, **kwargs,
+    }  # fmt: skip
+    return SaveLabelValuesd(keys, values=values, output_dir=output_dir, **options)
+
+
+def volume_metrics_handler(
+    output_dir: str | os.PathLike, layout: Any, num_classes: int = 9, organ_names: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> Any:  # fmt: skip
+    """The per-organ volume metrics of ``configs/evaluate.yaml``: a
+    :class:`~spectraflow_monai.handlers.VolumeMetricsHandler` writing into ``output_dir``, with the spacing of the
+    layout's volumes (:func:`~spectraflow_monai.apps.synapse.volume_spacing`: HD95 in mm for NIfTI volumes, in
+    voxels for TransUNet's, which carry no geometry) and the rows of the paper's table
+    (:data:`PAPER_ORGAN_ORDER`, :data:`ORGAN_DISPLAY_NAMES`; Synapse organs only, other class names in class order).
+
+    Args:
+        output_dir: the evaluation folder.
+        layout: ``"raw"`` or ``"transunet"``.
+        num_classes: classes including background. Defaults to 9.
+        organ_names: the class names (the bundle's ``class_names``). Defaults to None.
+        kwargs: further ``VolumeMetricsHandler`` arguments, replacing the defaults above.
+
+    Raises:
+        SettingError: ``layout`` is unknown, naming the value.
+    """
+    from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
+
+    options = {"order": list(PAPER_ORGAN_ORDER), "display_names": dict(ORGAN_DISPLAY_NAMES), **kwargs}
+    return VolumeMetricsHandler(
+        output_dir, spacing=volume_spacing(layout), num_classes=num_classes, organ_names=organ_names, **options
     )

@@ -25,11 +25,43 @@ from spectraflow_monai.apps.synapse.readers import (
 from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, check_label_map
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.transforms.finite import check_nonfinite_args
+from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
-__all__ = ["extract_slices"]
+__all__ = ["extract_slices", "slice_cache_dir"]
 
 logger = logging.getLogger(__name__)
+
+
+def slice_cache_dir(
+    bundle_root: str | os.PathLike,
+    dataset: Any,
+    image_size: Any,
+    data_list_file_path: str | os.PathLike | None = None,
+) -> str:
+    """The bundle's default ``cache_dir``: ``<bundle_root>/cache/<source>_<image_size>``, where the source is the
+    data set (``synthetic_224``) or, for a datalist JSON, ``datalist_`` and its file name up to the first dot
+    (``/data/own/dataset.json`` -> ``datalist_dataset_224``), so that every source and slice size has its own cache.
+
+    Args:
+        bundle_root: the bundle folder.
+        dataset: the bundle's ``dataset`` (not read when ``data_list_file_path`` is given).
+        image_size: the side of the cached slices.
+        data_list_file_path: a Decathlon datalist JSON, or None. Defaults to None.
+
+    Raises:
+        SettingError: ``bundle_root`` is not a path, or ``dataset`` is not a name (no datalist JSON given),
+            naming the value.
+    """
+    if not isinstance(bundle_root, (str, os.PathLike)):
+        raise SettingError(f"bundle_root must be a folder path, got {bundle_root!r}.")
+    if data_list_file_path:
+        source = "datalist_" + os.path.basename(os.fspath(data_list_file_path)).split(".")[0]
+    elif isinstance(dataset, str) and dataset:
+        source = dataset
+    else:
+        raise SettingError(f"dataset must be the name of a data set, got {dataset!r}.")
+    return os.path.join(os.fspath(bundle_root), "cache", f"{source}_{image_size}")
 
 
 def _atomic_write_json(path: Path, obj: Any) -> None:

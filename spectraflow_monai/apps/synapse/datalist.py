@@ -357,14 +357,29 @@ def synapse_inference_datalist(
     input_pattern: str = "*.nii*",
     data_list_file_path: str | os.PathLike | None = None,
     dataset_dir: str | os.PathLike | None = None,
+    require_any: bool = False,
+    check_volumes: bool = False,
 ) -> list[dict[str, Any]]:
     """The volumes ``configs/inference.yaml`` segments: the ``test`` list of a datalist JSON (when
     ``data_list_file_path`` is given; labels, if any, are not read), else the files of ``input_dir`` matching
     ``input_pattern``, sorted. Returns ``[{"image": path}, ...]``.
 
+    Args:
+        input_dir: the folder of input volumes (not read when ``data_list_file_path`` is given).
+        input_pattern: glob of the input files in ``input_dir``. Defaults to ``"*.nii*"``.
+        data_list_file_path: a Decathlon datalist JSON whose ``test`` list is segmented, or None. Defaults to None.
+        dataset_dir: base of the JSON's relative paths; None: the JSON's folder. Defaults to None.
+        require_any: an empty list (a JSON with an empty ``test`` list) stops the run, naming where nothing was
+            found. Defaults to False.
+        check_volumes: every volume is checked from its header before any is segmented
+            (:func:`~spectraflow_monai.apps.synapse.check_volume_pair`: a readable 3D NIfTI volume), so that a bad
+            file stops the run naming it. Defaults to False.
+
     Raises:
         DatasetError: the JSON has no ``test`` list (or another problem, see :func:`read_decathlon_datalist`),
-            ``input_dir`` is not a folder, or nothing matches ``input_pattern``.
+            ``input_dir`` is not a folder, or nothing matches ``input_pattern``; (``check_volumes``) a file is
+            missing, unreadable or not a 3D volume, naming it.
+        FileNotFoundError: (``require_any``) the ``test`` list is empty.
     """
     if data_list_file_path:
         lists = read_decathlon_datalist(data_list_file_path, dataset_dir)
@@ -374,10 +389,19 @@ def synapse_inference_datalist(
                 "--input_dir <folder of volumes> without data_list_file_path."
             )
         logger.info("inference on the 'test' list of %s (%d volume(s))", data_list_file_path, len(lists["test"]))
-        return [{"image": e["image"]} for e in lists["test"]]
-    if input_dir is None or not os.path.isdir(os.fspath(input_dir)):
-        raise DatasetError(f"input_dir {input_dir!r} is not a folder of volumes.")
-    files = sorted(_glob.glob(os.path.join(os.fspath(input_dir), input_pattern)))
-    if not files:
-        raise DatasetError(f"no image matches {input_pattern!r} in {os.fspath(input_dir)!r}.")
-    return [{"image": f} for f in files]
+        items = [{"image": e["image"]} for e in lists["test"]]
+        where = f"the 'test' list of {os.fspath(data_list_file_path)!r}"
+    else:
+        if input_dir is None or not os.path.isdir(os.fspath(input_dir)):
+            raise DatasetError(f"input_dir {input_dir!r} is not a folder of volumes.")
+        files = sorted(_glob.glob(os.path.join(os.fspath(input_dir), input_pattern)))
+        if not files:
+            raise DatasetError(f"no image matches {input_pattern!r} in {os.fspath(input_dir)!r}.")
+        items = [{"image": f} for f in files]
+        where = f"{os.fspath(input_dir)!r} (input_pattern {input_pattern!r})"
+    if require_any and not items:
+        raise FileNotFoundError(f"no volume to segment in {where}.")
+    if check_volumes:
+        for item in items:  # headers only: a 2D file or an unreadable one stops the run before any is segmented
+            check_volume_pair(item["image"], None)
+    return items

@@ -1,4 +1,6 @@
-"""Settings of the Synapse bundle's data source: the label map, the class names, and their checks before any work.
+"""Settings of the Synapse bundle's data source: the label map, the class names, and their checks before any work;
+the settings the bundle derives from them (``layout``, the default ``val_cases``, the non-finite replacements, the
+spacing of the volume metrics).
 
 Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
 """
@@ -7,9 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from spectraflow_monai.apps.synapse.constants import SYNAPSE_ORGANS
+from spectraflow_monai.apps.synapse.constants import SYNAPSE_BUNDLE_DATASETS, SYNAPSE_ORGANS
 from spectraflow_monai.data.label_map import (
     LABEL_MAP_UNMAPPED,
     check_class_names,
@@ -22,12 +25,24 @@ from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
+    "LAYOUTS",
     "check_datalist_base",
     "check_own_data_settings",
+    "default_val_cases",
     "prediction_values",
     "resolve_label_map",
+    "slice_nonfinite_value",
     "synapse_class_names",
+    "synapse_layout",
+    "volume_nonfinite_value",
+    "volume_spacing",
 ]
+
+#: the on-disk layouts of the Synapse data (:func:`synapse_layout`): the BTCV NIfTI release (and one's own NIfTI
+#: volumes) and TransUNet's preprocessed files
+LAYOUTS: tuple[str, ...] = ("raw", "transunet")
+#: the bundle's default validation cases (:func:`default_val_cases`): TransUNet training cases held out of training
+_VAL_CASES: dict[str, list[int]] = {"synthetic": [40], "btcv": [39, 40], "transunet": [39, 40]}
 
 
 def check_datalist_base(data_list_file_path: Any, dataset_dir: Any) -> tuple[Path, Path]:
@@ -117,3 +132,107 @@ def check_own_data_settings(
         if not ok or not 0 < data_fraction <= 1:
             raise SettingError(f"data_fraction must be a number in (0, 1], got {data_fraction!r}.")
     return out
+
+
+# ---------------------------------------------------------------- settings the bundle derives from others
+
+
+def _check_dataset(dataset: Any) -> str:
+    if not isinstance(dataset, str) or dataset.lower() not in SYNAPSE_BUNDLE_DATASETS:
+        raise SettingError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
+    return dataset.lower()
+
+
+def _check_layout(layout: Any) -> str:
+    if layout not in LAYOUTS:
+        raise SettingError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}.")
+    return layout
+
+
+def synapse_layout(dataset: Any, data_list_file_path: Any = None) -> str:
+    """The on-disk layout of a run's volumes (the bundle's ``layout``): ``"transunet"`` for TransUNet's preprocessed
+    files (``dataset: transunet`` without a datalist JSON), else ``"raw"`` (NIfTI volumes in HU: the BTCV release,
+    the phantom, one's own datalist).
+
+    Args:
+        dataset: ``"synthetic"``, ``"btcv"`` or ``"transunet"`` (any case); not read when ``data_list_file_path``
+            is given (a datalist JSON lists NIfTI volumes).
+        data_list_file_path: a Decathlon datalist JSON of one's own volumes, or None. Defaults to None.
+
+    Raises:
+        SettingError: ``dataset`` is not one of the bundle's data sets (no datalist JSON given), naming the value.
+    """
+    if data_list_file_path:
+        return "raw"
+    return "transunet" if _check_dataset(dataset) == "transunet" else "raw"
+
+
+def default_val_cases(dataset: Any, data_list_file_path: Any = None) -> list[int] | None:
+    """The bundle's default ``val_cases``: TransUNet training cases held out of both training stages for validation
+    (checkpoint choice, learning-rate plateau, early stopping); the test cases are never among them.
+
+    Args:
+        dataset: ``"synthetic"`` (case 40, which the default phantom holds besides its training cases), ``"btcv"``
+            or ``"transunet"`` (cases 39 and 40); not read when ``data_list_file_path`` is given.
+        data_list_file_path: a Decathlon datalist JSON, or None. With a JSON the answer is None: its ``validation``
+            list, or the ``val_fraction`` hold-out of its ``training`` list. Defaults to None.
+
+    Returns:
+        a new list of case ids, or None.
+
+    Raises:
+        SettingError: ``dataset`` is not one of the bundle's data sets (no datalist JSON given), naming the value.
+    """
+    if data_list_file_path:
+        return None
+    return list(_VAL_CASES[_check_dataset(dataset)])
+
+
+def volume_nonfinite_value(nonfinite_value: Any, layout: Any, hu_window: Sequence[float] | None = None) -> float:
+    """The replacement of NaN / infinite voxels of whole volumes (``nonfinite: replace``; the bundle's
+    ``volume_nonfinite_value``): ``nonfinite_value`` when given, else black after windowing, i.e. the window's
+    lower bound ``hu_window[0]`` for NIfTI volumes in HU (``layout: raw``) and 0 for TransUNet's volumes, windowed
+    to [0, 1] already.
+
+    Args:
+        nonfinite_value: the bundle's ``nonfinite_value`` (in the units of the files), or None.
+        layout: ``"raw"`` or ``"transunet"`` (:func:`synapse_layout`).
+        hu_window: the CT window ``[a_min, a_max]``; needed for ``layout: raw`` without ``nonfinite_value``.
+            Defaults to None.
+
+    Raises:
+        SettingError: ``layout`` is unknown, or ``hu_window`` is not a window when it is needed, naming the value.
+    """
+    _check_layout(layout)
+    if nonfinite_value is not None:
+        return nonfinite_value
+    if layout != "raw":
+        return 0.0
+    if isinstance(hu_window, (str, bytes)) or not isinstance(hu_window, Sequence) or len(hu_window) != 2:
+        raise SettingError(f"hu_window must be [a_min, a_max] to replace non-finite HU voxels, got {hu_window!r}.")
+    return float(hu_window[0])
+
+
+def slice_nonfinite_value(nonfinite_value: Any, layout: Any) -> float:
+    """The replacement of NaN / infinite pixels of loaded training slices (the bundle's ``slice_nonfinite_value``):
+    0 (black) for the slice cache of NIfTI volumes (``layout: raw``: windowed to [0, 1] and checked when the cache
+    was built) and for TransUNet's ``train_npz`` slices without ``nonfinite_value``, else ``nonfinite_value`` (in
+    [0, 1], the units of TransUNet's files).
+
+    Raises:
+        SettingError: ``layout`` is unknown, naming the value.
+    """
+    if _check_layout(layout) == "raw" or nonfinite_value is None:
+        return 0.0
+    return nonfinite_value
+
+
+def volume_spacing(layout: Any) -> str | None:
+    """The voxel spacing the volume metrics use (``VolumeMetricsHandler(spacing=...)``): ``"meta"`` (each volume's
+    spacing from its affine, HD95 in mm) for NIfTI volumes (``layout: raw``), None (unit spacing, HD95 in voxels) for
+    TransUNet's volumes, which carry no geometry.
+
+    Raises:
+        SettingError: ``layout`` is unknown, naming the value.
+    """
+    return "meta" if _check_layout(layout) == "raw" else None

@@ -16,7 +16,8 @@ __all__ = ["SynapseDataSource"]
 
 class SynapseDataSource:
     """The data settings of a Synapse bundle run, gathered once, so that its configs name a split and its cases
-    instead of repeating every setting (``"$@data_source.datalist('train', @train_cases, @val_cases)"``).
+    instead of repeating every setting (``{_target_: spectraflow_monai.apps.workflow.datalist, source: '@data_source',
+    split: train, cases: '@train_cases', exclude_cases: '@val_cases'}``).
 
     Args:
         dataset: ``"synthetic"`` (the phantom, generated into ``dataset_dir`` on first use with
