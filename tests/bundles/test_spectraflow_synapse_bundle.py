@@ -205,9 +205,8 @@ def test_slices_are_extracted_once(trained, monkeypatch):
     parser = _parse(TRAIN, **trained["common"])
     assert len(parser.get_parsed_content("train#datalist")) == len(TRAIN_CASES) * SHAPE[2]
     assert len(parser.get_parsed_content("validate#datalist")) == len(VAL_CASES) * SHAPE[2]
-    # and the training transforms load one .npz slice per item (no volume reader in the chain; the chain is the
-    # Compose of load_transforms, train_augmentation and normalize_transforms, flattened here)
-    names = [type(t).__name__ for t in parser.get_parsed_content("train#preprocessing").flatten().transforms]
+    # and the training transforms load one .npz slice per item (no volume reader in the chain)
+    names = [type(t).__name__ for t in parser.get_parsed_content("train#preprocessing").transforms]
     assert names[0] == "LoadSynapseSliced" and "LoadImaged" not in names
 
 
