@@ -13,7 +13,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".synthetic": ("generate_synthetic_dataset", "synthesize_pair"),
     ".datalist": ("DataSource", "build_datalist", "canonical_source_name"),
     ".augmentation": ("train_augmentation",),
-    ".label_setup": (
+    ".labels": (
         "LabelSetup", "OneHotOutput", "label_setup", "label_transform", "metric_suite_handler", "postprocessing",
         "prediction_writer", "stage2_loss",
     ),

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from monai.transforms import Compose
 
 from spectraflow_monai.apps.synapse.cache import extract_slices
 from spectraflow_monai.apps.synapse.constants import (
@@ -44,7 +45,9 @@ from spectraflow_monai.apps.synapse.settings import (
     volume_spacing,
 )
 from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
 from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args
+from spectraflow_monai.transforms.label import SaveLabelValuesd
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size
 
@@ -394,8 +397,6 @@ def volume_loading(loading: Mapping[str, Sequence[Any]], layout: Any) -> Any:
     Raises:
         SettingError: ``layout`` is unknown or ``loading`` has no entry for it, naming the layout and the entries.
     """
-    from monai.transforms import Compose
-
     if layout not in LAYOUTS:
         raise SettingError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}.")
     if not isinstance(loading, Mapping) or layout not in loading:
@@ -411,8 +412,6 @@ def volume_postprocessing(transforms: Sequence[Any], writer: Any = None, save: b
     Raises:
         SettingError: ``save`` is not a bool, or true without a ``writer``, naming the value.
     """
-    from monai.transforms import Compose
-
     if not isinstance(save, (bool, np.bool_)):
         raise SettingError(f"save_predictions must be true or false, got {save!r}.")
     if save and writer is None:
@@ -436,8 +435,6 @@ def prediction_writer(
     Raises:
         SettingError: ``output_dir`` is not a folder path, naming the value.
     """
-    from spectraflow_monai.transforms.label import SaveLabelValuesd
-
     if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
         raise SettingError(f"output_dir must be a folder path, got {output_dir!r}.")
     options = {
@@ -467,8 +464,6 @@ def volume_metrics_handler(
     Raises:
         SettingError: ``layout`` is unknown, naming the value.
     """
-    from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
-
     options = {"order": list(PAPER_ORGAN_ORDER), "display_names": dict(ORGAN_DISPLAY_NAMES), **kwargs}
     return VolumeMetricsHandler(
         output_dir, spacing=volume_spacing(layout), num_classes=num_classes, organ_names=organ_names, **options
