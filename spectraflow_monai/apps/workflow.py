@@ -31,7 +31,6 @@ from monai.transforms import Compose
 
 from spectraflow_monai.handlers import HD95EmptyAsDiagonal
 from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
-from spectraflow_monai.utils.errors import set_error_log_dir
 from spectraflow_monai.utils.settings import check_image_size
 
 __all__ = [
@@ -47,17 +46,9 @@ __all__ = [
 ]
 
 
-def prepare_run(
-    seed: int,
-    folders: Sequence[str | os.PathLike] = (),
-    image_size: int | None = None,
-    log_dir: str | os.PathLike | None = None,
-) -> None:
-    """Name the run's ``log_dir`` for the traceback of a user's mistake
-    (:func:`~spectraflow_monai.utils.errors.set_error_log_dir`), check ``image_size`` (when given), make the run
-    deterministic (``monai.utils.set_determinism(seed)``) and create ``folders``."""
-    if log_dir is not None:
-        set_error_log_dir(log_dir)
+def prepare_run(seed: int, folders: Sequence[str | os.PathLike] = (), image_size: int | None = None) -> None:
+    """Check ``image_size`` (when given), make the run deterministic (``monai.utils.set_determinism(seed)``) and
+    create ``folders``."""
     if image_size is not None:
         check_image_size(image_size)
     monai.utils.set_determinism(seed=seed)

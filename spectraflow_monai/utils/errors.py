@@ -86,7 +86,7 @@ _ERROR_LOG_DIR: list[str] = []  # the run's log folder, once a bundle run has na
 def set_error_log_dir(path: str | os.PathLike | None) -> None:
     """Send the traceback of a user's mistake that ends this process to ``<path>/error-<time>-<pid>.log`` (the run's
     log folder, created when the file is written) instead of the temp folder; None: back to the temp folder. The
-    bundles' :func:`~spectraflow_monai.apps.workflow.prepare_run` calls it with their ``log_dir``."""
+    bundles' ``initialize`` lists call it first (their ``error_log`` component, with their ``log_dir``)."""
     _ERROR_LOG_DIR[:] = [] if path is None else [os.fspath(path)]
 
 

@@ -18,7 +18,7 @@ SHARED_CONSTANTS = [
     "stage1_encoder", "model_path", "encoder_initialization", "trainable_blocks", "fusion", "refine", "num_workers",
     "cache_rate", "learning_rate", "weight_decay", "min_learning_rate", "lr_factor", "val_interval", "boundary_beta",
     "boundary_beta_max", "boundary_ramp_epochs", "progress_bar", "resume", "stage2_dir", "stage2_checkpoints_kept",
-    "train_sampler", "val_sampler", "image_mean", "image_std", "network", "run", "encoder_settings", "process_group",
+    "train_sampler", "val_sampler", "image_mean", "image_std", "network", "run", "encoder_settings", "process_group", "error_log",
     "imports",
 ]  # fmt: skip
 SHARED_STAGE2 = [

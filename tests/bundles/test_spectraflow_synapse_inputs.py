@@ -116,3 +116,20 @@ def test_inference_names_a_volume_with_nan_voxels_or_replaces_them(tmp_path, cap
     assert f"{bad!r}: replaced 9 non-finite voxel(s)" in caplog.text and "with -1000" in caplog.text, caplog.text
     out = nib.load(str(tmp_path / "out" / "img0002_seg.nii.gz"))
     assert out.shape == SHAPE
+
+
+def test_a_refused_setting_leaves_its_traceback_in_the_runs_log_folder(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable, "-m", "monai.bundle", "run", "--config_file", "configs/train.yaml",
+        "--bundle_root", str(tmp_path / "run"), "--num_classes", "1", "--class_names", "['background']",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=CONFIGS.parent, capture_output=True, text=True, timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert last.startswith("error: num_classes must be an int >= 2"), last
+    log = last.rsplit("(traceback: ", 1)[1].rstrip(")")
+    assert os.path.dirname(log) == str(tmp_path / "run" / "logs"), log
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["logs"]  # nothing else made before the check
