@@ -12,6 +12,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 CASES = [
     # 224: MONAI UNet needs a multiple of 16 and SwinUNETR of 32
     ("bench_inference.py", ["--size", "224", "--batch", "1", "--rounds", "1", "--iters", "1"], "ratio to bare encoder"),
+    ("bench_boundary_loss.py", ["--size", "32", "--batch", "2", "--classes", "1", "3", "--rounds", "1"],
+     "distance maps alone"),
     ("bench_stage1.py", ["--size", "28", "--batch", "2", "--rounds", "1", "--threads", "1"], "Stage-1 / baseline"),
     (
         "bench_stage1.py",
