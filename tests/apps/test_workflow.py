@@ -120,14 +120,12 @@ def test_start_training_loads_the_checkpoint_at_start(tmp_path):
     saved = {k: torch.full_like(v, 3.0) for k, v in net.state_dict().items()}
     torch.save({"model": saved}, tmp_path / "c.pt")
     trainer = Engine(lambda engine, batch: None)
-    trainer.state.max_epochs = None
-    trainer.run_args = None
+    trainer.run = lambda: Engine.run(trainer, [0], max_epochs=1)  # start_training calls run() without data
 
     class Saver:
         def attach(self, engine):
             pass
 
-    trainer.run = lambda: Engine.run(trainer, [0], max_epochs=1)
     start_training(trainer, Saver(), checkpoint={"model": net}, resume_path=str(tmp_path / "c.pt"), map_location="cpu")
     assert all(torch.equal(v, torch.full_like(v, 3.0)) for v in net.state_dict().values())
 
