@@ -124,9 +124,10 @@ def part_agreement(args, bf16) -> None:
     from monai.data import DataLoader, Dataset
 
     from spectraflow_monai.apps.seg2d import build_datalist
+    from spectraflow_monai.utils.bundles import bundle_config_files
 
     parser = ConfigParser()
-    parser.read_config([os.path.join(BUNDLE_2D, "configs", c) for c in ("train.yaml", "evaluate.yaml")])
+    parser.read_config([str(f) for f in bundle_config_files(BUNDLE_2D, ["train.yaml", "evaluate.yaml"])])
     overrides = {"dataset": args.dataset, "dataset_dir": os.path.abspath(args.data), "datalist_kwargs": {},
                  "device": "$torch.device('cpu')", "image_size": args.model_size}  # fmt: skip
     for item in args.override:

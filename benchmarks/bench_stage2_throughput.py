@@ -6,9 +6,9 @@ Usage::
     OMP_NUM_THREADS=2 python benchmarks/bench_stage2_throughput.py --dataset kvasir \\
         --dataset-dir ../shared/data/kvasir-seg --threads 2 --iters 30 --precision fp32 bf16
 
-Both trainers are the ``train#trainer`` of ``bundles/spectraflow_2d_segmentation/configs/train.yaml`` (for the
-UNet merged with the bundle's ``configs/unet_baseline.yaml``, as ``kvasir_protocol.sh`` trains it, for U-Net++ with
-``configs/unetpp_baseline.yaml``): the same
+Both trainers are the ``train#trainer`` of ``bundles/spectraflow_2d_segmentation/configs/train.yaml`` layered over
+``bundles/common/train.yaml`` (for the UNet with the bundle's ``configs/unet_baseline.yaml`` on top, as
+``kvasir_protocol.sh`` trains it, for U-Net++ with ``configs/unetpp_baseline.yaml``): the same
 ``CacheDataset`` + ``DataLoader`` (augmentation, ``num_workers``), Dice + BCE + boundary loss, AdamW and the train
 metric; only the validation / logging handlers are left out. Each trainer runs ``--warmup`` + ``--iters`` real
 iterations per precision (one epoch of that length); the time from the end of the last warm-up iteration to the
@@ -66,9 +66,11 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     iterations per run."""
     from monai.bundle import ConfigParser
 
-    files = [os.path.join(BUNDLE, "configs", "train.yaml")] + ([BASELINE_CONFIGS[model]] if model in BASELINE_CONFIGS else [])
+    from spectraflow_monai.utils.bundles import bundle_config_files
+
+    files = bundle_config_files(BUNDLE, ["train.yaml"] + ([BASELINE_CONFIGS[model]] if model in BASELINE_CONFIGS else []))
     parser = ConfigParser()
-    parser.read_config(files)
+    parser.read_config([str(f) for f in files])
     overrides = {
         "bundle_root": os.path.join(root, f"{model}_{precision}"),
         "dataset": args.dataset,

@@ -1,4 +1,5 @@
-"""Where the bundles shipped with the package are: the MONAI bundles and the MONAI Label app."""
+"""Where the bundles shipped with the package are (the MONAI bundles, their shared configs and the MONAI Label app),
+and which config files a run of a bundle layers."""
 
 from __future__ import annotations
 
@@ -6,18 +7,28 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-__all__ = ["BUNDLE_NAMES", "bundle_command", "bundle_parser", "bundle_path", "run_bundle_configs"]
+__all__ = [
+    "BUNDLE_NAMES",
+    "LAYERED_OVER",
+    "SHARED_CONFIGS",
+    "bundle_command",
+    "bundle_config_files",
+    "bundle_parser",
+    "bundle_path",
+    "run_bundle_configs",
+]
 
-#: the folders under ``bundles/``: two MONAI bundles, the MONAI Label app and the metadata schema.
+#: the folders under ``bundles/``: two MONAI bundles, the configs both share (linked into their ``configs/``), the
+#: MONAI Label app and the metadata schema.
 BUNDLE_NAMES: tuple[str, ...] = (
     "spectraflow_2d_segmentation",
     "spectraflow_synapse_segmentation",
+    "common",
     "monailabel_app",
     "schema",
 )
-
 
 def bundle_path(name: str = "spectraflow_2d_segmentation") -> Path:
     """The folder of a bundle shipped with spectraflow_monai.
@@ -46,31 +57,80 @@ def bundle_path(name: str = "spectraflow_2d_segmentation") -> Path:
     )
 
 
-def bundle_command(configs: list[str], overrides: dict[str, Any]) -> str:
-    """The ``python -m monai.bundle run`` command line that runs ``configs`` with ``overrides`` (for the logs)."""
-    files = "[" + ",".join(f"'configs/{c}'" for c in configs) + "]"
+#: the configs both bundles share, written once in ``bundles/common/<name>`` and linked into each bundle's ``configs/``
+#: (``<link in configs/>: <file in bundles/common/>``): the Stage-2 program, Stage-1 and the multi-GPU override
+SHARED_CONFIGS: dict[str, str] = {
+    "common_train.yaml": "train.yaml",
+    "train_stage1.yaml": "train_stage1.yaml",
+    "multi_gpu_train.yaml": "multi_gpu_train.yaml",
+}
+
+#: a bundle's own config -> the shared one it is layered over
+LAYERED_OVER: dict[str, str] = {"train.yaml": "common_train.yaml"}
+
+
+def bundle_config_files(bundle: str | os.PathLike, configs: Sequence[str]) -> list[Path]:
+    """The files that a run of bundle ``configs`` layers, in order, as its ``--config_file`` lists them.
+
+    Each name is ``<bundle>/configs/<name>``; the bundle's ``train.yaml`` (its data) comes after the shared Stage-2
+    program it is layered over, ``configs/common_train.yaml``: ``["train.yaml", "train_stage1.yaml"]`` gives
+    ``configs/common_train.yaml``, ``configs/train.yaml``, ``configs/train_stage1.yaml``. An absolute path stays
+    itself.
+
+    Args:
+        bundle: the bundle folder.
+        configs: config names (or paths), in layering order.
+
+    Raises:
+        FileNotFoundError: a config that does not exist, naming the file (a shared one: how to get it back).
+    """
+    bundle = Path(bundle)
+    files: list[Path] = []
+    for name in configs:
+        for part in ([LAYERED_OVER[name]] if name in LAYERED_OVER else []) + [name]:
+            path = bundle / "configs" / part  # an absolute path stays itself
+            if not path.is_file() or _unresolved_link(path):
+                problem = f"config {part!r} of bundle {bundle}: {path} is missing, or holds the text of a link"
+                if part in SHARED_CONFIGS:
+                    problem += (
+                        f" (a link to ../../common/{SHARED_CONFIGS[part]}, the configs both bundles share: keep the "
+                        "bundles/ folder whole; on Windows, clone with git's core.symlinks=true)"
+                    )
+                raise FileNotFoundError(problem + ".")
+            files.append(path)
+    return files
+
+
+def _unresolved_link(path: Path) -> bool:
+    """Whether ``path`` holds the text of a link instead of the file (a checkout without symbolic links)."""
+    return path.name in SHARED_CONFIGS and path.stat().st_size < 100 and path.read_text().startswith("../")
+
+
+def bundle_command(bundle: str | os.PathLike, configs: list[str], overrides: dict[str, Any]) -> str:
+    """The ``python -m monai.bundle run`` command line, run from the ``bundle`` folder, that runs ``configs`` (layered
+    as :func:`bundle_config_files` says) with ``overrides`` (for the logs)."""
+    paths = [os.path.relpath(f, bundle) for f in bundle_config_files(bundle, configs)]
+    files = "[" + ",".join(f"'{p}'" for p in paths) + "]"
     args = " ".join(f"--{k} {shlex.quote(repr(v) if not isinstance(v, str) else v)}" for k, v in overrides.items())
     return f"python -m monai.bundle run --config_file \"{files}\" {args}"
 
 
 def bundle_parser(bundle: Path, configs: list[str], overrides: dict[str, Any]) -> Any:
-    """A ``monai.bundle.ConfigParser`` of bundle ``configs`` (merged in order) with ``overrides`` applied, for
-    building a run's objects in Python (its ``network_def``, ``data_source``, transforms) as the run built them.
-
-    A config is a file name under ``<bundle>/configs`` or a path (as in :func:`run_bundle_configs`).
+    """A ``monai.bundle.ConfigParser`` of bundle ``configs`` (layered as :func:`bundle_config_files` says) with
+    ``overrides`` applied, for building a run's objects in Python (its ``network_def``, ``data_source``, transforms)
+    as the run built them.
     """
     from monai.bundle import ConfigParser
 
     parser = ConfigParser()
-    files = [bundle / "configs" / c for c in configs]  # an absolute path stays itself
-    parser.read_config([str(f) for f in files])
+    parser.read_config([str(f) for f in bundle_config_files(bundle, configs)])
     parser.read_meta(str(bundle / "configs" / "metadata.json"))
     parser.update(dict(overrides))
     return parser
 
 
 def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, Any], title: str) -> float:
-    """Run bundle ``configs`` (file names under ``<bundle>/configs``, merged in order) with ``overrides`` through
+    """Run bundle ``configs`` (layered as :func:`bundle_config_files` says) with ``overrides`` through
     ``monai.bundle.run`` in this process, printing the equivalent command first; returns the wall time in seconds.
 
     The working directory is the bundle folder while it runs (its configs address their logging and metadata files
@@ -80,14 +140,14 @@ def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, An
 
     from spectraflow_monai.utils.quiet import trusted_bundle_configs
 
-    print(f"\n=== {title}\n(cd {bundle} && {bundle_command(configs, overrides)})", flush=True)
+    print(f"\n=== {title}\n(cd {bundle} && {bundle_command(bundle, configs, overrides)})", flush=True)
     start = time.perf_counter()
     cwd = os.getcwd()
     try:
         os.chdir(bundle)  # the configs and their logging/metadata files are addressed relative to the bundle
         with trusted_bundle_configs():
             run(
-                config_file=[str(bundle / "configs" / c) for c in configs],
+                config_file=[str(f) for f in bundle_config_files(bundle, configs)],
                 meta_file=str(bundle / "configs" / "metadata.json"),
                 logging_file=str(bundle / "configs" / "logging.conf"),
                 **overrides,

@@ -127,6 +127,7 @@ def _read_json(path: str) -> dict | None:
 def record_run(
     run_dir: str | os.PathLike,
     settings: Mapping[str, Any],
+    data_settings: Mapping[str, Any] | None = None,
     model: Mapping[str, Any] | None = None,
     data: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     data_source: Any = None,
@@ -148,6 +149,8 @@ def record_run(
     Args:
         run_dir: the run's checkpoint folder (``models/stage2``, ``models/stage1``).
         settings: the resolved settings that define the run (optimisation, data selection, encoder start, ...).
+        data_settings: the bundle's own data settings (reader options, label map, case lists), recorded and
+            compared with ``settings`` (a name in both must have one value). Defaults to None.
         model: the model settings (also written beside the model files by the savers). Defaults to None.
         data: ``{split: datalist}``; each is recorded as :func:`data_fingerprint`. Defaults to None.
         data_source: the data source (recorded by its ``repr``, e.g. the preset and folder). Defaults to None.
@@ -167,6 +170,11 @@ def record_run(
     from spectraflow_monai.utils.checkpoint import _as_bool, _rank, latest_checkpoint, set_aside
 
     resume = _as_bool(resume, "resume")
+    settings = dict(settings)
+    for name, value in (data_settings or {}).items():
+        if name in settings and settings[name] != value:
+            raise ValueError(f"data_settings {name!r} = {value!r} contradicts settings {name!r} = {settings[name]!r}.")
+        settings[name] = value
     folder = os.fspath(run_dir)
     path = os.path.join(folder, RECORD_FILE)
     record = {

@@ -12,20 +12,38 @@ import torch
 from monai.bundle import ConfigParser
 from monai.bundle import run as bundle_run
 
+from spectraflow_monai.utils.bundles import LAYERED_OVER, bundle_config_files
+
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "bundles" / "schema" / "meta_schema_20240725.json")
 
 
 def config_paths(bundle: str) -> dict[str, str]:
-    """Paths of ``bundles/<bundle>/configs/*`` by file stem (``train``, ``evaluate``, ``metadata``, ...)."""
+    """Paths of ``bundles/<bundle>/configs/*`` by file stem (``train``, ``train_stage1``, ``evaluate``, ``metadata``,
+    ...)."""
     return {p.stem: str(p) for p in (REPO / "bundles" / bundle / "configs").iterdir() if p.suffix in (".yaml", ".json")}
 
 
+def layered(config_file) -> list[str]:
+    """The files a run of ``config_file`` (a bundle config path or a list of them) layers, as
+    :func:`spectraflow_monai.utils.bundles.bundle_config_files` layers config names: a bundle's ``configs/train.yaml``
+    comes after the shared Stage-2 program it is layered over, ``configs/common_train.yaml``."""
+    files = [config_file] if isinstance(config_file, (str, os.PathLike)) else list(config_file)
+    out: list[str] = []
+    for f in map(Path, files):
+        if f.name in LAYERED_OVER and f.parent.name == "configs":
+            out += [str(p) for p in bundle_config_files(f.parent.parent, [f.name])]
+        else:
+            out.append(str(f))
+    return out
+
+
 def run_bundle(config_file, meta_file: str, **override) -> None:
-    """``monai.bundle.run`` in this process (no logging config, so pytest's log capture is left alone)."""
+    """``monai.bundle.run`` in this process (no logging config, so pytest's log capture is left alone); the configs
+    layered as the runs layer them (:func:`layered`)."""
     saved_path = list(sys.path)  # ConfigWorkflow.run() prepends the bundle folder to sys.path
     try:
-        bundle_run(config_file=config_file, meta_file=meta_file, logging_file=False, **override)
+        bundle_run(config_file=layered(config_file), meta_file=meta_file, logging_file=False, **override)
     finally:
         sys.path[:] = saved_path
 
@@ -38,7 +56,7 @@ def missing_workflow_properties(config_file, workflow_type: str, meta_file: str,
     saved_path = list(sys.path)
     try:
         workflow = ConfigWorkflow(
-            config_file=config_file, meta_file=meta_file, logging_file=False, workflow_type=workflow_type, **override
+            config_file=layered(config_file), meta_file=meta_file, logging_file=False, workflow_type=workflow_type, **override
         )
         workflow.initialize()
         return workflow.check_properties()
@@ -47,8 +65,9 @@ def missing_workflow_properties(config_file, workflow_type: str, meta_file: str,
 
 
 def parse_config(config_file, **override) -> ConfigParser:
+    """The parsed configs (layered as the runs layer them, :func:`layered`) with ``override`` applied."""
     parser = ConfigParser()
-    parser.read_config(config_file)
+    parser.read_config(layered(config_file))
     parser.update(override)
     return parser
 
@@ -131,8 +150,10 @@ def bundle_args(override: dict) -> list[str]:
 
 
 def start_bundle(config_files: list[str], override: dict, cwd: Path, log: Path) -> subprocess.Popen:
-    """Start ``python -m monai.bundle run`` in a subprocess (CPU, one thread), its output going to ``log``."""
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", repr(config_files), *bundle_args(override)]
+    """Start ``python -m monai.bundle run`` in a subprocess (CPU, one thread), its output going to ``log``; the
+    configs (absolute paths) layered as the runs layer them (:func:`layered`)."""
+    files = layered(config_files)
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", repr(files), *bundle_args(override)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     with open(log, "w") as out:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)

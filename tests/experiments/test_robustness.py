@@ -72,12 +72,10 @@ def test_baseline_is_unetpp_by_the_same_stage2_and_unet_an_extra_arm(experiment)
 @pytest.mark.parametrize("corruption", [None, "gaussian_noise", "contrast"])
 def test_evaluate_config_corrupts_images_before_normalisation(corruption):
     """evaluate.yaml's `corruption` setting puts a Corruptiond between resizing and normalisation (none when null)."""
-    from monai.bundle import ConfigParser
+    from spectraflow_monai.utils.bundles import bundle_parser
 
-    configs = bundle_path("spectraflow_2d_segmentation") / "configs"
-    parser = ConfigParser()
-    parser.read_config([str(configs / "train.yaml"), str(configs / "evaluate.yaml")])
-    parser.update({"corruption": corruption, "corruption_severity": 3})
+    bundle = bundle_path("spectraflow_2d_segmentation")
+    parser = bundle_parser(bundle, ["train.yaml", "evaluate.yaml"], {"corruption": corruption, "corruption_severity": 3})
     names = [type(t).__name__ for t in parser.get_parsed_content("validate#preprocessing").transforms]
     if corruption is None:
         assert "Corruptiond" not in names

@@ -24,6 +24,7 @@ from tests.bundles.helpers import (
     CONFIGS_3D,
     assert_float32_state,
     load_weights,
+    layered,
     parse_config,
     record_output_dtypes,
     run_workflow,
@@ -141,7 +142,7 @@ def test_multi_gpu_config_with_nccl(tmp_path):
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", "29533",
         "-m", "monai.bundle", "run",
-        "--config_file", f"['{CONFIGS_2D / 'train.yaml'}','{CONFIGS_2D / 'multi_gpu_train.yaml'}']",
+        "--config_file", repr(layered([CONFIGS_2D / "train.yaml", CONFIGS_2D / "multi_gpu_train.yaml"])),
         "--meta_file", str(CONFIGS_2D / "metadata.json"), "--logging_file", str(CONFIGS_2D / "logging.conf"),
         "--bundle_root", str(tmp_path), *args,
     ]  # fmt: skip

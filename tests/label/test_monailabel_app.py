@@ -107,7 +107,8 @@ def _network(name: str, config: Path):
 
 def _make_bundles(root: Path, studies: Path, names=(NAME_2D, NAME_3D), weights: bool = True) -> Path:
     """``root/bundles/{monailabel_app, <bundles>}`` laid out as in the repository: the app's main.py is a link to
-    the repository's, each bundle has a copy of the repository's configs and a freshly initialised tiny model.pt."""
+    the repository's, each bundle has a copy of the repository's configs (the shared ones' contents in place of their
+    links) and a freshly initialised tiny model.pt."""
     bundles = root / "bundles"
     (bundles / "monailabel_app").mkdir(parents=True)
     os.symlink(APP_MAIN, bundles / "monailabel_app" / "main.py")

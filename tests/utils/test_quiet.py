@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from spectraflow_monai.utils.quiet import filter_known_warnings, trusted_bundle_configs
+from tests.bundles.helpers import layered
 
 CONFIG = Path(__file__).resolve().parents[2] / "bundles" / "spectraflow_2d_segmentation" / "configs" / "train.yaml"
 
@@ -49,7 +50,7 @@ def test_own_configs_parse_without_the_config_notice(tmp_path, monkeypatch):
 
     def parse():  # what monai.bundle.run does first: the notice, then the workflow (its initialize stops here: no
         try:  # Stage-1 export in the working folder)
-            create_workflow(config_file=str(CONFIG), meta_file=str(CONFIG.parent / "metadata.json"), logging_file=False)
+            create_workflow(config_file=layered(CONFIG), meta_file=str(CONFIG.parent / "metadata.json"), logging_file=False)
         except RuntimeError:
             pass
 

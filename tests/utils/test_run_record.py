@@ -50,12 +50,13 @@ def test_fingerprint_follows_the_files_not_their_folder(tmp_path):
         ({"model": {"image_size": 448}}, "model.image_size: recorded 224, now 448"),
         ({"seed": 3}, "seed: recorded 0, now 3"),
         ({"precision": "bf16"}, "precision: recorded 'fp32', now 'bf16'"),
+        ({"data_settings": {"label_map": {"2": 1}}}, "settings.label_map.2: recorded '<not set>', now 1"),
     ],
 )
 def test_a_restart_that_differs_is_named(tmp_path, change, named):
     data = {"train": _datalist(tmp_path / "d", [1, 2])}
-    base = {"settings": {"learning_rate": 0.0001}, "model": {"image_size": 224}, "data": data, "seed": 0,
-            "precision": "fp32"}  # fmt: skip
+    base = {"settings": {"learning_rate": 0.0001}, "data_settings": {"label_map": {"1": 1}}, "model": {"image_size": 224},
+            "data": data, "seed": 0, "precision": "fp32"}  # fmt: skip
     record_run(tmp_path / "run", **base)
     torch.save({}, tmp_path / "run" / "checkpoint_epoch=1.pt")  # a run to continue
     record_run(tmp_path / "run", **base, not_compared={"max_epochs": 9})  # the same run: continues
@@ -67,6 +68,15 @@ def test_a_restart_that_differs_is_named(tmp_path, change, named):
     record_run(tmp_path / "run", **{**base, **change}, resume=False)
     assert len(list(tmp_path.glob("run.bak-*"))) == 1
     assert json.loads((tmp_path / "run" / RECORD_FILE).read_text())["seed"] == change.get("seed", 0)
+
+
+def test_data_settings_are_recorded_with_the_settings(tmp_path):
+    """A bundle's own data settings join the shared settings in the record; one name cannot have two values."""
+    record_run(tmp_path / "run", {"learning_rate": 1}, data_settings={"hu_window": [-125, 275]})
+    record = json.loads((tmp_path / "run" / RECORD_FILE).read_text())
+    assert record["settings"] == {"learning_rate": 1, "hu_window": [-125, 275]}
+    with pytest.raises(ValueError, match="data_settings 'learning_rate' = 2 contradicts settings 'learning_rate' = 1"):
+        record_run(tmp_path / "other", {"learning_rate": 1}, data_settings={"learning_rate": 2})
 
 
 def test_without_a_checkpoint_a_new_run_replaces_the_record(tmp_path):

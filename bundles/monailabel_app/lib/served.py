@@ -11,6 +11,9 @@ default ``<app>/model``), and serves and trains that copy:
   Stage-1 export); after that the copy's ``models/model.pt`` is the served model, which training replaces;
 - everything a run writes (``logs/``, ``runs/``, the slice cache) stays in the copy.
 
+The configs both bundles share are links in each installed ``configs/`` (to ``bundles/common``); the copy holds
+their contents, so that it stands alone.
+
 The model folder must not overlap the studies folder (the only folder requests write to).
 """
 

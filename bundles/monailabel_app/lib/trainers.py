@@ -22,6 +22,7 @@ from monai.bundle import ConfigParser
 from monailabel.tasks.train.bundle import BundleTrainTask
 from monailabel.utils.others.generic import device_map
 
+from spectraflow_monai.utils.bundles import bundle_config_files
 from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
 from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
@@ -396,12 +397,17 @@ class SpectraFlowTrainTask(BundleTrainTask):
             init_id="initialize",
             final_id="finalize",
             meta_file=self.bundle_metadata_path,
-            config_file=self.bundle_config_path,
+            config_file=self.config_files,
             **overrides,
         )
 
     def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
-        parser = super()._load_bundle_config(path, config)
+        # the bundle's train.yaml is layered over the shared Stage-2 program (configs/common_train.yaml), as the
+        # bundle's own commands layer it
+        self.config_files = [str(f) for f in bundle_config_files(path, [os.path.basename(config)])]
+        parser = ConfigParser()
+        parser.read_config(self.config_files)
+        parser.config.update({self.const.key_bundle_root(): path})  # as MONAI Label's own version
         if self.overrides:
             parser.update(self.overrides)
         return parser
