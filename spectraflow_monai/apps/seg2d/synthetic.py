@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from spectraflow_monai.utils.errors import DatasetError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = ["generate_synthetic_dataset", "synthesize_pair"]
@@ -148,8 +149,8 @@ def generate_synthetic_dataset(
         The parameters, ``root``, ``skipped`` (True when nothing was written) and ``foreground_fraction`` (mean).
 
     Raises:
-        ValueError: for invalid arguments, or when ``root`` holds a set generated with other parameters and
-            ``overwrite`` is False.
+        ValueError: for invalid arguments.
+        DatasetError: ``root`` holds a set generated with other parameters and ``overwrite`` is False.
     """
     for arg, value, low in (("num_train", num_train, 1), ("num_val", num_val, 1), ("size", size, 16)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -168,9 +169,11 @@ def generate_synthetic_dataset(
             old = json.load(f)
         if {k: old.get(k) for k in params} == params:
             return {**old, "root": root, "skipped": True}
-        raise ValueError(
-            f"{root!r} holds a synthetic set generated with other parameters "
-            f"({ {k: old.get(k) for k in params} }); pass overwrite=True to replace it or choose another root."
+        differs = {k: old.get(k) for k in params if old.get(k) != params[k]}
+        raise DatasetError(
+            f"{root!r} holds a synthetic set generated with other parameters ({differs}) than the requested ones "
+            f"({ {k: params[k] for k in differs} }): request the same ones (the bundles' synthetic_size), choose "
+            "another folder (dataset_dir), or replace it (overwrite=True)."
         )
     dirs = {k: os.path.join(root, k) for k in ("images", "masks", "splits")}
     for d in dirs.values():
