@@ -68,7 +68,8 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
 
     from spectraflow_monai.utils.bundles import bundle_config_files
 
-    files = bundle_config_files(BUNDLE, ["train.yaml"] + ([BASELINE_CONFIGS[model]] if model in BASELINE_CONFIGS else []))
+    baseline = [BASELINE_CONFIGS[model]] if model in BASELINE_CONFIGS else []
+    files = bundle_config_files(BUNDLE, ["train.yaml", *baseline])
     parser = ConfigParser()
     parser.read_config([str(f) for f in files])
     overrides = {

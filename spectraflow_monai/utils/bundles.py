@@ -30,6 +30,7 @@ BUNDLE_NAMES: tuple[str, ...] = (
     "schema",
 )
 
+
 def bundle_path(name: str = "spectraflow_2d_segmentation") -> Path:
     """The folder of a bundle shipped with spectraflow_monai.
 
@@ -109,7 +110,11 @@ def _unresolved_link(path: Path) -> bool:
 def bundle_command(bundle: str | os.PathLike, configs: list[str], overrides: dict[str, Any]) -> str:
     """The ``python -m monai.bundle run`` command line, run from the ``bundle`` folder, that runs ``configs`` (layered
     as :func:`bundle_config_files` says) with ``overrides`` (for the logs)."""
-    paths = [os.path.relpath(f, bundle) for f in bundle_config_files(bundle, configs)]
+    root = Path(os.path.abspath(bundle))  # the links stay links: the command names configs/common_train.yaml
+    paths = [
+        os.path.relpath(f, root) if Path(os.path.abspath(f)).is_relative_to(root) else str(f)
+        for f in bundle_config_files(bundle, configs)
+    ]
     files = "[" + ",".join(f"'{p}'" for p in paths) + "]"
     args = " ".join(f"--{k} {shlex.quote(repr(v) if not isinstance(v, str) else v)}" for k, v in overrides.items())
     return f"python -m monai.bundle run --config_file \"{files}\" {args}"

@@ -56,7 +56,11 @@ def missing_workflow_properties(config_file, workflow_type: str, meta_file: str,
     saved_path = list(sys.path)
     try:
         workflow = ConfigWorkflow(
-            config_file=layered(config_file), meta_file=meta_file, logging_file=False, workflow_type=workflow_type, **override
+            config_file=layered(config_file),
+            meta_file=meta_file,
+            logging_file=False,
+            workflow_type=workflow_type,
+            **override,
         )
         workflow.initialize()
         return workflow.check_properties()

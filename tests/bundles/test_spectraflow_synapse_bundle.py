@@ -491,7 +491,8 @@ def test_multi_gpu_override_two_processes(tmp_path):
         "--pretrained_weights", "none",
     ]  # fmt: skip
     stage1_log = _torchrun(
-        ["configs/common_train.yaml", "configs/train.yaml", "configs/train_stage1.yaml", "configs/multi_gpu_train.yaml"],
+        ["configs/common_train.yaml", "configs/train.yaml", "configs/train_stage1.yaml",
+         "configs/multi_gpu_train.yaml"],
         args + ["--stage1_epochs", "1", "--stage1_batch_size", "6", "--head_hidden_channels", "32",
                 "--head_num_blocks", "1"],
         BUNDLE,

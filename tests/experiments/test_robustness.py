@@ -75,7 +75,8 @@ def test_evaluate_config_corrupts_images_before_normalisation(corruption):
     from spectraflow_monai.utils.bundles import bundle_parser
 
     bundle = bundle_path("spectraflow_2d_segmentation")
-    parser = bundle_parser(bundle, ["train.yaml", "evaluate.yaml"], {"corruption": corruption, "corruption_severity": 3})
+    settings = {"corruption": corruption, "corruption_severity": 3}
+    parser = bundle_parser(bundle, ["train.yaml", "evaluate.yaml"], settings)
     names = [type(t).__name__ for t in parser.get_parsed_content("validate#preprocessing").transforms]
     if corruption is None:
         assert "Corruptiond" not in names

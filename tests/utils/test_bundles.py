@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 import spectraflow_monai.utils.bundles as bundles
-from spectraflow_monai.utils.bundles import BUNDLE_NAMES, bundle_path
+from spectraflow_monai.utils.bundles import BUNDLE_NAMES, bundle_command, bundle_path
 
 
 @pytest.mark.parametrize("name", ["spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"])
@@ -35,3 +35,13 @@ def test_bundle_path_names_both_places_when_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(bundles, "__file__", str(tmp_path / "spectraflow_monai" / "utils" / "bundles.py"))
     with pytest.raises(FileNotFoundError, match="installed package.*clone"):
         bundle_path("spectraflow_synapse_segmentation")
+
+
+def test_bundle_command_lists_the_layered_configs(tmp_path):
+    """The printed equivalent command names the bundle's configs from the bundle folder, other files by path."""
+    extra = tmp_path / "my_baseline.yaml"
+    extra.write_text("fusion: add\n")
+    bundle = bundle_path("spectraflow_2d_segmentation")
+    command = bundle_command(bundle, ["train.yaml", str(extra)], {"max_epochs": 2, "dataset": "kvasir"})
+    files = f"['configs/common_train.yaml','configs/train.yaml','{extra}']"
+    assert command == f'python -m monai.bundle run --config_file "{files}" --max_epochs 2 --dataset kvasir'

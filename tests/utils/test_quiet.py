@@ -50,7 +50,8 @@ def test_own_configs_parse_without_the_config_notice(tmp_path, monkeypatch):
 
     def parse():  # what monai.bundle.run does first: the notice, then the workflow (its initialize stops here: no
         try:  # Stage-1 export in the working folder)
-            create_workflow(config_file=layered(CONFIG), meta_file=str(CONFIG.parent / "metadata.json"), logging_file=False)
+            meta = str(CONFIG.parent / "metadata.json")
+            create_workflow(config_file=layered(CONFIG), meta_file=meta, logging_file=False)
         except RuntimeError:
             pass
 

@@ -55,8 +55,8 @@ def test_fingerprint_follows_the_files_not_their_folder(tmp_path):
 )
 def test_a_restart_that_differs_is_named(tmp_path, change, named):
     data = {"train": _datalist(tmp_path / "d", [1, 2])}
-    base = {"settings": {"learning_rate": 0.0001}, "data_settings": {"label_map": {"1": 1}}, "model": {"image_size": 224},
-            "data": data, "seed": 0, "precision": "fp32"}  # fmt: skip
+    base = {"settings": {"learning_rate": 0.0001}, "data_settings": {"label_map": {"1": 1}},
+            "model": {"image_size": 224}, "data": data, "seed": 0, "precision": "fp32"}  # fmt: skip
     record_run(tmp_path / "run", **base)
     torch.save({}, tmp_path / "run" / "checkpoint_epoch=1.pt")  # a run to continue
     record_run(tmp_path / "run", **base, not_compared={"max_epochs": 9})  # the same run: continues

@@ -50,7 +50,8 @@ def test_deterministic_and_idempotent(tmp_path):
     stamp = os.path.getmtime(tmp_path / "a/images/synth_train_0000.png")
     again = generate_synthetic_dataset(tmp_path / "a", num_train=3, num_val=1, size=48, seed=1)
     assert again["skipped"] is True and os.path.getmtime(tmp_path / "a/images/synth_train_0000.png") == stamp
-    with pytest.raises(DatasetError, match=r"other parameters \({'num_train': 3}\).*\({'num_train': 2}\).*synthetic_size"):
+    differs = r"other parameters \({'num_train': 3}\).*\({'num_train': 2}\).*synthetic_size"
+    with pytest.raises(DatasetError, match=differs):
         generate_synthetic_dataset(tmp_path / "a", num_train=2, num_val=1, size=48, seed=1)
     generate_synthetic_dataset(tmp_path / "a", num_train=2, num_val=1, size=48, seed=1, overwrite=True)
     assert sorted(os.listdir(tmp_path / "a/images")) == [
