@@ -173,7 +173,7 @@ def record_run(
     settings = dict(settings)
     for name, value in (data_settings or {}).items():
         if name in settings and settings[name] != value:
-            raise ValueError(f"data_settings {name!r} = {value!r} contradicts settings {name!r} = {settings[name]!r}.")
+            raise SettingError(f"data_settings {name!r} = {value!r} contradicts settings {name!r} = {settings[name]!r}.")
         settings[name] = value
     folder = os.fspath(run_dir)
     path = os.path.join(folder, RECORD_FILE)

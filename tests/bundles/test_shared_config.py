@@ -42,12 +42,16 @@ def _yaml(path: Path) -> dict:
         return yaml.safe_load(f)
 
 
-def _lookup(config: dict, key: str):
+def _lookup(config, key: str):
+    """The value of config id ``key`` (``#``-separated, list items by index), or ``KeyError`` when it is not there."""
     node = config
     for part in key.split("#"):
-        if not isinstance(node, dict) or part not in node:
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
             return KeyError
-        node = node[part]
     return node
 
 
@@ -59,18 +63,6 @@ def _references(node) -> set[str]:
     if isinstance(node, list):
         return set().union(*(_references(v) for v in node)) if node else set()
     return set()
-
-
-def _has(config: dict, key: str) -> bool:
-    node = config
-    for part in key.split("#"):
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        elif isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            return False
-    return True
 
 
 @pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
@@ -104,7 +96,7 @@ def test_every_reference_resolves_in_each_run(bundle, configs):
     parser.read_config([str(f) for f in bundle_config_files(BUNDLES / bundle, configs)])
     config = parser.get()
     used = {k: v for k, v in config.items() if "train_stage1.yaml" in configs or k not in STAGE1_ONLY}
-    missing = sorted(r for r in _references(used) if not _has(config, r))
+    missing = sorted(r for r in _references(used) if _lookup(config, r) is KeyError)
     assert not missing, f"{bundle} {configs}: undefined references {missing}"
 
 

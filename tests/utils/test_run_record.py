@@ -75,7 +75,7 @@ def test_data_settings_are_recorded_with_the_settings(tmp_path):
     record_run(tmp_path / "run", {"learning_rate": 1}, data_settings={"hu_window": [-125, 275]})
     record = json.loads((tmp_path / "run" / RECORD_FILE).read_text())
     assert record["settings"] == {"learning_rate": 1, "hu_window": [-125, 275]}
-    with pytest.raises(ValueError, match="data_settings 'learning_rate' = 2 contradicts settings 'learning_rate' = 1"):
+    with pytest.raises(SettingError, match="data_settings 'learning_rate' = 2 contradicts settings 'learning_rate' = 1"):
         record_run(tmp_path / "other", {"learning_rate": 1}, data_settings={"learning_rate": 2})
 
 
