@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.utils.bundles import bundle_path, run_bundle_configs
-from spectraflow_monai.utils.settings import MODEL_DEFAULTS, PRECISION_SETTINGS, check_image_size
+from spectraflow_monai.utils.settings import PRECISION_SETTINGS, ModelSettings, check_image_size
 
 __all__ = ["main", "run_demo"]
 
@@ -28,11 +28,11 @@ def run_demo(
     output: str | os.PathLike = "runs/demo",
     num_train: int = 64,
     num_val: int = 24,
-    image_size: int = MODEL_DEFAULTS["image_size"],
+    image_size: int = ModelSettings.image_size,
     stage1_epochs: int = 4,
     stage2_epochs: int = 20,
     batch_size: int = 8,
-    encoder: str = MODEL_DEFAULTS["encoder_name"],
+    encoder: str = ModelSettings.encoder_name,
     pretrained_weights: str | None = "none",
     threads: int | None = None,
     seed: int = 0,
@@ -166,12 +166,12 @@ def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
     parser.add_argument("--output", default="runs/demo", help="output folder (bundle_root of the run)")
     parser.add_argument("--num-train", type=int, default=64, help="synthetic training images (default 64)")
     parser.add_argument("--num-val", type=int, default=24, help="synthetic validation images (default 24)")
-    parser.add_argument("--image-size", type=int, default=MODEL_DEFAULTS["image_size"],
-                        help=f"input size, multiple of 14 (default {MODEL_DEFAULTS['image_size']})")
+    parser.add_argument("--image-size", type=int, default=ModelSettings.image_size,
+                        help=f"input size, multiple of 14 (default {ModelSettings.image_size})")
     parser.add_argument("--stage1-epochs", type=int, default=4, help="Stage-1 epochs (default 4)")
     parser.add_argument("--stage2-epochs", type=int, default=20, help="Stage-2 epochs (default 20)")
     parser.add_argument("--batch-size", type=int, default=8, help="batch size (default 8)")
-    parser.add_argument("--encoder", default=MODEL_DEFAULTS["encoder_name"], help="timm DINOv2 model name")
+    parser.add_argument("--encoder", default=ModelSettings.encoder_name, help="timm DINOv2 model name")
     parser.add_argument(
         "--pretrained-weights",
         "--pretrained",

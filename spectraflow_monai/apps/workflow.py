@@ -12,6 +12,7 @@ be chains of config expressions lives here, once for both bundles:
 - :func:`total_iterations`: the length of a per-iteration learning-rate schedule;
 - :func:`pretrainer_checkpoint`: what a Stage-1 checkpoint holds;
 - :func:`recorded_network`: the network of a model file, built from the settings recorded beside it;
+- :func:`stage1_export_settings`: what the Stage-1 export depends on (checked when Stage-2 starts from it);
 - :func:`start_training`: the ``run`` of both stages (early stopping bound to the trainer, the resume decision,
   checkpoints).
 """
@@ -31,7 +32,7 @@ from monai.transforms import Compose
 
 from spectraflow_monai.handlers import HD95EmptyAsDiagonal
 from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
-from spectraflow_monai.utils.settings import check_image_size
+from spectraflow_monai.utils.settings import ModelSettings, check_image_size
 
 __all__ = [
     "datalist",
@@ -40,6 +41,7 @@ __all__ = [
     "pretrainer_checkpoint",
     "recorded_network",
     "segmentation_metrics",
+    "stage1_export_settings",
     "start_training",
     "total_iterations",
     "trainable_parameters",
@@ -134,6 +136,13 @@ def pretrainer_checkpoint(trainer: Any, lr_scheduler: Any, random_state: Any) ->
     (:meth:`~spectraflow_monai.engines.Stage1Trainer.checkpoint_dict`), the learning-rate schedule and the random
     state of the data pipeline (:class:`~spectraflow_monai.handlers.RandomStateHandler`)."""
     return dict(trainer.checkpoint_dict(lr_scheduler), random_state=random_state)
+
+
+def stage1_export_settings(model: ModelSettings) -> dict[str, Any]:
+    """What the Stage-1 encoder export depends on: the encoder (name, arguments, image size) and the normalisation
+    of its inputs. Stage-1 records them beside the export (``encoder_stage1.json``); Stage-2 compares its own
+    :class:`~spectraflow_monai.utils.settings.ModelSettings` with them before it starts from the export."""
+    return {**model.encoder(), "image_mean": list(model.image_mean), "image_std": list(model.image_std)}
 
 
 def recorded_network(

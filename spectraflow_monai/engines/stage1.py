@@ -30,6 +30,7 @@ from spectraflow_monai.engines.utils import (
     all_reduce_gradients,
     broadcast_modules,
 )
+from spectraflow_monai.utils.precision import Precision
 
 __all__ = ["Stage1Trainer"]
 
@@ -110,6 +111,9 @@ class Stage1Trainer(Trainer):
             world size > 1 (checked at the start of every run); True: require an initialised process group.
             Defaults to None.
         grad_bucket_mb: size of the flat gradient buckets of the all-reduce, in MiB, > 0. Defaults to 25.
+        precision: the run's resolved :class:`~spectraflow_monai.utils.precision.Precision`
+            (:func:`~spectraflow_monai.utils.resolve_precision`); when given it decides autocast, its dtype and the
+            gradient scaler (``amp`` and the ``dtype`` of ``amp_kwargs`` are not read). Defaults to None.
 
     Raises:
         ValueError: invalid arguments (named with their value); at run time a batch with fewer than 2 samples
@@ -145,7 +149,12 @@ class Stage1Trainer(Trainer):
         amp_kwargs: dict | None = None,
         distributed: bool | None = None,
         grad_bucket_mb: float = 25.0,
+        precision: Precision | None = None,
     ) -> None:
+        if precision is not None:  # the run's resolved precision, handed whole: autocast, dtype and scaler from it
+            if not isinstance(precision, Precision):
+                raise ValueError(f"precision must be a resolved Precision or None, got {type(precision).__name__}.")
+            amp, amp_kwargs = precision.autocast, {**dict(amp_kwargs or {}), "dtype": precision.dtype}
         if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
             raise ValueError(f"max_epochs must be a positive int, got {max_epochs!r}.")
         for name, module in (("encoder", encoder), ("head", head)):
@@ -227,7 +236,10 @@ class Stage1Trainer(Trainer):
         autocast_kwargs = dict(self.amp_kwargs)
         autocast_kwargs.setdefault("dtype", torch.float16 if self._device_type == "cuda" else torch.bfloat16)
         self._autocast_kwargs = autocast_kwargs
-        use_scaler = self.amp and self._device_type == "cuda" and autocast_kwargs["dtype"] == torch.float16
+        if precision is not None:
+            use_scaler = precision.use_grad_scaler
+        else:
+            use_scaler = self.amp and self._device_type == "cuda" and autocast_kwargs["dtype"] == torch.float16
         self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
 
         # per-run state

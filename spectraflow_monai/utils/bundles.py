@@ -1,5 +1,5 @@
-"""Where the bundles shipped with the package are (the MONAI bundles, their shared configs and the MONAI Label app),
-and which config files a run of a bundle layers."""
+"""Where the bundles shipped with the package are (the MONAI bundles and the MONAI Label app), and which config
+files a run of a bundle layers."""
 
 from __future__ import annotations
 
@@ -9,23 +9,25 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from spectraflow_monai.utils.errors import SettingError
+
 __all__ = [
     "BUNDLE_NAMES",
-    "LAYERED_OVER",
-    "SHARED_CONFIGS",
+    "COMMANDS",
+    "LAYERED_LAST",
     "bundle_command",
+    "check_run_configs",
     "bundle_config_files",
     "bundle_parser",
     "bundle_path",
     "run_bundle_configs",
 ]
 
-#: the folders under ``bundles/``: two MONAI bundles, the configs both share (linked into their ``configs/``), the
-#: MONAI Label app and the metadata schema.
+#: the folders under ``bundles/``: two MONAI bundles (each folder stands alone), the MONAI Label app and the metadata
+#: schema.
 BUNDLE_NAMES: tuple[str, ...] = (
     "spectraflow_2d_segmentation",
     "spectraflow_synapse_segmentation",
-    "common",
     "monailabel_app",
     "schema",
 )
@@ -58,59 +60,96 @@ def bundle_path(name: str = "spectraflow_2d_segmentation") -> Path:
     )
 
 
-#: the configs both bundles share, written once in ``bundles/common/<name>`` and linked into each bundle's ``configs/``
-#: (``<link in configs/>: <file in bundles/common/>``): the Stage-2 program, Stage-1 and the multi-GPU override
-SHARED_CONFIGS: dict[str, str] = {
-    "common_train.yaml": "train.yaml",
-    "train_stage1.yaml": "train_stage1.yaml",
-    "multi_gpu_train.yaml": "multi_gpu_train.yaml",
-}
-
-#: a bundle's own config -> the shared one it is layered over
-LAYERED_OVER: dict[str, str] = {"train.yaml": "common_train.yaml"}
+#: the configs layered over a bundle's ``configs/train.yaml`` (at most one of each kind, in this order after it; a
+#: baseline's network, e.g. ``unetpp_baseline.yaml``, or ``paper_protocol.yaml`` may come before ``evaluate.yaml``)
+LAYERED_LAST: tuple[str, ...] = ("train_stage1.yaml", "evaluate.yaml", "multi_gpu_train.yaml")
+#: the configs that run alone
+STANDALONE: tuple[str, ...] = ("train.yaml", "inference.yaml")
+#: the runs of a bundle, as its README lists them (what an error about a config list names)
+COMMANDS: str = (
+    "--config_file configs/train.yaml (Stage-2) | \"['configs/train.yaml','configs/train_stage1.yaml']\" (Stage-1) | "
+    "\"['configs/train.yaml','configs/evaluate.yaml']\" (evaluation) | configs/inference.yaml; multi-GPU: add "
+    "'configs/multi_gpu_train.yaml' last"
+)
 
 
 def bundle_config_files(bundle: str | os.PathLike, configs: Sequence[str]) -> list[Path]:
-    """The files that a run of bundle ``configs`` layers, in order, as its ``--config_file`` lists them.
+    """The files of a run of bundle ``configs``, checked: ``configs/<name>`` of each name (an absolute path stays
+    itself), in a list that can run.
 
-    Each name is ``<bundle>/configs/<name>``; the bundle's ``train.yaml`` (its data) comes after the shared Stage-2
-    program it is layered over, ``configs/common_train.yaml``: ``["train.yaml", "train_stage1.yaml"]`` gives
-    ``configs/common_train.yaml``, ``configs/train.yaml``, ``configs/train_stage1.yaml``. An absolute path stays
-    itself.
+    A bundle folder stands alone, as model-zoo bundles do: ``train.yaml`` (Stage-2) and ``inference.yaml`` run
+    alone; ``train_stage1.yaml``, ``evaluate.yaml`` and ``multi_gpu_train.yaml`` are layered after ``train.yaml``
+    (in that order; a baseline network's config in between).
 
     Args:
         bundle: the bundle folder.
         configs: config names (or paths), in layering order.
 
     Raises:
-        FileNotFoundError: a config that does not exist, naming the file (a shared one: how to get it back).
+        SettingError: a missing file or a list that cannot run, in one line naming the commands that work.
     """
     bundle = Path(bundle)
-    files: list[Path] = []
-    for name in configs:
-        for part in ([LAYERED_OVER[name]] if name in LAYERED_OVER else []) + [name]:
-            path = bundle / "configs" / part  # an absolute path stays itself
-            if not path.is_file() or _unresolved_link(path):
-                problem = f"config {part!r} of bundle {bundle}: {path} is missing, or holds the text of a link"
-                if part in SHARED_CONFIGS:
-                    problem += (
-                        f" (a link to ../../common/{SHARED_CONFIGS[part]}, the configs both bundles share: keep the "
-                        "bundles/ folder whole; on Windows, clone with git's core.symlinks=true)"
-                    )
-                raise FileNotFoundError(problem + ".")
-            files.append(path)
+    names = [Path(c).name for c in configs]
+    files = [bundle / "configs" / c for c in configs]
+    for name, path in zip(names, files):
+        if not path.is_file():
+            raise SettingError(f"config {name!r} of bundle {bundle}: {path} does not exist; the runs are: {COMMANDS}.")
+    problem = None
+    if not names:
+        problem = "no config file was given"
+    elif names[0] == "inference.yaml" and len(names) > 1:
+        problem = "configs/inference.yaml runs alone"
+    elif names[0] not in STANDALONE:
+        problem = f"{names[0]} is layered over configs/train.yaml, which comes first"
+    else:
+        rest = names[1:]
+        first_last = next((i for i, n in enumerate(rest) if n in LAYERED_LAST), len(rest))
+        last = rest[first_last:]
+        if any(n not in LAYERED_LAST for n in last) or last != sorted(set(last), key=LAYERED_LAST.index):
+            problem = f"the list {names} has {', '.join(LAYERED_LAST)} out of order, repeated or not last"
+        elif "train_stage1.yaml" in last and "evaluate.yaml" in last:
+            problem = "Stage-1 and evaluation are separate runs"
+    if problem:
+        raise SettingError(f"bundle {bundle}: {problem}; the runs are: {COMMANDS}.")
     return files
 
 
-def _unresolved_link(path: Path) -> bool:
-    """Whether ``path`` holds the text of a link instead of the file (a checkout without symbolic links)."""
-    return path.name in SHARED_CONFIGS and path.stat().st_size < 100 and path.read_text().startswith("../")
+def check_run_configs(argv: Sequence[str] | None = None) -> None:
+    """The first step of every bundle run: under ``python -m monai.bundle run``, the ``--config_file`` list of the
+    command line must be one that runs (:func:`bundle_config_files`), else the run stops with one line naming the
+    commands that work (a list in the wrong order would otherwise run another stage, or fail deep in MONAI's config
+    resolution). Runs started from Python (``monai.bundle.run(...)``, the demo, the MONAI Label app) check their
+    lists themselves; then there is no ``--config_file`` and nothing is checked.
+
+    Args:
+        argv: the command line. Defaults to ``sys.argv``.
+
+    Raises:
+        SettingError: the list cannot run.
+    """
+    import ast
+    import sys
+
+    argv = list(sys.argv if argv is None else argv)
+    if "--config_file" not in argv[:-1] or not any("monai" in a and "bundle" in a for a in argv[:3]):
+        return
+    value = argv[argv.index("--config_file") + 1]
+    try:
+        files = ast.literal_eval(value) if value.strip().startswith("[") else value.split(",")
+    except (ValueError, SyntaxError):
+        return
+    paths = [Path(f) for f in ([files] if isinstance(files, str) else files)]
+    if not paths or any(p.parent.name != "configs" for p in paths):
+        return
+    bundle = paths[0].parent.parent
+    if all(p.parent.parent == bundle for p in paths):
+        bundle_config_files(bundle if bundle.parts else Path("."), [p.name for p in paths])
 
 
 def bundle_command(bundle: str | os.PathLike, configs: list[str], overrides: dict[str, Any]) -> str:
     """The ``python -m monai.bundle run`` command line, run from the ``bundle`` folder, that runs ``configs`` (layered
     as :func:`bundle_config_files` says) with ``overrides`` (for the logs)."""
-    root = Path(os.path.abspath(bundle))  # the links stay links: the command names configs/common_train.yaml
+    root = Path(os.path.abspath(bundle))
     paths = [
         os.path.relpath(f, root) if Path(os.path.abspath(f)).is_relative_to(root) else str(f)
         for f in bundle_config_files(bundle, configs)
@@ -121,7 +160,7 @@ def bundle_command(bundle: str | os.PathLike, configs: list[str], overrides: dic
 
 
 def bundle_parser(bundle: Path, configs: list[str], overrides: dict[str, Any]) -> Any:
-    """A ``monai.bundle.ConfigParser`` of bundle ``configs`` (layered as :func:`bundle_config_files` says) with
+    """A ``monai.bundle.ConfigParser`` of bundle ``configs`` (checked by :func:`bundle_config_files`) with
     ``overrides`` applied, for building a run's objects in Python (its ``network_def``, ``data_source``, transforms)
     as the run built them.
     """
@@ -135,7 +174,7 @@ def bundle_parser(bundle: Path, configs: list[str], overrides: dict[str, Any]) -
 
 
 def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, Any], title: str) -> float:
-    """Run bundle ``configs`` (layered as :func:`bundle_config_files` says) with ``overrides`` through
+    """Run bundle ``configs`` (checked by :func:`bundle_config_files`) with ``overrides`` through
     ``monai.bundle.run`` in this process, printing the equivalent command first; returns the wall time in seconds.
 
     The working directory is the bundle folder while it runs (its configs address their logging and metadata files

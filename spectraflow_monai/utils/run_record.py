@@ -35,9 +35,11 @@ import torch
 
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.files import write_text_atomic
+from spectraflow_monai.utils.settings import IMAGENET_MEAN, IMAGENET_STD, ModelSettings, _Settings, settings_dict
 
 __all__ = [
     "RECORD_FILE",
+    "RECORD_FORMAT",
     "ModelRecord",
     "check_model_settings",
     "data_fingerprint",
@@ -51,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 #: name of the run record in a run's checkpoint folder
 RECORD_FILE = "run_record.json"
+#: the layout of run records and model records: 2 = the settings objects written whole (format 1, unnumbered: the
+#: settings listed by the bundle configs)
+RECORD_FORMAT = 2
 # the parts of a record that must agree for a restart to continue the run
 _COMPARED = ("settings", "model", "data", "label_setup", "seed", "precision")
 
@@ -65,6 +70,8 @@ def _plain(value: Any) -> Any:
     """``value`` as JSON-friendly data (tuples as lists, numpy scalars as numbers, other objects by ``repr``)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, _Settings):  # a settings object: every field, by name
+        return settings_dict(value)
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (os.PathLike, torch.device)):
@@ -148,10 +155,12 @@ def record_run(
 
     Args:
         run_dir: the run's checkpoint folder (``models/stage2``, ``models/stage1``).
-        settings: the resolved settings that define the run (optimisation, data selection, encoder start, ...).
-        data_settings: the bundle's own data settings (reader options, label map, case lists), recorded and
-            compared with ``settings`` (a name in both must have one value). Defaults to None.
-        model: the model settings (also written beside the model files by the savers). Defaults to None.
+        settings: the stage's settings object (:class:`~spectraflow_monai.utils.settings.Stage2Settings`,
+            :class:`~spectraflow_monai.utils.settings.Stage1Settings`), written whole (a mapping is recorded as it is).
+        data_settings: the run's :class:`~spectraflow_monai.utils.settings.DataSettings`, written whole under
+            ``settings.data``. Defaults to None.
+        model: the :class:`~spectraflow_monai.utils.settings.ModelSettings` (also written beside the model files
+            by the savers). Defaults to None.
         data: ``{split: datalist}``; each is recorded as :func:`data_fingerprint`. Defaults to None.
         data_source: the data source (recorded by its ``repr``, e.g. the preset and folder). Defaults to None.
         label_setup: what the labels are (recorded by ``repr``). Defaults to None.
@@ -170,28 +179,30 @@ def record_run(
     from spectraflow_monai.utils.checkpoint import _as_bool, _rank, latest_checkpoint, set_aside
 
     resume = _as_bool(resume, "resume")
-    settings = dict(settings)
-    for name, value in (data_settings or {}).items():
-        if name in settings and settings[name] != value:
-            raise SettingError(f"data_settings {name!r} = {value!r} contradicts settings {name!r} = {settings[name]!r}.")
-        settings[name] = value
+    settings = {**_plain(settings), **({} if data_settings is None else {"data": _plain(data_settings)})}
     folder = os.fspath(run_dir)
     path = os.path.join(folder, RECORD_FILE)
     record = {
-        "settings": _plain(dict(settings)),
-        "model": _plain(dict(model or {})),
+        "settings": settings,
+        "model": _plain(model if model is not None else {}),
         "data": {str(k): data_fingerprint(v) for k, v in (data or {}).items()},
         "data_source": _plain(data_source),
         "label_setup": _plain(label_setup),
         "seed": _plain(seed),
         "precision": _plain(precision),
         "not_compared": _plain(dict(not_compared or {})),
+        "format": RECORD_FORMAT,
         "spectraflow_monai": _version(),
     }
     old = _read_json(path)
     continuing = resume and latest_checkpoint(folder) is not None
     if continuing and old is None:
         logger.warning(f"{folder} holds checkpoints but no {RECORD_FILE} (an earlier version): continuing unchecked.")
+    elif continuing and old.get("format") != RECORD_FORMAT:
+        raise SettingError(
+            f"{path} was written by spectraflow_monai {old.get('spectraflow_monai', '(unknown)')} in an earlier "
+            f"record format: continue that run with that version, or start over here with --resume false."
+        )
     elif continuing:
         diffs = [d for part in _COMPARED for d in _differences(old.get(part), record[part], part)]
         if diffs:
@@ -224,10 +235,12 @@ def model_settings_path(model_file: str | os.PathLike) -> str:
     return os.path.splitext(os.fspath(model_file))[0] + ".json"
 
 
-def write_model_settings(model_file: str | os.PathLike, settings: Mapping[str, Any]) -> str:
-    """Write the model settings beside ``model_file`` (:func:`model_settings_path`), atomically; returns the path."""
+def write_model_settings(model_file: str | os.PathLike, settings: ModelSettings | Mapping[str, Any]) -> str:
+    """Write the model settings (a :class:`~spectraflow_monai.utils.settings.ModelSettings`, whole) beside
+    ``model_file`` (:func:`model_settings_path`), atomically; returns the path."""
     path = model_settings_path(model_file)
-    content = {"model": _plain(dict(settings)), "model_file": os.path.basename(os.fspath(model_file))}
+    content = {"model": _plain(settings), "model_file": os.path.basename(os.fspath(model_file))}
+    content["format"] = RECORD_FORMAT
     content["spectraflow_monai"] = _version()
     write_text_atomic(path, json.dumps(content, indent=2) + "\n")
     return path
@@ -268,16 +281,21 @@ class ModelRecord:
     reads come in ``given`` (``null`` in the config: not given), the others are checked by
     :func:`check_model_settings` in the config's ``initialize`` list.
 
+    The settings are a :class:`~spectraflow_monai.utils.settings.ModelSettings` (``.settings``): its fields are
+    this object's attributes (``image_mean`` and ``image_std`` included, so a model trained with its own
+    normalisation is evaluated and served with it). A record of an earlier version without them reads as DINOv2's
+    ImageNet normalisation, with a warning.
+
     Args:
         model_file: the model file (``models/model.pt``).
-        defaults: the values of settings the record does not hold, or of a model file without a record (written by
-            an earlier version or by hand; a warning says so). Defaults to
-            :data:`spectraflow_monai.utils.settings.MODEL_DEFAULTS`.
+        defaults: values of the settings a record does not hold, or of a model file without a record (written by
+            hand; a warning says so), over :class:`~spectraflow_monai.utils.settings.ModelSettings`'s defaults.
+            Defaults to None.
         given: ``{setting: value}`` given on the command line; None values are not given. Each given value is
             checked against the record and replaces the read one. Defaults to None.
 
     Raises:
-        SettingError: a given value differs from the record, naming both.
+        SettingError: a given value differs from the record, naming both; a record that cannot be read.
     """
 
     def __init__(
@@ -286,8 +304,6 @@ class ModelRecord:
         defaults: Mapping[str, Any] | None = None,
         given: Mapping[str, Any] | None = None,
     ) -> None:
-        from spectraflow_monai.utils.settings import MODEL_DEFAULTS
-
         self.model_file = os.fspath(model_file)
         self.recorded = read_model_settings(self.model_file)
         if self.recorded is None:
@@ -295,14 +311,22 @@ class ModelRecord:
                 f"{self.model_file}: no settings recorded beside it ({model_settings_path(self.model_file)}); the "
                 "model settings are the defaults or the values given."
             )
+        elif "image_mean" not in self.recorded or "image_std" not in self.recorded:
+            logger.warning(
+                f"{model_settings_path(self.model_file)} was written before the normalisation was recorded: "
+                f"DINOv2's ImageNet image_mean {list(IMAGENET_MEAN)} / image_std {list(IMAGENET_STD)} assumed."
+            )
         given = {k: _plain(v) for k, v in (given or {}).items() if v is not None}
         self.check(**given)
-        self.settings = {**dict(MODEL_DEFAULTS if defaults is None else defaults), **(self.recorded or {}), **given}
+        values = {**dict(defaults or {}), **(self.recorded or {}), **given}
+        if "out_channels" not in values and values.get("num_classes"):  # a record of an earlier version
+            values["out_channels"] = values["num_classes"]
+        self.settings = ModelSettings.from_dict(values, source=model_settings_path(self.model_file))
 
     def __getattr__(self, name: str) -> Any:
-        settings = self.__dict__.get("settings", {})
-        if name in settings:
-            return settings[name]
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in settings.to_dict():
+            return getattr(settings, name)
         raise AttributeError(f"no model setting {name!r} in {self.__dict__.get('model_file')!r}")
 
     def check(self, **given: Any) -> dict[str, Any]:

@@ -1,9 +1,19 @@
-"""Checks of bundle settings, run in a bundle's ``initialize`` list so that a wrong value stops the run before any
-data is read or any network is built, with a message naming the setting and the value."""
+"""The settings of a run as typed objects, and the checks of single settings.
+
+A bundle's ``configs/train.yaml`` gives raw values (its constants, overridable on the command line) and builds one
+object of each kind from them: :class:`ModelSettings` (what builds the network and normalises its input),
+:class:`DataSettings` (which data), :class:`Stage2Settings` and :class:`Stage1Settings` (how each stage trains).
+Each value is checked once, where the object is built, and a wrong one stops the run before any data is read,
+naming the setting and the value. The run record and ``model.json`` are these objects written whole
+(:func:`settings_dict`), and evaluation, inference and the MONAI Label app read them back
+(:meth:`ModelSettings.from_dict`), as nnU-Net reads its ``plans.json``: nothing is listed by hand.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,9 +23,19 @@ from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
     "CORRUPTION_KINDS",
+    "DataSettings",
+    "ENCODER_INITS",
+    "FUSION_MODES",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "ModelSettings",
+    "REFINE_MODES",
+    "STAGE1_OBJECTIVES",
+    "Stage1Settings",
+    "Stage2Settings",
+    "settings_dict",
     "CORRUPTION_SEVERITIES",
     "MAX_SEVERITY",
-    "MODEL_DEFAULTS",
     "PATCH_SIZE",
     "PRECISION_SETTINGS",
     "check_image_size",
@@ -40,19 +60,19 @@ MAX_SEVERITY = 5
 
 logger = logging.getLogger(__name__)
 
-#: the bundles' default model settings: those of a model file without settings recorded beside it
-#: (:class:`~spectraflow_monai.utils.run_record.ModelRecord`)
-MODEL_DEFAULTS: dict[str, Any] = {
-    "image_size": 224,
-    "encoder_name": "vit_small_patch14_dinov2",
-    "encoder_kwargs": None,
-    "fusion": "daf",
-    "refine": "fdconv",
-    "label_classes": None,
-    "num_classes": 9,
-}
 #: patch size of the DINOv2 encoders: the image side must be a multiple of it
 PATCH_SIZE = 14
+#: DINOv2's (ImageNet) normalisation, the default ``image_mean`` / ``image_std``
+IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
+#: skip fusion of the decoder (paper Table 3: DAF, concatenation, addition)
+FUSION_MODES: tuple[str, ...] = ("daf", "concat", "add")
+#: refinement of the decoder (paper Table 3: FDConv, a standard convolution; CBAM variants)
+REFINE_MODES: tuple[str, ...] = ("fdconv", "standard", "cbam", "fdconv_cbam")
+#: where Stage-2's encoder starts
+ENCODER_INITS: tuple[str, ...] = ("stage1", "pretrained", "random")
+#: the Stage-1 objective: the paper's Mixed-Domain MeanFlow, or the mixed-domain MAE of the Table 2 ablation
+STAGE1_OBJECTIVES: tuple[str, ...] = ("meanflow", "mae")
 
 
 def check_image_size(value: Any, name: str = "image_size", multiple: int = PATCH_SIZE) -> int:
@@ -95,3 +115,269 @@ def check_unread_settings(given: Mapping[str, Any], instead: Mapping[str, str], 
             f"(give --{instead.get(name, name)} to change it)."
         )
     return reported
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SettingError(f"{name} must be one of {list(choices)}, got {value!r}.")
+    return value
+
+
+def _number(name: str, value: Any, low: float = 0.0, high: float = math.inf, low_open: bool = False,
+            integer: bool = False) -> Any:
+    """``value`` when it is a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``), else a
+    :class:`SettingError` naming the setting and the value."""
+    kind = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    bad = isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(float(value))
+    if bad or float(value) > high or float(value) < low or (low_open and float(value) == low):
+        interval = f"{'(' if low_open else '['}{low}, {high}]"
+        raise SettingError(f"{name} must be {'an int' if integer else 'a number'} in {interval}, got {value!r}.")
+    return int(value) if integer else float(value)
+
+
+def _plain_value(value: Any) -> Any:
+    """``value`` as JSON data: tuples as lists, numpy scalars as numbers, mappings with string keys."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _plain_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_value(v) for v in value]
+    return value
+
+
+def settings_dict(settings: Any) -> dict[str, Any]:
+    """A settings object (:class:`ModelSettings`, :class:`DataSettings`, :class:`Stage1Settings`,
+    :class:`Stage2Settings`) as JSON data: every field, by name. This is what run records and ``model.json`` hold."""
+    return {f.name: _plain_value(getattr(settings, f.name)) for f in dataclasses.fields(settings)}
+
+
+class _Settings:
+    """Shared behaviour of the settings objects: whole-object JSON form and reading it back."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON data (:func:`settings_dict`)."""
+        return settings_dict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "the record") -> Any:
+        """The object of recorded ``values`` (its :meth:`to_dict`); fields missing from an earlier version's record
+        take their defaults, and a name the object does not know is a :class:`SettingError` naming ``source``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise SettingError(
+                f"{source}: unknown {cls.__name__} {unknown} (written by another version of spectraflow_monai?)."
+            )
+        return cls(**dict(values))
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with ``changes`` (checked as when built)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings(_Settings):
+    """What builds a SpectraFlow model and prepares its input (Chen et al., Sec. 4): the record beside every model
+    file (``models/model.json``, ``models/encoder_stage1.json``). Evaluation, inference and the MONAI Label app
+    build the network and normalise images from it.
+
+    Args:
+        encoder_name: timm DINOv2 model name. Defaults to ``"vit_small_patch14_dinov2"``.
+        encoder_kwargs: extra ``timm.create_model`` arguments (e.g. ``{"depth": 2}``), or None.
+        image_size: the network's input side, a multiple of 14. Defaults to 224.
+        fusion: skip fusion, one of :data:`FUSION_MODES`. Defaults to ``"daf"`` (eqs. 8-9).
+        refine: refinement, one of :data:`REFINE_MODES`. Defaults to ``"fdconv"`` (eqs. 10-11).
+        image_mean: per-channel mean subtracted from images in [0, 1] (also the masks shown to Stage-1). Defaults
+            to DINOv2's ImageNet mean.
+        image_std: per-channel divisor (> 0). Defaults to DINOv2's ImageNet std.
+        in_channels: image channels. Defaults to 3.
+        out_channels: output channels of the network (1: a binary sigmoid output). Defaults to 1.
+        label_classes: the 2D bundle's ``label_classes`` (None: binary masks). Defaults to None.
+        num_classes: the Synapse bundle's number of classes, background included (None elsewhere).
+
+    Raises:
+        SettingError: (a ``ValueError``) a value out of its range, naming the setting and the value.
+    """
+
+    encoder_name: str = "vit_small_patch14_dinov2"
+    encoder_kwargs: Any = None
+    image_size: int = 224
+    fusion: str = "daf"
+    refine: str = "fdconv"
+    image_mean: tuple[float, ...] = IMAGENET_MEAN
+    image_std: tuple[float, ...] = IMAGENET_STD
+    in_channels: int = 3
+    out_channels: int = 1
+    label_classes: Any = None
+    num_classes: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.encoder_name, str) or not self.encoder_name:
+            raise SettingError(f"encoder_name must be a timm model name, got {self.encoder_name!r}.")
+        if self.encoder_kwargs is not None and not isinstance(self.encoder_kwargs, Mapping):
+            raise SettingError(f"encoder_kwargs must be a mapping or null, got {self.encoder_kwargs!r}.")
+        check_image_size(self.image_size)
+        _choice("fusion", self.fusion, FUSION_MODES)
+        _choice("refine", self.refine, REFINE_MODES)
+        _number("in_channels", self.in_channels, 1, integer=True)
+        _number("out_channels", self.out_channels, 1, integer=True)
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != self.in_channels:
+                raise SettingError(f"{name} must be a list of {self.in_channels} numbers (one per channel), got {value!r}.")
+            numbers = tuple(_number(name, v, -math.inf if name == "image_mean" else 0.0, low_open=name == "image_std")
+                            for v in value)
+            object.__setattr__(self, name, numbers)
+        object.__setattr__(self, "image_size", int(self.image_size))
+        if self.encoder_kwargs is not None:
+            object.__setattr__(self, "encoder_kwargs", _plain_value(self.encoder_kwargs))
+        object.__setattr__(self, "label_classes", _plain_value(self.label_classes))
+
+    def encoder(self) -> dict[str, Any]:
+        """The settings that build the encoder alone (``encoder_stage1.json`` compares them on Stage-2's start)."""
+        return {"encoder_name": self.encoder_name, "encoder_kwargs": self.encoder_kwargs, "image_size": self.image_size}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings(_Settings):
+    """Which data a run reads: the source and its selection (the bundle README's "Your own data").
+
+    Args:
+        dataset: the data set preset (``synthetic``, ``kvasir``, ``folder``, ``btcv``, ...).
+        data_list_file_path: a Decathlon-style datalist JSON (then the data source), or None.
+        data_fraction: share of the training images used (low-data runs), in (0, 1].
+        val_fraction: share of the training images held out for validation when the source has no validation
+            list, in [0, 1).
+        seed: the seed of the data selection and of the run's determinism.
+        options: the bundle's own data settings (reader options, label map, case lists), recorded whole.
+    """
+
+    dataset: str = "synthetic"
+    data_list_file_path: Any = None
+    data_fraction: float = 1.0
+    val_fraction: float = 0.2
+    seed: int = 0
+    options: Any = None
+
+    def __post_init__(self) -> None:
+        _number("data_fraction", self.data_fraction, 0.0, 1.0, low_open=True)
+        if _number("val_fraction", self.val_fraction, 0.0, 1.0) >= 1.0:
+            raise SettingError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}.")
+        _number("data_seed", self.seed, -(2**63), 2**63, integer=True)
+        if self.data_list_file_path is not None:
+            object.__setattr__(self, "data_list_file_path", str(self.data_list_file_path))
+        object.__setattr__(self, "options", _plain_value(dict(self.options or {})))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage2Settings(_Settings):
+    """How Stage-2 fine-tunes (Chen et al., Sec. 4.2 and 5.2): encoder start, optimisation, the boundary weight.
+
+    Args:
+        pretrained_weights: where the encoder's weights come from when ``encoder_init`` is ``pretrained``:
+            ``timm`` | a DINOv2 checkpoint file | ``none``.
+        encoder_init: ``stage1`` (the Stage-1 export) | ``pretrained`` | ``random``.
+        trainable_blocks: encoder blocks trained (the paper: 1, the last; ``all``).
+        batch_size: mini-batch size (> 1: DAF's global branch has BatchNorm).
+        learning_rate, weight_decay: AdamW's.
+        min_learning_rate, lr_factor, lr_patience: the plateau schedule on validation Dice.
+        boundary_beta, boundary_beta_max, boundary_ramp_epochs: the boundary term's weight ramp (eq. 7).
+    """
+
+    pretrained_weights: Any = "timm"
+    encoder_init: str = "stage1"
+    trainable_blocks: Any = 1
+    batch_size: int = 8
+    learning_rate: float = 1e-4
+    weight_decay: float = 1e-4
+    min_learning_rate: float = 1e-6
+    lr_factor: float = 0.5
+    lr_patience: int = 5
+    boundary_beta: float = 0.01
+    boundary_beta_max: float = 0.1
+    boundary_ramp_epochs: int = 20
+
+    def __post_init__(self) -> None:
+        _choice("encoder_init", self.encoder_init, ENCODER_INITS)
+        if self.trainable_blocks != "all":
+            _number("trainable_blocks", self.trainable_blocks, 0, integer=True)
+        _number("batch_size", self.batch_size, 2, integer=True)
+        _number("learning_rate", self.learning_rate, 0.0, low_open=True)
+        _number("weight_decay", self.weight_decay)
+        _number("min_learning_rate", self.min_learning_rate)
+        _number("lr_factor", self.lr_factor, 0.0, 1.0, low_open=True)
+        _number("lr_patience", self.lr_patience, 0, integer=True)
+        _number("boundary_beta", self.boundary_beta)
+        _number("boundary_beta_max", self.boundary_beta_max)
+        _number("boundary_ramp_epochs", self.boundary_ramp_epochs, 0, integer=True)
+        object.__setattr__(self, "pretrained_weights", str(self.pretrained_weights))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage1Settings(_Settings):
+    """How Stage-1 pretrains (Chen et al., Sec. 4.1 and 5.2): Mixed-Domain MeanFlow + dispersive loss, or the
+    mixed-domain MAE of the Table 2 ablation (``objective: mae``).
+
+    Args:
+        pretrained_weights: where the encoder starts: ``timm`` (the paper's DINOv2 weights) | a file | ``none``.
+        objective: one of :data:`STAGE1_OBJECTIVES`.
+        batch_size, accumulation_steps: per-process mini-batch and gradient accumulation (global batch = their
+            product times the processes; the paper: 8).
+        start_lr, end_lr, weight_decay: AdamW with a linear decay from ``start_lr`` to ``end_lr``.
+        mask_ratio: share of every mini-batch shown as masks (0: image-only MeanFlow).
+        views: ``either`` (each pair as its image or its mask) | ``both``.
+        dispersive_weight, dispersive_variant, dispersive_tau, dispersive_normalize: lambda and the form of eq. 4-5.
+        meanflow_ratio_unequal, meanflow_adaptive_p, meanflow_adaptive_c: MeanFlow's time sampling and weight.
+        ema_decay: the exported encoder's EMA.
+        head_hidden_channels, head_num_blocks, head_condition_on_domain: the MeanFlow head.
+        latent_norm: per-token normalisation of z0 (an extension of eq. 1).
+        mae_mask_ratio, mae_norm_pix_loss, mae_decoder_hidden_size, mae_decoder_num_layers, mae_decoder_num_heads,
+            mae_dispersive_weight: the MAE objective's (read with ``objective: mae`` only).
+    """
+
+    pretrained_weights: Any = "timm"
+    objective: str = "meanflow"
+    batch_size: int = 8
+    accumulation_steps: int = 1
+    start_lr: float = 1e-5
+    end_lr: float = 1e-6
+    weight_decay: float = 0.05
+    mask_ratio: float = 0.5
+    views: str = "either"
+    dispersive_weight: float = 0.4
+    dispersive_variant: str = "infonce_l2"
+    dispersive_tau: float = 0.5
+    dispersive_normalize: Any = "dim"
+    meanflow_ratio_unequal: float = 0.25
+    meanflow_adaptive_p: float = 1.0
+    meanflow_adaptive_c: float = 0.01
+    ema_decay: float = 0.999
+    head_hidden_channels: int = 256
+    head_num_blocks: int = 2
+    head_condition_on_domain: bool = False
+    latent_norm: bool = True
+    mae_mask_ratio: float = 0.75
+    mae_norm_pix_loss: bool = True
+    mae_decoder_hidden_size: int = 256
+    mae_decoder_num_layers: int = 2
+    mae_decoder_num_heads: int = 8
+    mae_dispersive_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        _choice("stage1_objective", self.objective, STAGE1_OBJECTIVES)
+        _choice("stage1_views", self.views, ("either", "both"))
+        _number("stage1_batch_size", self.batch_size, 2, integer=True)
+        _number("stage1_accumulation_steps", self.accumulation_steps, 1, integer=True)
+        _number("stage1_start_lr", self.start_lr, 0.0, low_open=True)
+        _number("stage1_end_lr", self.end_lr)
+        _number("stage1_weight_decay", self.weight_decay)
+        _number("mask_ratio", self.mask_ratio, 0.0, 1.0)
+        _number("dispersive_weight", self.dispersive_weight)
+        _number("meanflow_ratio_unequal", self.meanflow_ratio_unequal, 0.0, 1.0)
+        _number("ema_decay", self.ema_decay, 0.0, 1.0)
+        _number("mae_mask_ratio", self.mae_mask_ratio, 0.0, 1.0)
+        for name in ("head_condition_on_domain", "latent_norm", "mae_norm_pix_loss"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingError(f"{name} must be true or false, got {getattr(self, name)!r}.")
+        object.__setattr__(self, "pretrained_weights", str(self.pretrained_weights))

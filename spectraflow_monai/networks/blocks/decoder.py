@@ -12,11 +12,9 @@ from monai.networks.layers.factories import Act, Norm
 from monai.networks.layers.utils import get_act_layer, get_norm_layer
 
 from spectraflow_monai.networks.blocks.daf import DirectAttentionalFusion
+from spectraflow_monai.utils.settings import FUSION_MODES, REFINE_MODES
 
 __all__ = ["FUSION_MODES", "REFINE_MODES", "RefinementBlock", "SpectraFlowDecoder"]
-
-FUSION_MODES = ("daf", "concat", "add")
-REFINE_MODES = ("fdconv", "standard", "cbam", "fdconv_cbam")
 
 
 class RefinementBlock(nn.Module):
