@@ -97,7 +97,8 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     parser.update(overrides)
     if shared_dataset is not None:  # one cache of the training images for both models
         parser["train#dataloader#dataset"] = shared_dataset
-    parser.get_parsed_content("initialize")
+    for i in range(len(parser["run"]) - 1):  # the run's steps before training (setup, record, encoder weights)
+        parser.get_parsed_content(f"run#{i}")
     trainer = parser.get_parsed_content("train#trainer")
     return trainer, parser.get_parsed_content("train#dataloader").dataset
 

@@ -123,7 +123,7 @@ ABLATIONS: dict[str, Ablation] = {
         (
             Arm("no_stage1", {"encoder_init": "pretrained"}, stage1=None),
             Arm("image_meanflow", stage1_overrides={"mask_ratio": 0.0, "dispersive_weight": 0.0}),
-            Arm("mixed_mae", stage1=(*STAGE1_CONFIGS, "train_stage1_mae.yaml")),
+            Arm("mixed_mae", stage1_overrides={"stage1_objective": "mae"}),
             Arm("mixed_meanflow", stage1_overrides={"dispersive_weight": 0.0}),
             Arm("mixed_meanflow_dispersive"),
             Arm("paper_literal", stage1_overrides=PAPER_LITERAL_STAGE1),

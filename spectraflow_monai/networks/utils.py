@@ -105,9 +105,8 @@ def resolve_encoder_init(
     if stage1_export is None or not Path(os.fspath(stage1_export)).expanduser().is_file():
         raise SettingError(
             f"encoder_init='stage1': the Stage-1 encoder export {os.fspath(stage1_export or '<not set>')!r} does "
-            "not exist. Either run Stage-1 first (configs/common_train.yaml + configs/train.yaml + "
-            "configs/train_stage1.yaml, which writes it), or start Stage-2 without Stage-1 from pretrained_weights "
-            "with --encoder_init pretrained (the paper's 'no Stage-1' row)."
+            "not exist. Either run Stage-1 first (configs/train.yaml + configs/train_stage1.yaml, which writes it), "
+            "or start Stage-2 without Stage-1 from pretrained_weights with --encoder_init pretrained (the paper's 'no Stage-1' row)."
         )
     return os.fspath(stage1_export)
 

@@ -388,13 +388,13 @@ class SpectraFlowTrainTask(BundleTrainTask):
         return options
 
     def run_single_gpu(self, request: dict[str, Any], overrides: dict[str, Any]) -> None:
-        # MONAI Label runs a bundle without its `initialize` step (init_id=None); the SpectraFlow bundles load the
-        # encoder weights there (pretrained_weights / encoder_init), so it runs here as with `monai.bundle run`
+        # the bundle's `run` list holds every step (setup, run record, encoder weights, training): MONAI Label's
+        # init_id=None skips nothing; `finalize` leaves a multi-process group
         import monai.bundle
 
         monai.bundle.run(
             run_id=request.get("run_id", "run"),
-            init_id="initialize",
+            init_id=None,
             final_id="finalize",
             meta_file=self.bundle_metadata_path,
             config_file=self.config_files,
@@ -402,8 +402,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
         )
 
     def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
-        # the bundle's train.yaml is layered over the shared Stage-2 program (configs/common_train.yaml), as the
-        # bundle's own commands layer it
+        # the bundle's configs/train.yaml is the whole Stage-2 run (checked as the bundle's commands check it)
         self.config_files = [str(f) for f in bundle_config_files(path, [os.path.basename(config)])]
         parser = ConfigParser()
         parser.read_config(self.config_files)
