@@ -207,7 +207,7 @@ def run_stage2(
 class Stage1Program:
     """SpectraFlow Stage-1, whole (Chen et al., Sec. 4.1 and 5.2): Mixed-Domain MeanFlow latent transport
     regression with the dispersive loss (L = L_MF + lambda * L_Disp, eqs. 1-5), or the mixed-domain MAE of the
-    Table 2 ablation (``objective: mae``).
+    Table 2 ablation (``stage1_objective: mae``).
 
     Mini-batches mix the training images and their masks (label maps merged into one foreground, shown as 3-channel
     images normalised like the images, never a target): each holds exactly round(mask_ratio * batch) masks. AdamW
@@ -241,6 +241,10 @@ class Stage1Program:
         progress_bar: show progress bars. Defaults to True.
         data_source, label_setup: recorded by ``repr`` (what the data are). Defaults to None.
         not_compared: further values recorded but free to change between restarts. Defaults to None.
+        prune_on_completion: a completed run keeps ``checkpoint_final.pt`` only (all a restart needs). Defaults to
+            True.
+        dispersive_loss: a callable that replaces the dispersive loss the settings describe (a research hook; the
+            run record still holds the settings). Defaults to None: ``DispersiveLoss`` of the settings.
     """
 
     def __init__(
@@ -266,6 +270,8 @@ class Stage1Program:
         data_source: Any = None,
         label_setup: Any = None,
         not_compared: dict | None = None,
+        prune_on_completion: bool = True,
+        dispersive_loss: Any = None,
     ) -> None:
         for name, value, kind in (
             ("settings", settings, Stage1Settings), ("model", model, ModelSettings), ("data", data, DataSettings),
@@ -284,6 +290,8 @@ class Stage1Program:
         self.num_workers, self.cache_rate, self.progress_bar = num_workers, cache_rate, progress_bar
         self.data_source, self.label_setup = data_source, label_setup
         self.not_compared = dict(not_compared or {})
+        self.prune_on_completion = prune_on_completion
+        self.custom_dispersive_loss = dispersive_loss
 
     def _encoder(self, trainable: Any) -> DINOv2Encoder:
         return DINOv2Encoder(
@@ -293,22 +301,13 @@ class Stage1Program:
             model_kwargs=self.model.encoder_kwargs,
         )
 
-    def _data_loader(self) -> DataLoader:
+    def mixed_domain_collate(self) -> MixedDomainCollate:
+        """The collate that forms Stage-1's mini-batches: exactly round(mask_ratio * B) masks in each, shown as
+        3-channel images normalised like the images (label maps merged into one foreground)."""
         s = self.settings
-        dataset = CacheDataset(
-            data=list(self.datalist),
-            transform=self.preprocessing,
-            cache_rate=self.cache_rate,
-            num_workers=self.num_workers,
-            progress=self.progress_bar,
-        )
-        if dist.is_available() and dist.is_initialized():  # torchrun: each process reads its own shard
-            sampler: Any = DistributedSampler(dataset, even_divisible=True, shuffle=True)
-        else:
-            sampler = RandomSampler(dataset)
-        collate = MixedDomainCollate(
+        return MixedDomainCollate(
             mask_ratio=s.mask_ratio,
-            views=s.views,
+            views=s.stage1_views,
             keys="image",
             mask_key="label",
             domain_key="domain",
@@ -316,22 +315,39 @@ class Stage1Program:
             std=list(self.model.image_std),
             binarize=True,  # label maps (Synapse organs, 2D label_classes) -> one foreground mask
         )
+
+    def _data_loader(self) -> DataLoader:
+        s = self.settings
+        self.dataset = CacheDataset(
+            data=list(self.datalist),
+            transform=self.preprocessing,
+            cache_rate=self.cache_rate,
+            num_workers=self.num_workers,
+            progress=self.progress_bar,
+        )
+        if dist.is_available() and dist.is_initialized():  # torchrun: each process reads its own shard
+            sampler: Any = DistributedSampler(self.dataset, even_divisible=True, shuffle=True)
+        else:
+            sampler = RandomSampler(self.dataset)
+        self.mixed_domain = self.mixed_domain_collate()
         # drop_last: the dispersive loss needs >= 2 samples per batch
         return DataLoader(
-            dataset, batch_size=s.batch_size, sampler=sampler, drop_last=True, num_workers=self.num_workers,
-            collate_fn=collate,
+            self.dataset, batch_size=s.stage1_batch_size, sampler=sampler, drop_last=True, num_workers=self.num_workers,
+            collate_fn=self.mixed_domain,
         )
 
     def _trainer(self, loader: DataLoader, encoder: nn.Module, ema: nn.Module, head: nn.Module, optimizer: Any,
                  handlers: list) -> Any:
         s = self.settings
-        dispersive = DispersiveLoss(variant=s.dispersive_variant, tau=s.dispersive_tau, normalize=s.dispersive_normalize)
+        self.dispersive_loss = dispersive = self.custom_dispersive_loss or DispersiveLoss(
+            variant=s.dispersive_variant, tau=s.dispersive_tau, normalize=s.dispersive_normalize
+        )
         common = dict(
             device=self.device, max_epochs=self.epochs, train_data_loader=loader, encoder=encoder, ema_encoder=ema,
-            optimizer=optimizer, dispersive_loss=dispersive, accumulation_steps=s.accumulation_steps,
+            optimizer=optimizer, dispersive_loss=dispersive, accumulation_steps=s.stage1_accumulation_steps,
             ema_decay=s.ema_decay, train_handlers=handlers, precision=self.precision,
         )
-        if s.objective == "mae":
+        if s.stage1_objective == "mae":
             return MAEPretrainer(
                 decoder=head,
                 mae_loss=MAELoss(patch_size=encoder.patch_size, norm_pix_loss=s.mae_norm_pix_loss),
@@ -344,14 +360,16 @@ class Stage1Program:
             meanflow_loss=MeanFlowLoss(
                 ratio_unequal=s.meanflow_ratio_unequal, adaptive_p=s.meanflow_adaptive_p, adaptive_c=s.meanflow_adaptive_c
             ),
+            condition_on_domain=s.head_condition_on_domain,
             dispersive_weight=s.dispersive_weight,
             latent_norm=s.latent_norm,
             **common,
         )
 
     def _head(self, encoder: DINOv2Encoder) -> nn.Module:
+        """The MeanFlow head h(z_t, t, s) of eq. 2, or the MAE decoder."""
         s = self.settings
-        if s.objective == "mae":
+        if s.stage1_objective == "mae":
             return MAEDecoder(
                 in_channels=encoder.embed_dim,
                 patch_size=encoder.patch_size,
@@ -367,58 +385,79 @@ class Stage1Program:
             num_domains=2 if s.head_condition_on_domain else 0,
         )
 
-    def run(self) -> None:
-        """Record the run, load the encoder's starting weights, build the data and train (see the class notes)."""
-        s = self.settings
-        prepare_run(self.data.seed, folders=[self.run_dir], image_size=self.model.image_size)
+    def setup(self) -> None:
+        """The run folder and determinism, the run record (a restart of a different run stops here) and nothing
+        else: no weight is loaded and no data is read before it."""
+        prepare_run(self.data.data_seed, folders=[self.run_dir], image_size=self.model.image_size)
         record_run(
             self.run_dir,
-            settings=s,
+            settings=self.settings,
             data_settings=self.data,
             model=stage1_export_settings(self.model),
             data={"train": list(self.datalist)},
             data_source=self.data_source,
             label_setup=self.label_setup,
-            seed=self.data.seed,
+            seed=self.data.data_seed,
             precision=self.precision,
             resume=self.resume,
             not_compared={"stage1_epochs": self.epochs, "num_workers": self.num_workers, "device": self.device,
                           **self.not_compared},
         )
-        encoder, ema = self._encoder("all"), self._encoder(0)
-        initialize_encoder(encoder, encoder_init="pretrained", pretrained_weights=s.pretrained_weights)
-        head = self._head(encoder)
-        loader = self._data_loader()
-        optimizer = torch.optim.AdamW(
-            trainable_parameters([encoder, head]), lr=s.start_lr, weight_decay=s.weight_decay
+
+    def build(self, load_weights: bool = True) -> Any:
+        """Build the stage: encoder (its starting weights loaded from ``pretrained_weights`` when
+        ``load_weights``), EMA encoder, head, data, optimizer and schedule, handlers, trainer and the contents of a
+        resumable checkpoint; each is kept as an attribute of the same name (``encoder``, ``ema_encoder``,
+        ``head``, ``dataset``, ``mixed_domain``, ``data_loader``, ``optimizer``, ``lr_scheduler``,
+        ``dispersive_loss``, ``trainer``, ``checkpoint``). Returns the trainer."""
+        s = self.settings
+        self.encoder, self.ema_encoder = self._encoder("all"), self._encoder(0)
+        if load_weights:
+            initialize_encoder(self.encoder, encoder_init="pretrained", pretrained_weights=s.pretrained_weights)
+        self.head = self._head(self.encoder)
+        self.data_loader = self._data_loader()
+        self.optimizer = torch.optim.AdamW(
+            trainable_parameters([self.encoder, self.head]), lr=s.stage1_start_lr, weight_decay=s.stage1_weight_decay
         )
-        lr_scheduler = linear_lr_schedule(
-            optimizer, total_steps=total_iterations(self.epochs, loader), start_lr=s.start_lr, end_lr=s.end_lr
+        self.lr_scheduler = linear_lr_schedule(
+            self.optimizer, total_steps=total_iterations(self.epochs, self.data_loader), start_lr=s.stage1_start_lr,
+            end_lr=s.stage1_end_lr,
         )
         title = "Stage-1"
         handlers = [
             StopOnNonFiniteLoss(),
-            LrScheduleHandler(lr_scheduler=lr_scheduler, epoch_level=False, print_lr=False),
+            LrScheduleHandler(lr_scheduler=self.lr_scheduler, epoch_level=False, print_lr=False),
             StatsHandler(name="stage1", iteration_log=False, output_transform=Identity()),
             TensorBoardStatsHandler(log_dir=os.path.join(self.log_dir, "stage1"), output_transform=Identity()),
-            EncoderExportHandler(encoder=ema, path=self.export_path, epoch_level=True, settings=stage1_export_settings(self.model)),
+            EncoderExportHandler(
+                encoder=self.ema_encoder, path=self.export_path, epoch_level=True,
+                settings=stage1_export_settings(self.model),
+            ),
             EpochSummaryHandler(title=title),
             ProgressBarHandler(enabled=self.progress_bar, desc=title, keys=["meanflow_error", "loss_mae"]),
         ]
-        trainer = self._trainer(loader, encoder, ema, head, optimizer, handlers)
-        checkpoint = dict(
-            trainer.checkpoint_dict(lr_scheduler), random_state=RandomStateHandler(transforms=[self.preprocessing])
+        self.trainer = self._trainer(self.data_loader, self.encoder, self.ema_encoder, self.head, self.optimizer, handlers)
+        self.checkpoint = dict(
+            self.trainer.checkpoint_dict(self.lr_scheduler),
+            random_state=RandomStateHandler(transforms=[self.preprocessing]),
         )
+        return self.trainer
+
+    def run(self) -> None:
+        """Set up and record the run, build it and train, continuing from a checkpoint when one is chosen (see the
+        class notes)."""
+        self.setup()
+        self.build()
         saver = SafeCheckpointSaver(
             save_dir=self.run_dir,
-            save_dict=checkpoint,
+            save_dict=self.checkpoint,
             save_final=True,
             final_filename="checkpoint_final.pt",
             save_interval=self.checkpoint_interval,
             n_saved=self.checkpoints_kept,
-            prune_on_completion=True,  # a completed run keeps checkpoint_final.pt only (what a restart resumes from)
+            prune_on_completion=self.prune_on_completion,
         )
         resume_path = resume_checkpoint(
             self.run_dir, resume=self.resume, resume_from=self.resume_from, protect=[self.export_path]
         )
-        start_training(trainer, saver, checkpoint=checkpoint, resume_path=resume_path, map_location=self.device)
+        start_training(self.trainer, saver, checkpoint=self.checkpoint, resume_path=resume_path, map_location=self.device)

@@ -249,25 +249,25 @@ class DataSettings(_Settings):
         data_fraction: share of the training images used (low-data runs), in (0, 1].
         val_fraction: share of the training images held out for validation when the source has no validation
             list, in [0, 1).
-        seed: the seed of the data selection and of the run's determinism.
-        options: the bundle's own data settings (reader options, label map, case lists), recorded whole.
+        data_seed: the seed of the data selection and of the run's determinism.
+        data_options: the bundle's own data settings (reader options, label map, case lists), recorded whole.
     """
 
     dataset: str = "synthetic"
     data_list_file_path: Any = None
     data_fraction: float = 1.0
     val_fraction: float = 0.2
-    seed: int = 0
-    options: Any = None
+    data_seed: int = 0
+    data_options: Any = None
 
     def __post_init__(self) -> None:
         _number("data_fraction", self.data_fraction, 0.0, 1.0, low_open=True)
         if _number("val_fraction", self.val_fraction, 0.0, 1.0) >= 1.0:
             raise SettingError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}.")
-        _number("data_seed", self.seed, -(2**63), 2**63, integer=True)
+        _number("data_seed", self.data_seed, -(2**63), 2**63, integer=True)
         if self.data_list_file_path is not None:
             object.__setattr__(self, "data_list_file_path", str(self.data_list_file_path))
-        object.__setattr__(self, "options", _plain_value(dict(self.options or {})))
+        object.__setattr__(self, "data_options", _plain_value(dict(self.data_options or {})))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,34 +317,34 @@ class Stage2Settings(_Settings):
 @dataclasses.dataclass(frozen=True)
 class Stage1Settings(_Settings):
     """How Stage-1 pretrains (Chen et al., Sec. 4.1 and 5.2): Mixed-Domain MeanFlow + dispersive loss, or the
-    mixed-domain MAE of the Table 2 ablation (``objective: mae``).
+    mixed-domain MAE of the Table 2 ablation (``stage1_objective: mae``).
 
     Args:
         pretrained_weights: where the encoder starts: ``timm`` (the paper's DINOv2 weights) | a file | ``none``.
-        objective: one of :data:`STAGE1_OBJECTIVES`.
-        batch_size, accumulation_steps: per-process mini-batch and gradient accumulation (global batch = their
-            product times the processes; the paper: 8).
-        start_lr, end_lr, weight_decay: AdamW with a linear decay from ``start_lr`` to ``end_lr``.
+        stage1_objective: one of :data:`STAGE1_OBJECTIVES`.
+        stage1_batch_size, stage1_accumulation_steps: per-process mini-batch and gradient accumulation (global
+            batch = their product times the processes; the paper: 8).
+        stage1_start_lr, stage1_end_lr, stage1_weight_decay: AdamW with a linear decay from start to end.
         mask_ratio: share of every mini-batch shown as masks (0: image-only MeanFlow).
-        views: ``either`` (each pair as its image or its mask) | ``both``.
+        stage1_views: ``either`` (each pair as its image or its mask) | ``both``.
         dispersive_weight, dispersive_variant, dispersive_tau, dispersive_normalize: lambda and the form of eq. 4-5.
         meanflow_ratio_unequal, meanflow_adaptive_p, meanflow_adaptive_c: MeanFlow's time sampling and weight.
         ema_decay: the exported encoder's EMA.
         head_hidden_channels, head_num_blocks, head_condition_on_domain: the MeanFlow head.
         latent_norm: per-token normalisation of z0 (an extension of eq. 1).
         mae_mask_ratio, mae_norm_pix_loss, mae_decoder_hidden_size, mae_decoder_num_layers, mae_decoder_num_heads,
-            mae_dispersive_weight: the MAE objective's (read with ``objective: mae`` only).
+            mae_dispersive_weight: the MAE objective's (read with ``stage1_objective: mae`` only).
     """
 
     pretrained_weights: Any = "timm"
-    objective: str = "meanflow"
-    batch_size: int = 8
-    accumulation_steps: int = 1
-    start_lr: float = 1e-5
-    end_lr: float = 1e-6
-    weight_decay: float = 0.05
+    stage1_objective: str = "meanflow"
+    stage1_batch_size: int = 8
+    stage1_accumulation_steps: int = 1
+    stage1_start_lr: float = 1e-5
+    stage1_end_lr: float = 1e-6
+    stage1_weight_decay: float = 0.05
     mask_ratio: float = 0.5
-    views: str = "either"
+    stage1_views: str = "either"
     dispersive_weight: float = 0.4
     dispersive_variant: str = "infonce_l2"
     dispersive_tau: float = 0.5
@@ -365,13 +365,13 @@ class Stage1Settings(_Settings):
     mae_dispersive_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        _choice("stage1_objective", self.objective, STAGE1_OBJECTIVES)
-        _choice("stage1_views", self.views, ("either", "both"))
-        _number("stage1_batch_size", self.batch_size, 2, integer=True)
-        _number("stage1_accumulation_steps", self.accumulation_steps, 1, integer=True)
-        _number("stage1_start_lr", self.start_lr, 0.0, low_open=True)
-        _number("stage1_end_lr", self.end_lr)
-        _number("stage1_weight_decay", self.weight_decay)
+        _choice("stage1_objective", self.stage1_objective, STAGE1_OBJECTIVES)
+        _choice("stage1_views", self.stage1_views, ("either", "both"))
+        _number("stage1_batch_size", self.stage1_batch_size, 2, integer=True)
+        _number("stage1_accumulation_steps", self.stage1_accumulation_steps, 1, integer=True)
+        _number("stage1_start_lr", self.stage1_start_lr, 0.0, low_open=True)
+        _number("stage1_end_lr", self.stage1_end_lr)
+        _number("stage1_weight_decay", self.stage1_weight_decay)
         _number("mask_ratio", self.mask_ratio, 0.0, 1.0)
         _number("dispersive_weight", self.dispersive_weight)
         _number("meanflow_ratio_unequal", self.meanflow_ratio_unequal, 0.0, 1.0)

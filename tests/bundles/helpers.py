@@ -12,7 +12,6 @@ import torch
 from monai.bundle import ConfigParser
 from monai.bundle import run as bundle_run
 
-from spectraflow_monai.utils.bundles import LAYERED_OVER, bundle_config_files
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "bundles" / "schema" / "meta_schema_20240725.json")
@@ -25,17 +24,10 @@ def config_paths(bundle: str) -> dict[str, str]:
 
 
 def layered(config_file) -> list[str]:
-    """The files a run of ``config_file`` (a bundle config path or a list of them) layers, as
-    :func:`spectraflow_monai.utils.bundles.bundle_config_files` layers config names: a bundle's ``configs/train.yaml``
-    comes after the shared Stage-2 program it is layered over, ``configs/common_train.yaml``."""
+    """The files of a run of ``config_file`` (a bundle config path or a list of them), as a list: each bundle folder
+    stands alone, ``configs/train.yaml`` first."""
     files = [config_file] if isinstance(config_file, (str, os.PathLike)) else list(config_file)
-    out: list[str] = []
-    for f in map(Path, files):
-        if f.name in LAYERED_OVER and f.parent.name == "configs":
-            out += [str(p) for p in bundle_config_files(f.parent.parent, [f.name])]
-        else:
-            out.append(str(f))
-    return out
+    return [str(f) for f in files]
 
 
 def run_bundle(config_file, meta_file: str, **override) -> None:
@@ -76,10 +68,24 @@ def parse_config(config_file, **override) -> ConfigParser:
     return parser
 
 
+def stage1_program(parser: ConfigParser, load_weights: bool = False):
+    """The bundle's Stage-1 program (``stage1``, :class:`~spectraflow_monai.apps.stages.Stage1Program`) with its
+    parts built (``encoder``, ``head``, ``data_loader``, ``mixed_domain``, ``trainer``, ...), without a run record;
+    the encoder's starting weights are loaded only with ``load_weights``."""
+    program = parser.get_parsed_content("stage1")
+    program.build(load_weights=load_weights)
+    return program
+
+
 def _run_initialize(parser: ConfigParser) -> None:
-    """The bundle's ``initialize`` list, evaluated as ``monai.bundle run`` does before ``run``."""
-    for i in range(len(parser["initialize"])):
-        parser.get_parsed_content(f"initialize::{i}")
+    """The steps of a run before its work: the ``initialize`` list (inference), or every step of the ``run`` list
+    but the last (training and evaluation: setup, run record, encoder weights; the last step trains or evaluates)."""
+    if "initialize" in parser:
+        steps = [f"initialize::{i}" for i in range(len(parser["initialize"]))]
+    else:
+        steps = [f"run::{i}" for i in range(len(parser["run"]) - 1)]
+    for step in steps:
+        parser.get_parsed_content(step)
 
 
 def assert_evaluation_skips_encoder_weights(train_config: str, evaluate_config: str, root: Path) -> None:
@@ -206,9 +212,9 @@ def tiny_2d_settings(image_size: int, device: str) -> dict:
 
 
 def run_workflow(parser: ConfigParser) -> None:
-    """The config's ``initialize`` then ``run`` lists, evaluated as ``monai.bundle run`` does."""
+    """The config's ``initialize`` (when it has one) then ``run`` lists, evaluated as ``monai.bundle run`` does."""
     for section in ("initialize", "run"):
-        for i in range(len(parser[section])):
+        for i in range(len(parser[section]) if section in parser else 0):
             parser.get_parsed_content(f"{section}::{i}")
 
 

@@ -83,10 +83,11 @@ def test_stage1_one_epoch_bf16_on_cpu(tmp_path, precision_log):
         head_num_blocks=1,
         **TINY,
     )
-    trainer = parser.get_parsed_content("stage1#trainer")
+    program = parser.get_parsed_content("stage1")
+    trainer = program.build(load_weights=False)
     assert trainer.amp and trainer._autocast_kwargs["dtype"] == torch.bfloat16 and trainer.scaler is None
-    dtypes = record_output_dtypes(parser.get_parsed_content("stage1#encoder").vit.blocks[0].attn.qkv)
-    run_workflow(parser)
+    dtypes = record_output_dtypes(program.encoder.vit.blocks[0].attn.qkv)
+    trainer.run()
     assert torch.bfloat16 in dtypes  # the encoder's linear layers ran under CPU autocast
     assert any(r.getMessage().startswith("precision: bf16") for r in precision_log.records), precision_log.text
     out = trainer.state.output
@@ -132,5 +133,5 @@ def test_fp32_leaves_autocast_off(tmp_path):
     )
     resolved = parser.get_parsed_content("resolved_precision")
     assert resolved.name == "fp32" and not resolved.autocast
-    assert parser.get_parsed_content("amp") is False
-    assert parser.get_parsed_content("amp_kwargs") == {"dtype": torch.float32}
+    assert parser.get_parsed_content("train#trainer#amp") is False
+    assert parser.get_parsed_content("train#trainer#amp_kwargs") == {"dtype": torch.float32}

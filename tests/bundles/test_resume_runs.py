@@ -104,7 +104,7 @@ def test_stage1_killed_mid_epoch_resumes_to_the_same_weights(tmp_path, data_dir)
     ref, run = tmp_path / "ref", tmp_path / "run"
     # the epoch checkpoints stay after completion here, so that their count across the restart can be checked (the
     # bundle's default removes them once checkpoint_final.pt is written: test_spectraflow_2d_bundle)
-    args = {**STAGE1_ARGS, "stage1#checkpoint_saver#prune_on_completion": False}
+    args = {**STAGE1_ARGS, "stage1#prune_on_completion": False}
     rc, out = _run([TRAIN, STAGE1], _settings(ref, data_dir, **args), ref, "ref")
     assert rc == 0, out[-4000:]
 
@@ -148,7 +148,8 @@ def test_stage2_nan_loss_exits_nonzero_and_keeps_model_pt(tmp_path, data_dir):
 def test_stage1_nan_loss_exits_nonzero_and_keeps_the_export(tmp_path, data_dir):
     iterations = NUM_TRAIN // 2
     patch = tmp_path / "nan_loss.yaml"
-    patch.write_text(f'stage1#trainer#dispersive_loss: "{_nan_after(iterations, "@stage1#dispersive_loss", "x")}"\n')
+    loss = "spectraflow_monai.losses.DispersiveLoss(normalize='dim')"
+    patch.write_text(f'stage1#dispersive_loss: "{_nan_after(iterations, loss, "x")}"\n')
     rc, out = _run([TRAIN, STAGE1, str(patch)], _settings(tmp_path, data_dir, **STAGE1_ARGS), tmp_path, "nan")
     assert rc != 0
     last = out.strip().splitlines()[-1]

@@ -317,7 +317,7 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
         "--pretrained_weights", "none",
     ]  # fmt: skip
     stage1_log = _torchrun(
-        ["configs/common_train.yaml", "configs/train.yaml", "configs/train_stage1.yaml",
+        ["configs/train.yaml", "configs/train_stage1.yaml",
          "configs/multi_gpu_train.yaml"],
         args + ["--stage1_epochs", "1", "--stage1_batch_size", "2", "--head_hidden_channels", "32",
                 "--head_num_blocks", "1"],
@@ -333,7 +333,7 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
     assert not (root / "models" / "stage2").exists()
     assert len(PRECISION_LINE.findall(stage1_log)) == 2 and "process group: rank 1 of 2 (gloo)" in stage1_log
     stage2_log = _torchrun(
-        ["configs/common_train.yaml", "configs/train.yaml", "configs/multi_gpu_train.yaml"],
+        ["configs/train.yaml", "configs/multi_gpu_train.yaml"],
         args + ["--max_epochs", "1", "--batch_size", "2", "--val_batch_size", "2"],
         BUNDLE,
     )

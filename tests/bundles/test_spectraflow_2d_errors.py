@@ -44,7 +44,7 @@ def test_last_output_line_names_the_file_and_the_problem(tmp_path):
     base = _tiny_kvasir(tmp_path / "kvasir")
     cmd = [
         sys.executable, "-m", "monai.bundle", "run",
-        "--config_file", "['configs/common_train.yaml','configs/train.yaml']",
+        "--config_file", "['configs/train.yaml']",
         "--bundle_root", str(tmp_path / "b"), "--dataset", "kvasir", "--dataset_dir", str(tmp_path / "kvasir"),
         "--image_size", "28", "--encoder_kwargs", "{'depth': 2}", "--num_workers", "0",
         "--encoder_init", "pretrained", "--pretrained_weights", "none",  # no Stage-1 export, no hub here

@@ -124,7 +124,7 @@ def test_a_refused_setting_leaves_its_traceback_in_the_runs_log_folder(tmp_path)
 
     cmd = [
         sys.executable, "-m", "monai.bundle", "run",
-        "--config_file", "['configs/common_train.yaml','configs/train.yaml']",
+        "--config_file", "['configs/train.yaml']",
         "--bundle_root", str(tmp_path / "run"), "--num_classes", "1", "--class_names", "['background']",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=CONFIGS.parent, capture_output=True, text=True, timeout=300)

@@ -1,5 +1,4 @@
-"""The 2D bundle's mixed-domain MAE Stage-1 override (``configs/train_stage1_mae.yaml``, SpectraFlow Table 2 baseline)
-end to end on tiny synthetic data: Stage-1 with the override, then Stage-2, which loads the MAE encoder export."""
+"""The 2D bundle's mixed-domain MAE Stage-1 (``--stage1_objective mae``, SpectraFlow Table 2 baseline) end to end on tiny synthetic data: Stage-1 with the override, then Stage-2, which loads the MAE encoder export."""
 
 from __future__ import annotations
 
@@ -12,12 +11,12 @@ from monai.utils import set_determinism
 
 from spectraflow_monai.engines import MAEPretrainer
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder
-from tests.bundles.helpers import load_weights, parse_config, run_bundle
+from tests.bundles.helpers import load_weights, parse_config, run_bundle, stage1_program
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "bundles" / "spectraflow_2d_segmentation" / "configs"
 TRAIN = str(CONFIGS / "train.yaml")
-STAGE1 = [TRAIN, str(CONFIGS / "train_stage1.yaml"), str(CONFIGS / "train_stage1_mae.yaml")]
+STAGE1 = [TRAIN, str(CONFIGS / "train_stage1.yaml")]
 META = str(CONFIGS / "metadata.json")
 IMAGE_SIZE, DEPTH, NUM_TRAIN, BATCH = 56, 2, 8, 4
 
@@ -36,6 +35,7 @@ def test_mae_stage1_then_stage2(tmp_path):
         "encoder_kwargs": {"depth": DEPTH},
     }
     stage1 = {
+        "stage1_objective": "mae",
         "stage1_epochs": 1,
         "stage1_batch_size": BATCH,
         "mae_decoder_hidden_size": 32,
@@ -45,11 +45,10 @@ def test_mae_stage1_then_stage2(tmp_path):
         "stage1_end_lr": 1e-4,
         "ema_decay": 0.5,
     }
-    # the override replaces the Stage-1 trainer and head only
-    parser = parse_config(STAGE1, **common, **stage1)
-    assert isinstance(parser.get_parsed_content("stage1#head"), MAEDecoder)
-    assert parser.get_parsed_content("stage1#trainer").mask_ratio == 0.75
-    assert isinstance(parser.get_parsed_content("stage1#trainer"), MAEPretrainer)
+    # the objective replaces the Stage-1 trainer and head only
+    program = stage1_program(parse_config(STAGE1, **common, **stage1))
+    assert isinstance(program.head, MAEDecoder)
+    assert program.trainer.mask_ratio == 0.75 and isinstance(program.trainer, MAEPretrainer)
 
     run_bundle(STAGE1, META, **common, **stage1)
     record = json.loads((tmp_path / "models" / "stage1" / "run_record.json").read_text())
@@ -71,7 +70,7 @@ def test_mae_stage1_then_stage2(tmp_path):
     assert [e.step for e in acc.Scalars("loss_mae")] == list(range(1, NUM_TRAIN // BATCH + 1))
     assert (tmp_path / "models" / "stage1" / "checkpoint_final.pt").is_file()
 
-    # Stage-2 (train.yaml after its `initialize` step, default encoder_init: stage1) starts from the MAE export
+    # Stage-2 (train.yaml after its encoder_initialization step, default encoder_init: stage1) starts from the MAE export
     set_determinism(seed=0)
     parser = parse_config(TRAIN, **common)
     parser.get_parsed_content("encoder_initialization")

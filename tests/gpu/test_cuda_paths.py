@@ -52,13 +52,14 @@ def test_stage1_epoch_on_cuda(tmp_path, precision):
         head_num_blocks=1,
         **TINY,
     )
-    trainer = parser.get_parsed_content("stage1#trainer")
+    program = parser.get_parsed_content("stage1")
+    trainer = program.build(load_weights=False)
     assert trainer.amp and trainer._autocast_kwargs["dtype"] == HALF[precision]
     assert (trainer.scaler is not None) == (precision == "fp16")  # float16 needs its gradient scaler
-    encoder = parser.get_parsed_content("stage1#encoder")
+    encoder = program.encoder
     assert next(encoder.parameters()).device.type == "cuda"
     dtypes = record_output_dtypes(encoder.vit.blocks[0].attn.qkv)
-    run_workflow(parser)
+    trainer.run()
     assert HALF[precision] in dtypes  # the encoder's linear layers ran under CUDA autocast
     out = trainer.state.output
     for key in ("loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"):
@@ -76,7 +77,7 @@ def test_stage1_resumes_on_cuda(tmp_path):
     run_workflow(parse_config(configs, stage1_epochs=1, **settings))
     parser = parse_config(configs, stage1_epochs=2, **settings)
     run_workflow(parser)
-    trainer = parser.get_parsed_content("stage1#trainer")
+    trainer = parser.get_parsed_content("stage1").trainer
     assert trainer.state.epoch == 2 and trainer.state.iteration == 2 * trainer.state.epoch_length
     assert_float32_state(load_weights(tmp_path / "models" / "encoder_stage1.pt"))
 

@@ -3,6 +3,7 @@ a model file (the bundles use them end to end in tests/bundles/test_run_records.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -12,6 +13,7 @@ import torch
 from spectraflow_monai.utils import SettingError
 from spectraflow_monai.utils.run_record import (
     RECORD_FILE,
+    RECORD_FORMAT,
     ModelRecord,
     check_model_settings,
     data_fingerprint,
@@ -19,6 +21,7 @@ from spectraflow_monai.utils.run_record import (
     record_run,
     write_model_settings,
 )
+from spectraflow_monai.utils.settings import IMAGENET_MEAN, DataSettings, ModelSettings, Stage2Settings
 
 
 def _datalist(folder, sizes):
@@ -50,7 +53,7 @@ def test_fingerprint_follows_the_files_not_their_folder(tmp_path):
         ({"model": {"image_size": 448}}, "model.image_size: recorded 224, now 448"),
         ({"seed": 3}, "seed: recorded 0, now 3"),
         ({"precision": "bf16"}, "precision: recorded 'fp32', now 'bf16'"),
-        ({"data_settings": {"label_map": {"2": 1}}}, "settings.label_map.2: recorded '<not set>', now 1"),
+        ({"data_settings": {"label_map": {"2": 1}}}, "settings.data.label_map.2: recorded '<not set>', now 1"),
     ],
 )
 def test_a_restart_that_differs_is_named(tmp_path, change, named):
@@ -71,12 +74,50 @@ def test_a_restart_that_differs_is_named(tmp_path, change, named):
 
 
 def test_data_settings_are_recorded_with_the_settings(tmp_path):
-    """A bundle's own data settings join the shared settings in the record; one name cannot have two values."""
+    """The run's data settings are recorded under settings.data, beside the stage's settings."""
     record_run(tmp_path / "run", {"learning_rate": 1}, data_settings={"hu_window": [-125, 275]})
     record = json.loads((tmp_path / "run" / RECORD_FILE).read_text())
-    assert record["settings"] == {"learning_rate": 1, "hu_window": [-125, 275]}
-    with pytest.raises(SettingError, match="data_settings 'learning_rate' = 2 contradicts settings 'learning_rate' = 1"):
-        record_run(tmp_path / "other", {"learning_rate": 1}, data_settings={"learning_rate": 2})
+    assert record["settings"] == {"learning_rate": 1, "data": {"hu_window": [-125, 275]}}
+
+
+def test_settings_objects_are_recorded_whole(tmp_path):
+    """The record is the settings objects written whole: every field, nothing listed by hand."""
+    stage2, data, model = Stage2Settings(learning_rate=0.01), DataSettings(dataset="kvasir"), ModelSettings(
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.25, 0.25])
+    record_run(tmp_path / "run", stage2, data_settings=data, model=model)
+    record = json.loads((tmp_path / "run" / RECORD_FILE).read_text())
+    assert record["settings"] == {**stage2.to_dict(), "data": data.to_dict()}
+    assert record["model"] == model.to_dict() and record["model"]["image_mean"] == [0.5, 0.5, 0.5]
+    assert set(record["settings"]) == {f.name for f in dataclasses.fields(Stage2Settings)} | {"data"}
+    assert record["format"] == RECORD_FORMAT
+    torch.save({}, tmp_path / "run" / "checkpoint_epoch=1.pt")
+    with pytest.raises(SettingError, match=r"model.image_std: recorded \[0.25, 0.25, 0.25\], now \[0.229, 0.224, 0.225\]"):
+        record_run(tmp_path / "run", stage2, data_settings=data, model=ModelSettings(image_mean=[0.5, 0.5, 0.5]))
+
+
+def test_a_record_of_an_earlier_format_is_refused_in_one_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / RECORD_FILE).write_text(json.dumps({"settings": {}, "spectraflow_monai": "0.0.9"}))
+    torch.save({}, tmp_path / "run" / "checkpoint_epoch=1.pt")
+    with pytest.raises(SettingError) as info:
+        record_run(tmp_path / "run", Stage2Settings())
+    assert "earlier record format" in str(info.value) and "--resume false" in str(info.value)
+    assert "\n" not in str(info.value)
+    record_run(tmp_path / "run", Stage2Settings(), resume=False)  # starting over is allowed
+
+
+def test_model_record_reads_the_normalisation(tmp_path, caplog):
+    """A model trained with its own image_mean / image_std is read back with them; an earlier record without them
+    reads as ImageNet's, with a warning."""
+    model = tmp_path / "model.pt"
+    torch.save({}, model)
+    write_model_settings(model, ModelSettings(image_mean=[0.1, 0.2, 0.3], image_std=[0.4, 0.5, 0.6]))
+    record = ModelRecord(model)
+    assert (record.image_mean, record.image_std) == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
+    assert record.settings == ModelSettings(image_mean=[0.1, 0.2, 0.3], image_std=[0.4, 0.5, 0.6])
+    write_model_settings(model, {"image_size": 56, "num_classes": 9})  # written by an earlier version
+    record = ModelRecord(model)
+    assert record.image_mean == IMAGENET_MEAN and record.out_channels == 9 and "ImageNet" in caplog.text
 
 
 def test_without_a_checkpoint_a_new_run_replaces_the_record(tmp_path):

@@ -1,0 +1,113 @@
+"""Each bundle folder stands alone, as model-zoo bundles do: ``configs/train.yaml`` is the whole Stage-2 run,
+Stage-1, evaluation and multi-GPU layer at most one more file after it, and no file is a link or a fragment. The
+program both bundles share is Python (:mod:`spectraflow_monai.apps.stages`); the configs build one object of each
+settings kind from their values."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from monai.bundle import ConfigParser
+
+from spectraflow_monai.utils.bundles import bundle_config_files
+from spectraflow_monai.utils.settings import DataSettings, ModelSettings, Stage1Settings, Stage2Settings
+
+BUNDLES = Path(__file__).resolve().parents[2] / "bundles"
+TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"
+# the runs of each bundle (config names, as their READMEs list them)
+RUNS = {
+    TWO_D: [
+        ["train.yaml"], ["train.yaml", "train_stage1.yaml"], ["train.yaml", "evaluate.yaml"],
+        ["train.yaml", "unet_baseline.yaml"], ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"],
+        ["train.yaml", "multi_gpu_train.yaml"], ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
+        ["inference.yaml"],
+    ],
+    SYNAPSE: [
+        ["train.yaml"], ["train.yaml", "train_stage1.yaml"], ["train.yaml", "evaluate.yaml"],
+        ["train.yaml", "paper_protocol.yaml"], ["train.yaml", "paper_protocol.yaml", "train_stage1.yaml"],
+        ["train.yaml", "multi_gpu_train.yaml"], ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
+        ["inference.yaml"],
+    ],
+}  # fmt: skip
+REFERENCE = re.compile(r"@([A-Za-z_][\w#]*)")
+SETTINGS = {
+    "model_settings": ModelSettings, "data_settings": DataSettings, "stage1_settings": Stage1Settings,
+    "stage2_settings": Stage2Settings,
+}  # fmt: skip
+
+
+def _lookup(config, key: str):
+    node = config
+    for part in key.split("#"):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return KeyError
+    return node
+
+
+def _references(node) -> set[str]:
+    if isinstance(node, str):
+        return set(REFERENCE.findall(node))
+    if isinstance(node, dict):
+        return set().union(*(_references(v) for v in node.values())) if node else set()
+    if isinstance(node, list):
+        return set().union(*(_references(v) for v in node)) if node else set()
+    return set()
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+def test_a_bundle_folder_holds_plain_files_only(bundle):
+    """No symbolic links: a copied or zipped folder, or a clone without core.symlinks, is the whole bundle."""
+    links = [p for p in (BUNDLES / bundle).rglob("*") if p.is_symlink()]
+    assert not links, links
+    assert not (BUNDLES / "common").exists()
+
+
+@pytest.mark.parametrize("bundle,configs", [(b, c) for b, runs in RUNS.items() for c in runs])
+def test_every_reference_resolves_in_each_run(bundle, configs):
+    """Every ``@id`` of a run's configs names an id the run defines, and no config patches a key (``a#b``) of
+    another file but train.yaml."""
+    parser = ConfigParser()
+    parser.read_config([str(f) for f in bundle_config_files(BUNDLES / bundle, configs)])
+    config = parser.get()
+    missing = sorted(r for r in _references(config) if _lookup(config, r) is KeyError)
+    assert not missing, f"{bundle} {configs}: undefined references {missing}"
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+@pytest.mark.parametrize("name", ["train.yaml", "inference.yaml"])
+def test_standalone_configs_patch_nothing(bundle, name):
+    """The configs that run alone define whole items (no ``a#b`` key that needs another file)."""
+    with open(BUNDLES / bundle / "configs" / name) as f:
+        keys = yaml.safe_load(f)
+    assert not [k for k in keys if "#" in k], name
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+@pytest.mark.parametrize("key, kind", list(SETTINGS.items()))
+def test_each_settings_object_takes_every_field_from_the_config(bundle, key, kind):
+    """train.yaml builds each settings object from its values, every field given (none left to a default the config
+    does not show), and the objects build from the bundle's defaults."""
+    with open(BUNDLES / bundle / "configs" / "train.yaml") as f:
+        config = yaml.safe_load(f)
+    given = set(config[key]) - {"_target_"}
+    assert given == {f.name for f in dataclasses.fields(kind)}, sorted(given ^ {f.name for f in dataclasses.fields(kind)})
+    parser = ConfigParser(config)
+    parser.update({"encoder_kwargs": {"depth": 2}, "image_size": 28})
+    built = parser.get_parsed_content(key)
+    assert isinstance(built, kind)
+
+
+def test_the_stage1_and_multi_gpu_configs_are_references_only():
+    """What both bundles share is Python: their Stage-1 and multi-GPU files hold references, no program."""
+    for name in ("train_stage1.yaml", "multi_gpu_train.yaml"):
+        texts = [(BUNDLES / b / "configs" / name).read_text() for b in (TWO_D, SYNAPSE)]
+        lines = [ln for ln in texts[0].splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        assert len(lines) <= 30, (name, len(lines))
