@@ -139,7 +139,7 @@ def part_agreement(args, bf16) -> None:
     state = state.get("model", state) if isinstance(state, dict) else state
     net.load_state_dict(state)
     datalist = build_datalist(args.dataset, args.data, "val", check_images=False, check_masks=False)
-    loader = DataLoader(Dataset(datalist, parser.get_parsed_content("validate#preprocessing")), batch_size=args.batch)
+    loader = DataLoader(Dataset(datalist, parser.get_parsed_content("evaluate#preprocessing")), batch_size=args.batch)
     agree = total = 0
     dice = {"fp32": [], "bf16": []}
     t = {"fp32": 0.0, "bf16": 0.0}

@@ -193,7 +193,9 @@ def run_stage2(
         "random_state": RandomStateHandler(transforms=[preprocessing]),
         "trainer": trainer,
     }
-    saver = SafeCheckpointSaver(save_dir=os.fspath(run_dir), save_dict=checkpoint, save_interval=1, n_saved=checkpoints_kept)
+    saver = SafeCheckpointSaver(
+        save_dir=os.fspath(run_dir), save_dict=checkpoint, save_interval=1, n_saved=checkpoints_kept
+    )
     start_training(
         trainer,
         saver,
@@ -358,7 +360,9 @@ class Stage1Program:
         return MeanFlowPretrainer(
             head=head,
             meanflow_loss=MeanFlowLoss(
-                ratio_unequal=s.meanflow_ratio_unequal, adaptive_p=s.meanflow_adaptive_p, adaptive_c=s.meanflow_adaptive_c
+                ratio_unequal=s.meanflow_ratio_unequal,
+                adaptive_p=s.meanflow_adaptive_p,
+                adaptive_c=s.meanflow_adaptive_c,
             ),
             condition_on_domain=s.head_condition_on_domain,
             dispersive_weight=s.dispersive_weight,
@@ -436,7 +440,9 @@ class Stage1Program:
             EpochSummaryHandler(title=title),
             ProgressBarHandler(enabled=self.progress_bar, desc=title, keys=["meanflow_error", "loss_mae"]),
         ]
-        self.trainer = self._trainer(self.data_loader, self.encoder, self.ema_encoder, self.head, self.optimizer, handlers)
+        self.trainer = self._trainer(
+            self.data_loader, self.encoder, self.ema_encoder, self.head, self.optimizer, handlers
+        )
         self.checkpoint = dict(
             self.trainer.checkpoint_dict(self.lr_scheduler),
             random_state=RandomStateHandler(transforms=[self.preprocessing]),
@@ -460,4 +466,6 @@ class Stage1Program:
         resume_path = resume_checkpoint(
             self.run_dir, resume=self.resume, resume_from=self.resume_from, protect=[self.export_path]
         )
-        start_training(self.trainer, saver, checkpoint=self.checkpoint, resume_path=resume_path, map_location=self.device)
+        start_training(
+            self.trainer, saver, checkpoint=self.checkpoint, resume_path=resume_path, map_location=self.device
+        )

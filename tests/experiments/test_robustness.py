@@ -77,12 +77,12 @@ def test_evaluate_config_corrupts_images_before_normalisation(corruption):
     bundle = bundle_path("spectraflow_2d_segmentation")
     settings = {"corruption": corruption, "corruption_severity": 3}
     parser = bundle_parser(bundle, ["train.yaml", "evaluate.yaml"], settings)
-    names = [type(t).__name__ for t in parser.get_parsed_content("validate#preprocessing").transforms]
+    names = [type(t).__name__ for t in parser.get_parsed_content("evaluate#preprocessing").transforms]
     if corruption is None:
         assert "Corruptiond" not in names
     else:
         assert names[names.index("Resized") + 1 : names.index("NormalizeIntensityd")] == ["Corruptiond"]
-        corrupt = parser.get_parsed_content("validate#preprocessing").transforms[names.index("Corruptiond")]
+        corrupt = parser.get_parsed_content("evaluate#preprocessing").transforms[names.index("Corruptiond")]
         assert corrupt.corrupter.kind == corruption and corrupt.corrupter.severity == 3
 
 

@@ -65,7 +65,7 @@ def test_request_precision_becomes_the_bundle_setting(served, monkeypatch):
 
     def run_single_gpu(request, overrides):  # records the setting; the run's "best model" is the served one
         seen.append(overrides["precision"])
-        shutil.copy(os.path.join(task.bundle_path, "models", "model.pt"), overrides["validate#model_saver#save_dir"])
+        shutil.copy(os.path.join(task.bundle_path, "models", "model.pt"), os.path.dirname(overrides["model_path"]))
 
     monkeypatch.setattr(task, "run_single_gpu", run_single_gpu)
     base = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.0}

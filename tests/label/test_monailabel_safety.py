@@ -142,24 +142,18 @@ def test_server_runs_its_own_copy_of_each_bundle(tmp_path):
     assert Path(app._trainers[NAME_2D].bundle_path) == copy and Path(app._infers[NAME_2D].bundle_path) == copy
     installed = bundles / NAME_2D / "configs"
     assert sorted(p.name for p in (copy / "configs").iterdir()) == sorted(p.name for p in installed.iterdir())
-    # the configs both bundles share are links in the repository; the copy holds their contents, and training layers
-    # the copy's train.yaml over its shared program
-    repo_configs = REPO / "bundles" / NAME_2D / "configs"
-    for name in ("common_train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"):
-        assert (repo_configs / name).is_symlink() and not (copy / "configs" / name).is_symlink()
-        assert (copy / "configs" / name).read_bytes() == (repo_configs / name).read_bytes()
-    layers = [str(copy / "configs" / "common_train.yaml"), str(copy / "configs" / "train.yaml")]
-    assert app._trainers[NAME_2D].config_files == layers
-    assert app._trainers[NAME_2D].bundle_config["train#trainer#_target_"] == "SupervisedTrainer"  # from the shared file
+    # the copy's configs/train.yaml is the whole Stage-2 run, as in the repository
+    assert app._trainers[NAME_2D].config_files == [str(copy / "configs" / "train.yaml")]
+    assert app._trainers[NAME_2D].bundle_config["train#trainer#_target_"] == "SupervisedTrainer"
     # the copy is changed behind the server's back; the next start restores its configs
     (copy / "configs" / "train.yaml").write_text("imports: ['$print(1)']\n")
     (copy / "configs" / "extra.yaml").write_text("x: 1\n")
-    (copy / "configs" / "common_train.yaml").write_text("imports: ['$print(2)']\n")
+    (copy / "configs" / "train_stage1.yaml").write_text("imports: ['$print(2)']\n")
     (copy / "models" / "model.pt").write_bytes((copy / "models" / "model.pt").read_bytes())  # "trained"
     trained = (copy / "models" / "model.pt").stat().st_mtime_ns
     _app(bundles, studies, models=NAME_2D)
     assert (copy / "configs" / "train.yaml").read_bytes() == (installed / "train.yaml").read_bytes()
-    assert (copy / "configs" / "common_train.yaml").read_bytes() == (installed / "common_train.yaml").read_bytes()
+    assert (copy / "configs" / "train_stage1.yaml").read_bytes() == (installed / "train_stage1.yaml").read_bytes()
     assert not (copy / "configs" / "extra.yaml").exists()
     assert (copy / "models" / "model.pt").stat().st_mtime_ns == trained
 

@@ -341,9 +341,8 @@ class SpectraFlowTrainTask(BundleTrainTask):
         os.makedirs(run_dir)
         self._request_overrides.update(
             {
-                "stage2_dir": os.path.join(run_dir, "checkpoints"),
-                "validate#model_saver#save_dir": run_dir,
-                "train#resume_path": "$None",  # (a None override would be dropped by monai.bundle.run)
+                "stage2_dir": os.path.join(run_dir, "checkpoints"),  # a new folder: nothing to resume
+                "model_path": os.path.join(run_dir, DEFAULT_WEIGHTS),  # the run's best model, promoted when done
             }
         )
         self.bundle_config[self.const.key_train_handlers()] = copy.deepcopy(self._train_handlers)
@@ -357,7 +356,8 @@ class SpectraFlowTrainTask(BundleTrainTask):
 
     def promote(self, run_dir: str) -> None:
         """Replace the served ``models/model.pt`` with the best model of the run in ``run_dir`` (atomically: the
-        inference task reloads it at its next request).
+        inference task reloads it at its next request), its settings record ``model.json`` first (inference reads
+        the model's normalisation and size from it).
 
         Raises:
             RuntimeError: the run saved no model (no validation pair, or no finite validation score); the served
@@ -373,6 +373,9 @@ class SpectraFlowTrainTask(BundleTrainTask):
         served = os.path.join(self.bundle_path, "models", DEFAULT_WEIGHTS)
         os.makedirs(os.path.dirname(served), exist_ok=True)
         replaced = os.path.isfile(served)
+        record = os.path.splitext(best)[0] + ".json"  # the settings the model was trained with (model.json)
+        if os.path.isfile(record):
+            os.replace(record, os.path.splitext(served)[0] + ".json")
         os.replace(best, served)
         logger.info(
             f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
