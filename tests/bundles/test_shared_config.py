@@ -23,7 +23,8 @@ RUNS = {
     TWO_D: [
         ["train.yaml"], ["train.yaml", "train_stage1.yaml"], ["train.yaml", "evaluate.yaml"],
         ["train.yaml", "train_stage1.yaml", "train_stage1_mae.yaml"], ["train.yaml", "unet_baseline.yaml"],
-        ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"], ["train.yaml", "multi_gpu_train.yaml"],
+        ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"], ["train.yaml", "unetpp_monai_baseline.yaml"],
+        ["train.yaml", "multi_gpu_train.yaml"],
         ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
     ],
     SYNAPSE: [
