@@ -312,10 +312,11 @@ def figures_markdown(result: Mapping[str, Any], scale: str, settings: Mapping[st
         "",
         "Error energy per image (pixels) by radial frequency band (cycles/pixel; `FrequencyBandError`, mode `energy`):",
         "",
-        f"| model | mDSC (%) | low {low} | mid {mid} | high {high} |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"| model | mDSC (%) | mIoU (%) | low {low} | mid {mid} | high {high} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
         *(
-            f"| {name} | {100 * result['scores'][name]['mDSC']:.2f} | " + " | ".join(f"{v:.1f}" for v in bands) + " |"
+            f"| {name} | {100 * result['scores'][name]['mDSC']:.2f} | {100 * result['scores'][name]['mIoU']:.2f} | "
+            + " | ".join(f"{v:.1f}" for v in bands) + " |"
             for name, bands in result["bands"].items()
         ),
         "",
