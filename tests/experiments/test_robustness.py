@@ -155,4 +155,5 @@ def test_tables_carry_miou_and_each_models_size(tmp_path, monkeypatch):
     assert {"mDSC", "mIoU", "hd95_monai_empty_as_diagonal", "mIoU_change", "parameters", "norm"} <= set(header)
     text = (tmp_path / "robustness.md").read_text()
     assert "| mDSC (%) | change (points) | mIoU (%) | change (points) | HD95 (px, missed = diagonal) |" in text
-    assert "| baseline (unetpp_baseline; 9.12 M parameters; BatchNorm2d) | contrast | 2 | 81.25 | +0.00 | 68.75 |" in text
+    assert "| baseline (unetpp_baseline; 9.12 M parameters; BatchNorm2d) | contrast | 2 | 81.25 | +0.00 | 68.75 |" \
+        in text  # fmt: skip
