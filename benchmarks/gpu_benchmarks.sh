@@ -45,14 +45,14 @@ kvasir_protocol() {  # Stage-1 (E1 epochs) -> Stage-2 (up to E2 epochs) -> evalu
         --num_workers "$WORKERS" --progress_bar False --pretrained_weights none
         --meta_file configs/metadata.json --logging_file configs/logging.conf $EXTRA)
     local t0=$SECONDS
-    $PY -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml','configs/train_stage1.yaml']" "${common[@]}" \
+    $PY -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${common[@]}" \
         --stage1_epochs "$E1" || return 1
     echo "stage-1: $E1 epochs in $((SECONDS - t0)) s (process start and data caching included)"
     t0=$SECONDS
-    $PY -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml']" "${common[@]}" --max_epochs "$E2" || return 1
+    $PY -m monai.bundle run --config_file configs/train.yaml "${common[@]}" --max_epochs "$E2" || return 1
     echo "stage-2: $E2 epochs in $((SECONDS - t0)) s (process start and data caching included)"
     t0=$SECONDS
-    $PY -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml','configs/evaluate.yaml']" "${common[@]}" || return 1
+    $PY -m monai.bundle run --config_file "['configs/train.yaml','configs/evaluate.yaml']" "${common[@]}" || return 1
     echo "evaluation in $((SECONDS - t0)) s"
     cat "$RUN_DIR/eval/summary.md"
 }

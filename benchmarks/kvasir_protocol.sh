@@ -17,12 +17,12 @@ COMMON=(--dataset kvasir --dataset_dir "$DATA" --progress_bar False --meta_file 
 SF=(--bundle_root "$OUT/spectraflow")
 UN=(--bundle_root "$OUT/unet")
 set -x
-time python -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml','configs/train_stage1.yaml']" "${SF[@]}" "${COMMON[@]}" --stage1_epochs "$E1"
-time python -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml']" "${SF[@]}" "${COMMON[@]}" --max_epochs "$E2"
-time python -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml','configs/evaluate.yaml']" "${SF[@]}" "${COMMON[@]}"
+time python -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${SF[@]}" "${COMMON[@]}" --stage1_epochs "$E1"
+time python -m monai.bundle run --config_file configs/train.yaml "${SF[@]}" "${COMMON[@]}" --max_epochs "$E2"
+time python -m monai.bundle run --config_file "['configs/train.yaml','configs/evaluate.yaml']" "${SF[@]}" "${COMMON[@]}"
 UNET="configs/unet_baseline.yaml"   # the bundle's own baseline override (run from the bundle folder)
-time python -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml','$UNET']" "${UN[@]}" "${COMMON[@]}" --max_epochs "$E2"
-time python -m monai.bundle run --config_file "['configs/common_train.yaml','configs/train.yaml','$UNET','configs/evaluate.yaml']" "${UN[@]}" "${COMMON[@]}"
+time python -m monai.bundle run --config_file "['configs/train.yaml','$UNET']" "${UN[@]}" "${COMMON[@]}" --max_epochs "$E2"
+time python -m monai.bundle run --config_file "['configs/train.yaml','$UNET','configs/evaluate.yaml']" "${UN[@]}" "${COMMON[@]}"
 set +x
 echo "## SpectraFlow (Stage-1 $E1 epochs, Stage-2 up to $E2 epochs)"; cat "$OUT/spectraflow/eval/summary.md"
 echo "## MONAI UNet 2D (up to $E2 epochs)"; cat "$OUT/unet/eval/summary.md"

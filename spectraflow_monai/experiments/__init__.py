@@ -1,6 +1,15 @@
 """The paper's experiments as commands (``spectraflow experiment <name>``), each a set of bundle runs."""
 
-from .ablations import ABLATIONS, Ablation, Arm, ablation_markdown, dispersive_weight_ablation, run_ablation
+from .ablations import (
+    ABLATIONS,
+    STAGE1_DECODERS,
+    Ablation,
+    Arm,
+    ablation_markdown,
+    dispersive_weight_ablation,
+    run_ablation,
+    stage2_run,
+)
 from .low_data import LOW_DATA_SCALES, low_data_markdown, run_low_data
 from .robustness import ROBUSTNESS_SCALES, robustness_markdown, run_robustness
 from .runner import EXPERIMENT_METRICS, SCALES, ExperimentRunner, read_summary, write_csv
@@ -11,6 +20,7 @@ __all__ = [
     "LOW_DATA_SCALES",
     "ROBUSTNESS_SCALES",
     "SCALES",
+    "STAGE1_DECODERS",
     "Ablation",
     "Arm",
     "ExperimentRunner",
@@ -22,5 +32,6 @@ __all__ = [
     "run_ablation",
     "run_low_data",
     "run_robustness",
+    "stage2_run",
     "write_csv",
 ]

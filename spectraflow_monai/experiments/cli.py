@@ -2,18 +2,21 @@
 
 Each experiment runs the 2D bundle (every setting is a bundle override), skips steps that finished before (an
 interrupted experiment resumes), and writes its CSV, figure and Markdown section into ``--output``, where
-``report.md`` collects the sections of every experiment run there. The defaults are the paper's: the data set it ran
-the experiment on (:data:`PAPER_DATASETS`) and the bundle's encoder weights (the official DINOv2 weights through
-timm); without access to them an experiment stops before training, naming ``--pretrained-weights`` and the ways
-forward.
+``report.md`` collects the sections of every experiment run there. The data set and the encoder weights default to
+the paper's: the data set it ran the experiment on (:data:`PAPER_DATASETS`) and the bundle's encoder weights (the
+official DINOv2 weights through timm); without access to them an experiment stops before training, naming
+``--pretrained-weights`` and the ways forward. The scale does not: ``--scale`` defaults to ``small`` (112 px, Stage-1
+2 epochs with EMA 0.9, Stage-2 up to 8 epochs; ``paper`` keeps the bundle's, the paper's, settings). ``--help`` of
+every experiment names each default.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -35,7 +38,7 @@ from spectraflow_monai.experiments.runner import SCALES, EncoderWeightsError
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.utils.settings import CORRUPTION_KINDS, PRECISION_SETTINGS
 
-__all__ = ["EXPERIMENTS", "PAPER_DATASETS", "main", "write_report"]
+__all__ = ["EXPERIMENTS", "PAPER_DATASETS", "build_parser", "main", "write_report"]
 
 #: experiment name -> the Markdown section file it writes into ``--output`` (report order).
 EXPERIMENTS: dict[str, str] = {
@@ -53,14 +56,19 @@ PAPER_DATASETS: dict[str, str] = {
     **{name: ablation.dataset for name, ablation in ABLATIONS.items()},
     "figures": ABLATIONS["stage1"].dataset,  # figures.FIGURES_DATASET: they reuse the stage1 runs
 }
+#: ablation stem -> its Stage-2 decoders other than the default (each writes ``<stem>_<decoder>_decoder.md``)
+_DECODERS: dict[str, list[str]] = {a.stem: list(a.decoders)[1:] for a in ABLATIONS.values() if a.decoders}
 #: the data sets whose files the command line needs (``--dataset-dir`` or ``--data-list-file-path``)
 _SYNTHETIC = "synthetic"
 
 
 def write_report(output: str | os.PathLike) -> Path:
-    """``<output>/report.md``: the sections of the experiments that ran in ``output``, in :data:`EXPERIMENTS` order."""
+    """``<output>/report.md``: the sections of the experiments that ran in ``output``, in :data:`EXPERIMENTS` order
+    (an ablation's table under another Stage-2 decoder after its own)."""
     out = Path(output)
-    parts = [(out / name).read_text() for name in EXPERIMENTS.values() if (out / name).is_file()]
+    names = [name for file in EXPERIMENTS.values()
+             for name in (file, *(f"{file[:-3]}_{d}_decoder.md" for d in _DECODERS.get(file[:-3], ())))]  # fmt: skip
+    parts = [(out / name).read_text() for name in names if (out / name).is_file()]
     path = out / "report.md"
     write_text_atomic(path, "# SpectraFlow experiments\n\n" + "\n".join(parts))
     return path
@@ -82,10 +90,10 @@ def _common_options(
     parser.add_argument("--dataset", default=dataset,
                         help=f"bundle dataset (default {dataset}, the paper's): kvasir | isic2016 | glas | folder | "
                              "synthetic (generated into <output>/data)")
-    parser.add_argument("--dataset-dir", help="bundle dataset_dir (default for synthetic: <output>/data)")
-    parser.add_argument("--data-list-file-path", help="a Decathlon datalist JSON (the bundle's data_list_file_path)")
-    parser.add_argument("--scale", default="small", choices=sorted(scales),
-                        help="small (minutes to an hour on 2 CPU cores) or paper (the bundle's settings)")
+    parser.add_argument("--dataset-dir", help="bundle dataset_dir (default none; for synthetic <output>/data)")
+    parser.add_argument("--data-list-file-path",
+                        help="a Decathlon datalist JSON (the bundle's data_list_file_path; default none)")
+    parser.add_argument("--scale", default="small", choices=sorted(scales), help=_scale_help(scales))
     if baseline:
         parser.add_argument("--baseline-config", default=baseline,
                             help="bundle config (or path) merged over train.yaml for the baseline "
@@ -95,9 +103,23 @@ def _common_options(
                              "from timm's hub), a DINOv2 checkpoint file, or none (random initialisation: every table "
                              "and figure title says so)")
     parser.add_argument("--precision", default="auto", choices=PRECISION_SETTINGS,
-                        help=f"the bundle's precision: {' | '.join(PRECISION_SETTINGS)}")
+                        help=f"the bundle's precision: {' | '.join(PRECISION_SETTINGS)} (default auto)")
     parser.add_argument("--override", action="append", type=_override, default=[], metavar="KEY=VALUE",
-                        help="any other bundle override, e.g. --override max_epochs=20 (YAML values)")  # fmt: skip
+                        help="any other bundle override of every step, e.g. --override max_epochs=20 (YAML values; "
+                             "default none)")  # fmt: skip
+
+
+def _scale_help(scales: Mapping[str, Mapping[str, Any]]) -> str:
+    """The help of ``--scale``: the default (``small``) and what each scale sets (its bundle overrides and the
+    experiment's own levels, e.g. severities or fractions)."""
+    parts = []
+    for name, preset in scales.items():
+        overrides, levels = (preset["overrides"], {k: v for k, v in preset.items() if k != "overrides"}) \
+            if "overrides" in preset else (preset, {})  # fmt: skip
+        items = [f"{k} {v}" for k, v in overrides.items()] or ["the bundle's settings: the paper's 224 px, epochs, EMA"]
+        items += [f"{k} {' '.join(map(str, v))}" for k, v in levels.items()]
+        parts.append(f"{name}: {', '.join(items)}")
+    return "default small; " + "; ".join(parts)
 
 
 def _data(args: argparse.Namespace, output: str) -> dict:
@@ -111,29 +133,38 @@ def _data(args: argparse.Namespace, output: str) -> dict:
     return data
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment") -> int:
-    """Run one experiment; returns 0 (bad options exit with status 2 and a message)."""
+def build_parser(
+    prog: str = "spectraflow experiment",
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser and its sub-parsers by experiment name (every option's help names its default)."""
     parser = argparse.ArgumentParser(prog=prog, description="Run one of the paper's experiments with the 2D bundle.")
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     subs: dict[str, argparse.ArgumentParser] = {}
     rob = subs["robustness"] = sub.add_parser("robustness", prog=f"{prog} robustness",
-                         help="Dice / HD95 under brightness, contrast, blur and noise shifts (paper Fig. 5)")
+                         help="Dice / IoU / HD95 under brightness, contrast, blur and noise shifts (paper Fig. 5)")
     _common_options(rob, ROBUSTNESS_SCALES, PAPER_DATASETS["robustness"], ROBUSTNESS_BASELINE)
     rob.add_argument("--extra-arms", nargs="+", default=[], choices=sorted(EXTRA_BASELINES), metavar="ARM",
-                     help="more models trained and evaluated like the baseline: "
+                     help="more models trained and evaluated like the baseline (default none): "
                           + ", ".join(f"{k} ({v})" for k, v in EXTRA_BASELINES.items()))
     rob.add_argument("--kinds", nargs="+", default=list(CORRUPTION_KINDS), choices=CORRUPTION_KINDS,
                      help="corruptions (default: all four)")
     rob.add_argument("--severities", nargs="+", type=int, help="levels 1..5 (default: the scale's)")
     low = subs["low-data"] = sub.add_parser("low-data", prog=f"{prog} low-data",
-                         help="Dice / HD95 with 10 / 20 / 50 / 100 %% of the training images (paper Fig. 4)")
+                         help="Dice / IoU / HD95 with 10 / 20 / 50 / 100 %% of the training images (paper Fig. 4)")
     _common_options(low, LOW_DATA_SCALES, PAPER_DATASETS["low-data"])
     low.add_argument("--fractions", nargs="+", type=float, help="training fractions in (0, 1] (default 0.1 0.2 0.5 1)")
     for name, ablation in ABLATIONS.items():
         abl = subs[name] = sub.add_parser(name, prog=f"{prog} {name}", help=f"{ablation.title}: one row per arm")
         _common_options(abl, SCALES, PAPER_DATASETS[name], baseline=None)
         abl.add_argument("--arms", nargs="+", choices=[arm.name for arm in ablation.arms], metavar="ARM",
-                         help="run only these arms: " + " ".join(arm.name for arm in ablation.arms))  # fmt: skip
+                         help="run only these arms (default all): "
+                              + " ".join(arm.name for arm in ablation.arms))  # fmt: skip
+        if ablation.decoders:
+            default = next(iter(ablation.decoders))
+            abl.add_argument("--decoder", default=default, choices=list(ablation.decoders),
+                             help=f"the arms' Stage-2 decoder (default {default}, the paper's Table 2): "
+                                  + " | ".join(f"{k} ({', '.join(f'{a} {b}' for a, b in v.items())})"
+                                               for k, v in ablation.decoders.items()))  # fmt: skip
         if name == "dispersive-weight":
             abl.add_argument("--weights", nargs="+", type=float, default=list(DISPERSIVE_WEIGHTS),
                              help="lambda values (default 0.2 0.4 0.6 0.8 1.0)")
@@ -141,6 +172,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
                          help="t-SNE of Stage-1 features, DAF gates, error spectra, predictions (Figs. 1d, 3, 6, 7)")
     _common_options(fig, SCALES, PAPER_DATASETS["figures"])
     fig.add_argument("--num-images", type=int, default=4, help="test images in the gate and panel figures (default 4)")
+    return parser, subs
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment") -> int:
+    """Run one experiment; returns 0 (bad options exit with status 2 and a message)."""
+    parser, subs = build_parser(prog)
     args = parser.parse_args(argv)
     if args.experiment == "dispersive-weight":
         try:
@@ -169,7 +206,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
             rows = list(result["files"].values())
         else:
             rows = run_ablation(output, ablation if name == "dispersive-weight" else name, data, args.scale,
-                                overrides, args.arms)  # fmt: skip
+                                overrides, args.arms, getattr(args, "decoder", None))  # fmt: skip
     except EncoderWeightsError as err:  # raised before any training
         subs[name].exit(2, f"{subs[name].prog}: error: {err}\n")
     report = write_report(output)

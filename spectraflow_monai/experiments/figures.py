@@ -5,10 +5,12 @@ the dispersive loss (Fig. 3), DAF gate maps over images (Fig. 6), the frequency 
 SpectraFlow against a baseline (Fig. 1d) and several models' predictions on the same images (Fig. 7). This experiment
 needs three runs of the 2D bundle (finished steps skipped):
 
-- the ``stage1`` ablation's arms ``mixed_meanflow_dispersive`` (the default Stage-1, then Stage-2 and the clean
-  evaluation: SpectraFlow) and ``mixed_meanflow`` (Stage-1 with ``dispersive_weight 0``), under
-  ``<output>/stage1/``: after ``spectraflow experiment stage1`` in the same folder with the same settings, nothing of
-  them is trained again;
+- the Stage-1 runs of the ``stage1`` ablation's arms ``mixed_meanflow_dispersive`` (the default Stage-1) and
+  ``mixed_meanflow`` (Stage-1 with ``dispersive_weight 0``) under ``<output>/stage1/``, and SpectraFlow: the first
+  one's export under Stage-2 with the full DAF + FDConv decoder and its clean evaluation, the run
+  ``mixed_meanflow_dispersive_full_decoder`` (the ablation's own rows train Table 2's concat + standard decoder, which
+  has no DAF gate). After ``spectraflow experiment stage1`` (and ``--decoder full``) in the same folder with the same
+  settings, nothing of them is trained again;
 - ``baseline`` under ``<output>/figures/``: the baseline config's network (MONAI's 2D UNet by default) through the
   same Stage-2, and its evaluation;
 
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 from monai.transforms import Compose, LoadImage
 
-from spectraflow_monai.experiments.ablations import ABLATIONS
+from spectraflow_monai.experiments.ablations import ABLATIONS, stage2_run
 from spectraflow_monai.experiments.runner import (
     SCALES,
     ExperimentRunner,
@@ -54,6 +56,7 @@ __all__ = [
     "FIGURE_FILES",
     "NO_DISPERSIVE_ARM",
     "SPECTRAFLOW_ARM",
+    "SPECTRAFLOW_DECODER",
     "error_spectrum",
     "figures_markdown",
     "run_figures",
@@ -64,9 +67,14 @@ __all__ = [
 FIGURES_DATASET = ABLATIONS["stage1"].dataset
 FIGURES_TITLE = "Analysis figures (paper Figs. 1d, 3, 6, 7)"
 
-#: the arms of the ``stage1`` ablation the figures use: the full Stage-1 (then Stage-2) and Stage-1 without dispersion.
+#: the arms of the ``stage1`` ablation the figures use: the full Stage-1 (then Stage-2 with SpectraFlow's decoder,
+#: :data:`SPECTRAFLOW_DECODER`) and Stage-1 without dispersion.
 SPECTRAFLOW_ARM = "mixed_meanflow_dispersive"
 NO_DISPERSIVE_ARM = "mixed_meanflow"
+#: the decoder of SpectraFlow in the figures (a name of ``STAGE1_DECODERS``): the full DAF + FDConv decoder, whose DAF
+#: gates Fig. 6 shows; its run is ``<output>/stage1/mixed_meanflow_dispersive_full_decoder``, the one
+#: ``spectraflow experiment stage1 --decoder full`` trains.
+SPECTRAFLOW_DECODER = "full"
 
 #: figure -> its title (with the random-initialisation note when the encoder started from random weights).
 FIGURE_NAMES: dict[str, str] = {
@@ -109,9 +117,12 @@ def _load_model_weights(network: torch.nn.Module, path: Path) -> None:
 class _Run:
     """The bundle objects of one run, built as the run built them (its settings and configs)."""
 
-    def __init__(self, runner: ExperimentRunner, run: str, configs: Sequence[str]) -> None:
+    def __init__(
+        self, runner: ExperimentRunner, run: str, configs: Sequence[str], overrides: Mapping[str, Any] | None = None
+    ) -> None:
         self.dir = runner.run_dir(run)
-        self.parser = bundle_parser(runner.bundle, list(configs), {**runner.common, "bundle_root": str(self.dir)})
+        settings = {**runner.common, **dict(overrides or {}), "bundle_root": str(self.dir)}
+        self.parser = bundle_parser(runner.bundle, list(configs), settings)
 
     def get(self, key: str) -> Any:
         return self.parser.get_parsed_content(key, lazy=False)
@@ -159,20 +170,23 @@ def run_figures(
     own = ExperimentRunner(output, "figures", common)
     for name in (SPECTRAFLOW_ARM, NO_DISPERSIVE_ARM):
         ablation.step(name, "stage1", list(arms[name].stage1), arms[name].stage1_overrides)
-    ablation.step(SPECTRAFLOW_ARM, "stage2", ["train.yaml"])
+    # SpectraFlow: the default Stage-1 under the full DAF + FDConv decoder (`experiment stage1 --decoder full`'s run)
+    sf_run, sf_settings = stage2_run(ablation, stage1, arms[SPECTRAFLOW_ARM], SPECTRAFLOW_DECODER)
+    ablation.step(sf_run, "stage2", ["train.yaml"], sf_settings)
     own.step("baseline", "stage2", ["train.yaml", baseline_config])
     scores = {
-        "spectraflow": ablation.evaluate(SPECTRAFLOW_ARM, ["train.yaml"]),
+        "spectraflow": ablation.evaluate(sf_run, ["train.yaml"], "clean", sf_settings),
         "baseline": own.evaluate("baseline", ["train.yaml", baseline_config]),
     }
-    eval_dirs = {"spectraflow": ablation.run_dir(SPECTRAFLOW_ARM), "baseline": own.run_dir("baseline")}
-    for arm in stage1.arms:  # the other Stage-1 variants, where `experiment stage1` evaluated them with these settings
-        if arm.name != SPECTRAFLOW_ARM and ablation.evaluated(arm.name, ["train.yaml"], "clean", arm.stage2):
-            scores[arm.name] = ablation.evaluate(arm.name, ["train.yaml"], "clean", arm.stage2)
-            eval_dirs[arm.name] = ablation.run_dir(arm.name)
+    eval_dirs = {"spectraflow": ablation.run_dir(sf_run), "baseline": own.run_dir("baseline")}
+    for arm in stage1.arms:  # the Stage-1 variants (Table 2's decoder), where `experiment stage1` evaluated them
+        run, settings = stage2_run(ablation, stage1, arm)
+        if ablation.evaluated(run, ["train.yaml"], "clean", settings):
+            scores[arm.name] = ablation.evaluate(run, ["train.yaml"], "clean", settings)
+            eval_dirs[arm.name] = ablation.run_dir(run)
 
     out = Path(output)
-    sf = _Run(ablation, SPECTRAFLOW_ARM, ["train.yaml"])
+    sf = _Run(ablation, sf_run, ["train.yaml"], sf_settings)
     test = list(sf.get("data_source").datalist("test"))
     load, normalize = sf.get("load_transforms"), sf.get("normalize_transforms")
     samples = [_load_sample(load, normalize, entry) for entry in test]
@@ -298,10 +312,11 @@ def figures_markdown(result: Mapping[str, Any], scale: str, settings: Mapping[st
         "",
         "Error energy per image (pixels) by radial frequency band (cycles/pixel; `FrequencyBandError`, mode `energy`):",
         "",
-        f"| model | mDSC (%) | low {low} | mid {mid} | high {high} |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"| model | mDSC (%) | mIoU (%) | low {low} | mid {mid} | high {high} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
         *(
-            f"| {name} | {100 * result['scores'][name]['mDSC']:.2f} | " + " | ".join(f"{v:.1f}" for v in bands) + " |"
+            f"| {name} | {100 * result['scores'][name]['mDSC']:.2f} | {100 * result['scores'][name]['mIoU']:.2f} | "
+            + " | ".join(f"{v:.1f}" for v in bands) + " |"
             for name, bands in result["bands"].items()
         ),
         "",

@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from spectraflow_monai.experiments.runner import (
+    EXPERIMENT_METRICS,
+    METRIC_HEADERS,
     SCALES,
     ExperimentRunner,
     experiment_settings,
     experiment_title,
+    metric_cells,
     settings_text,
     write_csv,
 )
@@ -108,16 +111,15 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
 
 
 def low_data_markdown(rows: Sequence[Mapping[str, Any]], scale: str, settings: Mapping[str, Any]) -> str:
-    """The report section: mDSC and HD95 per training fraction and arm."""
+    """The report section: mDSC, mIoU and HD95 per training fraction and arm."""
     lines = [
         f"## {experiment_title(LOW_DATA_TITLE, settings)}",
         "",
         settings_text(scale, settings),
         "",
-        "| training images | model | mDSC (%) | HD95 (px, missed = diagonal) |",
-        "| ---: | --- | ---: | ---: |",
+        "| training images | model | " + " | ".join(METRIC_HEADERS[m] for m in EXPERIMENT_METRICS) + " |",
+        "| ---: | --- |" + " ---: |" * len(EXPERIMENT_METRICS),
     ]
     for r in rows:
-        hd95 = r["hd95_monai_empty_as_diagonal"]
-        lines.append(f"| {100 * r['fraction']:.0f} % | {r['model']} | {100 * r['mDSC']:.2f} | {hd95:.2f} |")
+        lines.append(f"| {100 * r['fraction']:.0f} % | {r['model']} | " + " | ".join(metric_cells(r)) + " |")
     return "\n".join([*lines, "", "![low data](low_data.png)", ""])

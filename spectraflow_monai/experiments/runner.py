@@ -30,12 +30,14 @@ from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
 __all__ = [
     "EXPERIMENT_METRICS",
+    "METRIC_HEADERS",
     "RANDOM_INIT_NOTE",
     "SCALES",
     "EncoderWeightsError",
     "ExperimentRunner",
     "experiment_settings",
     "experiment_title",
+    "metric_cells",
     "read_summary",
     "resolve_encoder_weights",
     "settings_text",
@@ -44,9 +46,15 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: the summary entries every experiment table reports: mDSC and HD95 (MONAI's definition, a missed structure scored
-#: as the image diagonal, so that a model that misses lesions is not flattered).
-EXPERIMENT_METRICS: tuple[str, ...] = ("mDSC", "hd95_monai_empty_as_diagonal")
+#: the summary entries every experiment table reports, as the paper's Tables 2-3 do: mDSC, mIoU and HD95 (MONAI's
+#: definition, a missed structure scored as the image diagonal, so that a model that misses lesions is not flattered).
+EXPERIMENT_METRICS: tuple[str, ...] = ("mDSC", "mIoU", "hd95_monai_empty_as_diagonal")
+#: the Markdown table header of each :data:`EXPERIMENT_METRICS` entry.
+METRIC_HEADERS: dict[str, str] = {
+    "mDSC": "mDSC (%)",
+    "mIoU": "mIoU (%)",
+    "hd95_monai_empty_as_diagonal": "HD95 (px, missed = diagonal)",
+}
 
 #: bundle overrides of each experiment scale: ``small`` (112 px, a multiple of the ViT patch 14 and of the UNet's total
 #: stride 16; Stage-1 2 epochs; Stage-2 up to 8 epochs) finishes a run in minutes on 2 CPU cores with a real data set;
@@ -149,6 +157,13 @@ def settings_text(scale: str, settings: Mapping[str, Any]) -> str:
     """The report line that names an experiment's scale and bundle settings."""
     shown = ", ".join(f"`{k}={v}`" for k, v in settings.items() if k != "progress_bar")
     return f"Scale `{scale}`; bundle settings: {shown}."
+
+
+def metric_cells(row: Mapping[str, Any], suffix: str = "") -> list[str]:
+    """The Markdown cells of :data:`EXPERIMENT_METRICS` in ``row`` (``<metric><suffix>``): mDSC and mIoU in percent,
+    HD95 in pixels, two decimals; with ``suffix="_change"`` signed (a change from the clean score)."""
+    sign = "+" if suffix else ""
+    return [f"{(1 if m.startswith('hd95') else 100) * row[f'{m}{suffix}']:{sign}.2f}" for m in EXPERIMENT_METRICS]
 
 
 def _plain(value: Any) -> Any:
@@ -264,6 +279,17 @@ class ExperimentRunner:
     ) -> bool:
         """Whether :meth:`evaluate` with these arguments finished before (it would not run again)."""
         return self.is_done(run, f"eval_{tag}", [*configs, "evaluate.yaml"], self._eval_settings(run, tag, overrides))
+
+    def network_facts(
+        self, run: str, configs: Sequence[str], overrides: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What the ``network_def`` of ``run`` (built from ``configs`` with :attr:`common` and ``overrides``, random
+        weights) is: ``{"parameters": its parameter count, "norm": the names of its normalisation layer classes,
+        comma-separated, or "none"}``, so that a table can name the size and normalisation of each model beside it."""
+        settings, _, _ = self._record(run, "network", configs, overrides)
+        network = bundle_parser(self.bundle, list(configs), settings).get_parsed_content("network_def", lazy=False)
+        norms = sorted({type(m).__name__ for m in network.modules() if "Norm" in type(m).__name__})
+        return {"parameters": sum(p.numel() for p in network.parameters()), "norm": ", ".join(norms) or "none"}
 
     def _eval_settings(self, run: str, tag: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
         return {**dict(overrides or {}), "output_dir": str(self.run_dir(run) / "eval" / tag)}

@@ -1,6 +1,7 @@
 """Ignite handlers used by the SpectraFlow bundles."""
 
 from .checkpoint import AtomicFiniteSaver, GradScalerState, ResumableEarlyStopHandler, SafeCheckpointSaver
+from .deep_supervision import FinalHeadHandler
 from .nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
 from .progress import ProgressBarHandler
 from .random_state import RandomStateHandler
@@ -10,6 +11,7 @@ __all__ = [
     "AtomicFiniteSaver",
     "BoundaryWeightRamp",
     "EpochSummaryHandler",
+    "FinalHeadHandler",
     "GradScalerState",
     "LossTermsHandler",
     "NonFiniteLossError",

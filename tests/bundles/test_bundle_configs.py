@@ -22,7 +22,7 @@ TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentatio
 RUNS = {
     TWO_D: [
         ["train.yaml"], ["train.yaml", "train_stage1.yaml"], ["train.yaml", "evaluate.yaml"],
-        ["train.yaml", "unet_baseline.yaml"], ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"],
+        ["train.yaml", "unet_baseline.yaml"], ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"], ["train.yaml", "unetpp_monai_baseline.yaml"],
         ["train.yaml", "multi_gpu_train.yaml"], ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
         ["inference.yaml"],
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -39,7 +40,13 @@ def test_runs_train_what_the_figures_need(experiment):
     stage1 = out / "stage1"  # the stage1 ablation's runs: the two Stage-1 variants, Stage-2 of the full one
     assert (stage1 / "mixed_meanflow" / "models" / "encoder_stage1.pt").is_file()
     assert not (stage1 / "mixed_meanflow" / "stage2.done.json").exists()
-    assert (stage1 / "mixed_meanflow_dispersive" / "eval" / "clean" / "summary.json").is_file()
+    # SpectraFlow: the default Stage-1 under the full DAF + FDConv decoder, beside the Table 2 arm's run
+    full = json.loads((stage1 / "mixed_meanflow_dispersive_full_decoder" / "stage2.done.json").read_text())
+    assert (full["overrides"]["fusion"], full["overrides"]["refine"]) == ("daf", "fdconv")
+    assert full["overrides"]["stage1_encoder"] == str(stage1 / "mixed_meanflow_dispersive" / "models" /
+                                                      "encoder_stage1.pt")  # fmt: skip
+    assert (stage1 / "mixed_meanflow_dispersive_full_decoder" / "eval" / "clean" / "summary.json").is_file()
+    assert not (stage1 / "mixed_meanflow_dispersive" / "stage2.done.json").exists()
     assert (out / "figures" / "baseline" / "eval" / "clean" / "summary.json").is_file()
 
 
@@ -48,12 +55,12 @@ def test_stage1_ablation_reuses_the_figures_runs(experiment, monkeypatch):
     ran = []
     real = runner_module.run_bundle_configs
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: ran.append(a[3]) or real(*a, **k))
-    run_ablation(out, "stage1", data, overrides=TINY)
+    run_ablation(out, "stage1", data, overrides=TINY, decoder="full", arms=["mixed_meanflow_dispersive"])
+    assert ran == []  # `stage1 --decoder full` of that arm is the figures' SpectraFlow run
+    run_ablation(out, "stage1", data, overrides=TINY)  # Table 2's decoder: new Stage-2 runs on the same Stage-1 runs
     assert ran and not any(
-        t.startswith(("stage1 / mixed_meanflow_dispersive / stage1", "stage1 / mixed_meanflow_dispersive / stage2",
-                      "stage1 / mixed_meanflow_dispersive / eval", "stage1 / mixed_meanflow / stage1"))
-        for t in ran
-    )  # fmt: skip
+        t.startswith(("stage1 / mixed_meanflow_dispersive / stage1", "stage1 / mixed_meanflow / stage1")) for t in ran
+    )
 
 
 def test_second_call_does_no_training(experiment, monkeypatch):
@@ -98,5 +105,6 @@ def test_panel_and_bands_take_the_other_evaluated_stage1_arms(experiment, monkey
     monkeypatch.setattr(runner_module, "run_bundle_configs", lambda *a, **k: pytest.fail(f"ran again: {a[2:]}"))
     again = run_figures(out, data, overrides=TINY, num_images=2)
     assert list(again["bands"]) == ["spectraflow", "baseline", "no_stage1", "image_meanflow", "mixed_mae",
-                                    "mixed_meanflow", "paper_literal"]  # fmt: skip
-    assert "| mixed_mae |" in (out / "figures.md").read_text()
+                                    "mixed_meanflow", "mixed_meanflow_dispersive", "paper_literal"]  # fmt: skip
+    text = (out / "figures.md").read_text()
+    assert "| mixed_mae |" in text and "| model | mDSC (%) | mIoU (%) |" in text

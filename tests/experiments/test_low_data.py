@@ -13,6 +13,7 @@ import spectraflow_monai.experiments.runner as runner_module
 from spectraflow_monai.experiments import run_low_data
 from spectraflow_monai.experiments.low_data import LOW_DATA_TITLE
 from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE
+from tests.experiments.stubs import SUMMARY, stub_bundle_runs
 from tests.experiments.test_robustness import TINY
 
 SYNTH = {"num_train": 6, "num_val": 2}
@@ -38,6 +39,7 @@ def test_three_arms_per_fraction(experiment):
     assert (out / "low_data.png").stat().st_size > 0
     text = (out / "low_data.md").read_text()
     assert text.startswith(f"## {LOW_DATA_TITLE}: {RANDOM_INIT_NOTE}\n") and "| 50 % | no_stage1 |" in text
+    assert "| mDSC (%) | mIoU (%) | HD95 (px, missed = diagonal) |" in text
 
 
 def test_arms_train_on_the_subset_and_no_stage1_skips_stage1(experiment):
@@ -65,3 +67,12 @@ def test_second_call_does_no_training(experiment, monkeypatch):
 def test_bad_settings_are_named(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_low_data(tmp_path, {"dataset": "synthetic"}, **kwargs)
+
+
+def test_table_carries_miou(tmp_path, monkeypatch):
+    stub_bundle_runs(monkeypatch)
+    rows = run_low_data(tmp_path, {"dataset": "synthetic", "pretrained_weights": "none"}, fractions=[0.5])
+    assert [r["mIoU"] for r in rows] == [SUMMARY["mIoU"]] * 3
+    with open(tmp_path / "low_data.csv") as f:
+        assert [float(r["mIoU"]) for r in csv.DictReader(f)] == [SUMMARY["mIoU"]] * 3
+    assert "| 50 % | baseline | 81.25 | 68.75 | 12.50 |" in (tmp_path / "low_data.md").read_text()

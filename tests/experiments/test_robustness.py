@@ -12,10 +12,18 @@ import spectraflow_monai.experiments.robustness as robustness_module
 import spectraflow_monai.experiments.runner as runner_module
 from spectraflow_monai.experiments import run_robustness
 from spectraflow_monai.experiments.cli import main
-from spectraflow_monai.experiments.robustness import EXTRA_BASELINES, ROBUSTNESS_TITLE
-from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE
+from spectraflow_monai.experiments.robustness import (
+    EXTRA_BASELINES,
+    ROBUSTNESS_BASELINE,
+    ROBUSTNESS_TITLE,
+    model_label,
+)
+from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE, ExperimentRunner
+from tests.experiments.stubs import stub_bundle_runs
 from spectraflow_monai.utils import bundle_path
 
+#: the extra arm of the tiny runs: MONAI's UNet only (the U-Net++ of MONAI's defaults is checked without training)
+UNET = {"unet": EXTRA_BASELINES["unet"]}
 # 112 px: a multiple of the ViT patch (14) and of the UNet's total stride (16)
 TINY = {
     "image_size": 112,
@@ -35,8 +43,7 @@ TINY = {
 def experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("robustness")
     data = {"dataset": "synthetic", "dataset_dir": str(out / "data"), "pretrained_weights": "none"}
-    rows = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY,
-                          extra_baselines=EXTRA_BASELINES)  # fmt: skip
+    rows = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY, extra_baselines=UNET)
     yield out, data, rows
     shutil.rmtree(out, ignore_errors=True)  # checkpoints: keep the suite's disk use small
 
@@ -57,8 +64,9 @@ def test_rows_cover_every_model_clean_and_shifted(experiment):
     assert (out / "robustness.png").stat().st_size > 0
     text = (out / "robustness.md").read_text()
     assert text.startswith(f"## {ROBUSTNESS_TITLE}: {RANDOM_INIT_NOTE}\n")
-    assert "| baseline (unetpp_baseline) | gaussian_noise | 3 |" in text
-    assert "| unet (unet_baseline) | clean | 0 |" in text
+    assert "| baseline (unetpp_baseline; 9.12 M parameters; BatchNorm2d) | gaussian_noise | 3 |" in text
+    assert "| unet (unet_baseline; " in text and "| mIoU (%) | change (points) |" in text
+    assert all(0.0 <= r["mIoU"] <= 1.0 and "mIoU_change" in r for r in rows)
 
 
 def test_baseline_is_unetpp_by_the_same_stage2_and_unet_an_extra_arm(experiment):
@@ -95,8 +103,7 @@ def test_second_call_does_no_training(experiment, monkeypatch):
     monkeypatch.setattr(runner_module, "run_bundle_configs", refuse)
     titles = []
     monkeypatch.setattr(robustness_module, "save_figure", lambda fig, path: titles.append(fig.get_suptitle()))
-    again = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY,
-                           extra_baselines=EXTRA_BASELINES)  # fmt: skip
+    again = run_robustness(out, data, kinds=["gaussian_noise"], severities=[3], overrides=TINY, extra_baselines=UNET)
     assert again == rows and titles == [f"{ROBUSTNESS_TITLE}: {RANDOM_INIT_NOTE}"]
 
 
@@ -118,3 +125,35 @@ def test_cli_writes_the_report(experiment, monkeypatch, capsys):
 def test_bad_settings_are_named(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run_robustness(tmp_path, {"dataset": "synthetic"}, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "config,parameters,norm",
+    [("unetpp_baseline.yaml", 9_119_332, "BatchNorm2d"), ("unetpp_monai_baseline.yaml", 2_410_756, "InstanceNorm2d")],
+)
+def test_unetpp_baselines_name_their_size_and_norm(tmp_path, config, parameters, norm):
+    """Fig. 5's U-Net++ is Zhou et al.'s (32-512, batch norm); MONAI's defaults (instance norm) are an extra arm."""
+    runner = ExperimentRunner(tmp_path, "robustness", {"dataset": "synthetic", "image_size": 112})
+    facts = runner.network_facts("baseline", ["train.yaml", config])
+    assert facts == {"parameters": parameters, "norm": norm}
+    assert model_label("baseline", config, facts).startswith(f"baseline ({config[:-5]}; {parameters / 1e6:.2f} M")
+    assert config in (ROBUSTNESS_BASELINE, EXTRA_BASELINES["unetpp_monai"])
+
+
+def test_tables_carry_miou_and_each_models_size(tmp_path, monkeypatch):
+    calls = stub_bundle_runs(monkeypatch)
+    data = {"dataset": "synthetic", "pretrained_weights": "none", "encoder_kwargs": {"depth": 2}}
+    rows = run_robustness(tmp_path, data, kinds=["contrast"], severities=[2], extra_baselines=EXTRA_BASELINES)
+    assert [c["configs"][-1] for c in calls if c["title"].endswith("/ stage2")] == [
+        "train.yaml", "unetpp_baseline.yaml", "unet_baseline.yaml", "unetpp_monai_baseline.yaml"
+    ]  # fmt: skip
+    by_model = {r["model"]: r for r in rows}
+    assert (by_model["baseline"]["parameters"], by_model["baseline"]["norm"]) == (9_119_332, "BatchNorm2d")
+    assert by_model["unetpp_monai"]["norm"] == "InstanceNorm2d"
+    with open(tmp_path / "robustness.csv") as f:
+        header = next(csv.reader(f))
+    assert {"mDSC", "mIoU", "hd95_monai_empty_as_diagonal", "mIoU_change", "parameters", "norm"} <= set(header)
+    text = (tmp_path / "robustness.md").read_text()
+    assert "| mDSC (%) | change (points) | mIoU (%) | change (points) | HD95 (px, missed = diagonal) |" in text
+    assert "| baseline (unetpp_baseline; 9.12 M parameters; BatchNorm2d) | contrast | 2 | 81.25 | +0.00 | 68.75 |" \
+        in text  # fmt: skip

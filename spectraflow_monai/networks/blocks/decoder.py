@@ -20,7 +20,7 @@ __all__ = ["FUSION_MODES", "REFINE_MODES", "RefinementBlock", "SpectraFlowDecode
 class RefinementBlock(nn.Module):
     """The decoder refinement block: a residual block of two 3x3 convolutions.
 
-    SpectraFlow (Chen et al.), Stage-2 and Table 4: "Standard denotes the baseline residual block with 3x3
+    SpectraFlow (Chen et al.), Stage-2 and Table 3: "Standard denotes the baseline residual block with 3x3
     convolutions. FDConv replaces the first 3x3 convolution (conv1) in the refinement block, while CBAM is inserted
     within the block before residual addition."
 

@@ -115,7 +115,8 @@ class MeanFlowHead(nn.Module):
 
     - the conditioning vector is ``MLP_t(emb(t)) + MLP_h(emb(t - s)) [+ E_domain(domain)]``, where ``emb`` is a
       sinusoidal embedding of the raw time in ``[0, 1]`` (no ×1000 scaling) and each MLP is Linear–SiLU–Linear;
-      the optional learned domain embedding (0 = image, 1 = mask) implements SpectraFlow's mixed-domain condition;
+      the optional learned domain embedding (0 = image, 1 = mask) tells the head each sample's domain, an extension
+      of the method (the paper's head sees no domain label: its mixed-domain batches only mix images and masks);
     - the ``h·w`` latent tokens are projected to ``hidden_channels``, given a fixed 2-D sin-cos position embedding,
       and processed by ``num_blocks`` adaLN-zero blocks (modulated LayerNorm → multi-head self-attention via
       ``F.scaled_dot_product_attention`` → modulated LayerNorm → MLP, both with gated residuals);

@@ -23,7 +23,7 @@ class SpectraFlowNet(nn.Module):
     Direct Attentional Fusion and refines the result with a residual block whose first 3x3 convolution is an
     FDConv. Stage-2 fine-tuning unfreezes only the last encoder block (``trainable_blocks=1``).
 
-    The ablation switches of the paper's Table 4 are arguments: ``fusion`` ("daf" | "concat") and ``refine``
+    The ablation switches of the paper's Table 3 are arguments: ``fusion`` ("daf" | "concat") and ``refine``
     ("fdconv" | "standard" | "cbam" | "fdconv_cbam").
 
     Args:
