@@ -303,6 +303,14 @@ class Stage1Program:
             model_kwargs=self.model.encoder_kwargs,
         )
 
+    def meanflow_loss(self) -> MeanFlowLoss:
+        """The MeanFlow regression of eqs. 1-3 with the settings' time sampling (``meanflow_ratio_unequal``: the
+        share of rows with s < t) and adaptive weight."""
+        s = self.settings
+        return MeanFlowLoss(
+            ratio_unequal=s.meanflow_ratio_unequal, adaptive_p=s.meanflow_adaptive_p, adaptive_c=s.meanflow_adaptive_c
+        )
+
     def mixed_domain_collate(self) -> MixedDomainCollate:
         """The collate that forms Stage-1's mini-batches: exactly round(mask_ratio * B) masks in each, shown as
         3-channel images normalised like the images (label maps merged into one foreground)."""
@@ -359,11 +367,7 @@ class Stage1Program:
             )
         return MeanFlowPretrainer(
             head=head,
-            meanflow_loss=MeanFlowLoss(
-                ratio_unequal=s.meanflow_ratio_unequal,
-                adaptive_p=s.meanflow_adaptive_p,
-                adaptive_c=s.meanflow_adaptive_c,
-            ),
+            meanflow_loss=self.meanflow_loss(),
             condition_on_domain=s.head_condition_on_domain,
             dispersive_weight=s.dispersive_weight,
             latent_norm=s.latent_norm,

@@ -218,7 +218,7 @@ def test_literal_arm_samples_t_greater_than_s_in_every_row(arm, all_unequal):
     overrides) draws s < t in every row; the default keeps MeanFlow's s = t in 75 % of the rows."""
     parser = bundle_parser(bundle_path("spectraflow_2d_segmentation"), list(STAGE1_ARMS[arm].stage1),
                            {**DATA, **STAGE1_ARMS[arm].stage1_overrides})  # fmt: skip
-    loss = parser.get_parsed_content("stage1#meanflow_loss")
+    loss = parser.get_parsed_content("stage1").meanflow_loss()
     t, s = loss.sample_times(256, generator=torch.Generator().manual_seed(0))
     assert bool((t > s).all()) == all_unequal and bool((s <= t).all())
     if not all_unequal:
