@@ -147,8 +147,9 @@ def add_image(background_tasks: Any, image: Any = None, params: str = "{}", file
     store = _checked_datastore(app)
     if file is None:
         raise HTTPException(status_code=422, detail="no file: upload the image as the form field 'file'")
+    image_id = check_id(upload_id(image, file))
     ext = upload_extension(file.filename, datastore_extensions(store or app.datastore(), IMAGE_EXTENSIONS))
-    image_id = check_new_id(upload_id(image, file), ext)
+    check_new_id(image_id, ext)
     save_params = json_object(params)
     if user:
         save_params["user"] = user
