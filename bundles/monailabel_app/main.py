@@ -608,18 +608,22 @@ class SpectraFlowApp(MONAILabelApp):
             checked = task.check_request(own) if isinstance(task, SpectraFlowTrainTask) else own
         except ValueError as e:
             raise HTTPException(status_code=422, detail=str(e)) from None
-        self._check_labels()
         return checked
 
-    def _check_labels(self) -> None:
-        """HTTP 422 when every label of the datastore (``labels/final``) is background only, unless the app is
-        started with ``--conf allow_empty_masks true`` (then a warning); see
+    def check_train_data(self) -> None:
+        """HTTP 422 when no image of the datastore has a label (``labels/final``), or when every label is background
+        only, unless the app is started with ``--conf allow_empty_masks true`` (then a warning); see
         :func:`spectraflow_monai.data.validation.check_foreground`."""
         from spectraflow_monai.data.validation import check_foreground
         from spectraflow_monai.utils.errors import DatasetError
 
+        pairs = self.datastore().datalist()
+        if not pairs:
+            raise HTTPException(
+                status_code=422, detail="no image has a label yet (labels/final): save labels (PUT /datastore/label) first"
+            )
         try:
-            check_foreground(self.datastore().datalist(), "the datastore's labels", allow_empty=self.allow_empty_masks)
+            check_foreground(pairs, "the datastore's labels", allow_empty=self.allow_empty_masks)
         except DatasetError as e:
             studies = {self.studies: "studies", os.path.realpath(self.studies): "studies"}
             detail = redact_paths(str(e), studies).replace("set allow_empty_masks true", "start the server with --conf "
@@ -627,5 +631,8 @@ class SpectraFlowApp(MONAILabelApp):
             raise HTTPException(status_code=422, detail=detail) from None
 
     def train(self, request: dict[str, Any]) -> Any:
-        """``MONAILabelApp.train`` with the options checked first (:meth:`check_train_request`)."""
-        return super().train(self.check_train_request(request))
+        """``MONAILabelApp.train`` with the options (:meth:`check_train_request`) and the labels
+        (:meth:`check_train_data`) checked first."""
+        request = self.check_train_request(request)
+        self.check_train_data()
+        return super().train(request)

@@ -246,6 +246,17 @@ def test_inference_params_are_checked(http, params, named):
     assert r.status_code == 422 and named in r.json()["detail"], r.text
 
 
+def test_inference_outputs_and_inputs_the_models_cannot_give_or_take(http):
+    client, _, _ = http
+    form = {"params": (None, json.dumps({"device": "cpu"}))}
+    r = client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "dicom_seg"}, files=form)
+    assert r.status_code == 422 and "DICOMweb" in r.json()["detail"], r.text
+    r = client.post(f"/infer/{NAME_2D}", params={"image": "img_a"}, files={**form, "label": ("l.png", b"x")})
+    assert r.status_code == 422 and "no label upload" in r.json()["detail"], r.text
+    r = client.post(f"/infer/{NAME_2D}", params={"output": "json"}, files=form)
+    assert r.status_code == 400 and "no image" in r.json()["detail"], r.text
+
+
 def test_fp16_training_on_a_cpu_is_refused_with_its_reason(http):
     client, _, _ = http
     for body in ({"precision": "fp16", "device": "cpu"}, {"precision": ["fp16", "auto"], "device": "cpu"}):
@@ -327,6 +338,10 @@ def test_training_on_labels_that_are_all_background_is_refused(tmp_path):
         Image.fromarray(np.zeros((56, 56, 3), np.uint8)).save(studies / f"e{i}.png")
         Image.fromarray(np.zeros((56, 56), np.uint8)).save(studies / "labels" / "final" / f"e{i}.png")
     request = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False}
+    unlabelled = _app(*_studies_and_bundles(tmp_path / "unlabelled")[::-1], models=NAME_2D)
+    with pytest.raises(HTTPException) as info:
+        unlabelled.train(dict(request))
+    assert info.value.status_code == 422 and "no image has a label yet" in str(info.value.detail)
     app = _app(bundles, studies, models=NAME_2D)
     with pytest.raises(HTTPException) as info:
         app.train(dict(request))

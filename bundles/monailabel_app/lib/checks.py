@@ -281,8 +281,9 @@ def resolve_image(image: str, datastore: Any, sessions: Any = None) -> tuple[str
 
 
 class CheckedAsyncTask(AsyncTask):
-    """MONAI Label's ``AsyncTask`` that has the app check a training request before it is run or queued (the
-    app's ``check_train_request`` raises ``HTTPException``, answered with its 4xx status)."""
+    """MONAI Label's ``AsyncTask`` that has the app check a training request and the datastore's labels before it
+    is run or queued (the app's ``check_train_request`` and ``check_train_data`` raise ``HTTPException``, answered
+    with its 4xx status)."""
 
     @staticmethod
     def run(method: str, request: Any = None, params: Any = None, force_sync: bool = False, enqueue: bool = False):
@@ -296,6 +297,9 @@ class CheckedAsyncTask(AsyncTask):
                     raise HTTPException(status_code=422, detail="the training options must be a JSON object")
                 merged.update(params or {})
                 check(merged)
+                check_data = getattr(app_instance(), "check_train_data", None)
+                if check_data is not None:
+                    check_data()
         return AsyncTask.run(method, request=request, params=params, force_sync=force_sync, enqueue=enqueue)
 
 

@@ -198,6 +198,8 @@ def wrap_run_inference(original: Callable) -> Callable:
             raise HTTPException(status_code=404, detail=UNKNOWN_IMAGE)
         if label:
             raise HTTPException(status_code=422, detail="this server's models take no label upload (form field 'label')")
+        if output == "dicom_seg" and hasattr(app.datastore(), "require_image"):
+            raise HTTPException(status_code=422, detail="output dicom_seg needs a DICOMweb datastore; use image or json")
         if not (file or image or session_id or options.get("image")):
             raise HTTPException(status_code=400, detail="no image: give an image id, a file or a session id")
         if not file:
