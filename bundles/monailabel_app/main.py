@@ -35,6 +35,9 @@ Settings (``--conf KEY VALUE``):
   with a gradient scaler on an older GPU, else float32), ``bf16``, ``fp16`` (CUDA only) or ``fp32``. A training
   request may choose its own (option ``precision``); the choice is logged by every run.
 - ``skip_trainers``: ``true`` to register no training task (training disabled: ``/train`` answers 404).
+- ``max_upload_mb``: the largest upload in MB (default 2048); a larger one is answered with 413 before it is kept.
+- ``allow_empty_masks``: ``true`` to train on datastore labels that are all background (with a warning) instead of
+  answering the training request with 422.
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
@@ -42,9 +45,13 @@ without it is served for training only (an inference request is answered with HT
 training request has written it. Every training request is a new run on the datastore's current labels, from the
 served ``model.pt`` (``pretrained``, default) or the bundle's initial weights; its best model then replaces the served
 one and the log says so (``lib/trainers.py``).
-Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id: 404, a file that
-cannot be read as an image: 415, a 2D image sent to a volume model or the reverse: 422, a training option that is
-not accepted: 422) and the server keeps serving.
+Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id or label: 404, a
+file that cannot be read as an image or has no image extension: 415, an upload over ``max_upload_mb``: 413, a 2D
+image sent to a volume model or the reverse: 422, a training or inference option that is not accepted: 422, weights
+that do not fit the served network: 422) and the server keeps serving. Every upload's temporary file is removed
+whatever the answer (``lib/uploads.py``); an uploaded model replaces the served one atomically once it is checked,
+the previous one kept as ``models/model.pt.previous``; the folders of stopped training runs are removed at start and
+before each run; sessions live at most a day (``lib/sessions.py``).
 
 What a client may send (``lib/checks.py``): an image is the id of a datastore image, a file uploaded with the
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
