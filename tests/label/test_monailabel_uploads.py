@@ -31,8 +31,10 @@ from PIL import Image  # noqa: E402
 from .test_monailabel_app import (  # noqa: E402,F401  (_quiet_app: an autouse fixture used by name)
     NAME_2D,
     _app,
+    _make_bundles,
     _quiet_app,
     _studies_and_bundles,
+    _write_studies,
     app_main,
 )
 
@@ -194,6 +196,20 @@ def test_model_upload_is_checked_before_it_replaces_anything(http):
     r = client.put(f"/model/{NAME_2D}", files={"file": ("model.pt", buffer.getvalue())})
     assert r.status_code == 200, r.text
     assert client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files=form).status_code == 200
+
+
+def test_a_bundle_without_weights_is_served_once_weights_are_uploaded(http, tmp_path):
+    served_app = http[1]
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,), weights=False)
+    app = _app(bundles, studies, models=NAME_2D)
+    assert NAME_2D not in app.info()["models"]
+    upload = tmp_path / "upload.pt"
+    torch.save(_weights(served_app), upload)
+    assert app.replace_model(NAME_2D, str(upload))["checksum"]
+    assert NAME_2D in app.info()["models"] and not upload.exists()
+    assert app.infer({"model": NAME_2D, "image": "img_a", "device": "cpu"})["file"].endswith(".png")
 
 
 # ---------------------------------------------------------------- 3. the datastore's own names, extensions, lengths
