@@ -484,12 +484,16 @@ class SpectraFlowApp(MONAILabelApp):
             return
         if isinstance(model, str) and model in self.untrained:
             raise HTTPException(status_code=404, detail=self.untrained[model])
-        raise HTTPException(status_code=404, detail=f"model {model!r} is not loaded; loaded models: {sorted(self._infers)}")
+        raise HTTPException(
+            status_code=404, detail=f"model {model!r} is not loaded; loaded models: {sorted(self._infers)}"
+        )
 
     def require_bundle(self, model: Any) -> None:
         """HTTP 404 naming the served bundles unless ``model`` is one of them."""
         if not (isinstance(model, str) and model in self.bundles):
-            raise HTTPException(status_code=404, detail=f"model {model!r} is not served; models: {sorted(self.bundles)}")
+            raise HTTPException(
+                status_code=404, detail=f"model {model!r} is not served; models: {sorted(self.bundles)}"
+            )
 
     def _network(self, name: str) -> torch.nn.Module:
         """The served network of bundle ``name`` (its inference config with the app's overrides), without weights."""
@@ -499,7 +503,8 @@ class SpectraFlowApp(MONAILabelApp):
         from monai.bundle import ConfigParser
 
         path = self.bundles[name]
-        config = next(os.path.join(path, "configs", c) for c in INFER_CONFIGS if os.path.isfile(os.path.join(path, "configs", c)))
+        configs = [os.path.join(path, "configs", c) for c in INFER_CONFIGS]
+        config = next(c for c in configs if os.path.isfile(c))
         parser = ConfigParser()
         parser.read_config(config)
         parser.config.update({"bundle_root": path})
@@ -627,7 +632,8 @@ class SpectraFlowApp(MONAILabelApp):
         pairs = self.datastore().datalist()
         if not pairs:
             raise HTTPException(
-                status_code=422, detail="no image has a label yet (labels/final): save labels (PUT /datastore/label) first"
+                status_code=422,
+                detail="no image has a label yet (labels/final): save labels (PUT /datastore/label) first",
             )
         try:
             check_foreground(pairs, "the datastore's labels", allow_empty=self.allow_empty_masks)

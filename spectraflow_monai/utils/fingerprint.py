@@ -8,8 +8,8 @@ one of them changed.
 
 The cache lives in memory and in one JSON file (:func:`default_cache_file`: ``$SPECTRAFLOW_FINGERPRINT_CACHE``, else
 ``$XDG_CACHE_HOME/spectraflow_monai/file_digests.json``, else ``~/.cache/spectraflow_monai/file_digests.json``),
-written atomically at most every :data:`SAVE_DELAY` seconds while new digests are computed and at exit, and bounded to :data:`MAX_CACHED` entries
-(the oldest go first). A cache that cannot be read or written is ignored (the digests are then computed, not
+written atomically at most every :data:`SAVE_DELAY` seconds while new digests are computed and at exit, and
+bounded to :data:`MAX_CACHED` entries (the oldest go first). A cache that cannot be read or written is ignored (the digests are then computed, not
 cached). The cache holds digests only, never anything that is run or configured from.
 """
 
@@ -74,7 +74,9 @@ def _load(cache_file: str) -> dict[str, Any]:
             data = json.load(f)
         if isinstance(data, dict) and data.get("version") == _VERSION and isinstance(data.get("files"), dict):
             entries = {
-                str(k): v for k, v in data["files"].items() if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)
+                str(k): v
+                for k, v in data["files"].items()
+                if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)
             }
     except FileNotFoundError:
         pass

@@ -48,8 +48,9 @@ def http(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("uploads")
     studies, bundles = _studies_and_bundles(root)
-    saved = {k: getattr(settings, k) for k in ("MONAI_LABEL_APP_DIR", "MONAI_LABEL_STUDIES",
-                                               "MONAI_LABEL_DATASTORE_AUTO_RELOAD", "MONAI_LABEL_SESSION_PATH")}  # fmt: skip
+    names = ("MONAI_LABEL_APP_DIR", "MONAI_LABEL_STUDIES", "MONAI_LABEL_DATASTORE_AUTO_RELOAD",
+             "MONAI_LABEL_SESSION_PATH")  # fmt: skip
+    saved = {k: getattr(settings, k) for k in names}
     settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD = False
     settings.MONAI_LABEL_SESSION_PATH = str(root / "sessions")
     app = _app(bundles, studies, models=NAME_2D)
@@ -134,8 +135,8 @@ def test_accepted_uploads_leave_no_temporary_file(http):
     r = client.put("/datastore/label", params={"image": "up_a"},
                    files={"label": ("a.png", _png(np.ones((56, 56), np.uint8)))})  # fmt: skip
     assert r.status_code == 200, r.text
-    r = client.post(f"/infer/{NAME_2D}", params={"output": "image"},
-                    files={"file": ("a.png", _image_bytes()), "params": (None, json.dumps({"device": "cpu"}))})  # fmt: skip
+    form = {"file": ("a.png", _image_bytes()), "params": (None, json.dumps({"device": "cpu"}))}
+    r = client.post(f"/infer/{NAME_2D}", params={"output": "image"}, files=form)
     assert r.status_code == 200, r.text
     assert _temp_files(root) == before
 
@@ -215,9 +216,10 @@ def test_a_bundle_without_weights_is_served_once_weights_are_uploaded(http, tmp_
 # ---------------------------------------------------------------- 3. the datastore's own names, extensions, lengths
 @pytest.mark.parametrize(
     "query, filename, status",
-    [({"image": "datastore_v2"}, "x.png", 400), ({"image": "datastore_v2"}, "x.json", 415), ({"image": ".lock"}, "a.png", 400),
-     ({}, ".lock", 415), ({"image": "labels"}, "a.png", 400), ({"image": "labels"}, "x", 415), ({"image": ".hidden"}, "a.png", 400),
-     ({"image": "x" * 255}, "a.png", 400), ({"image": "é" * 200}, "a.png", 400)],
+    [({"image": "datastore_v2"}, "x.png", 400), ({"image": "datastore_v2"}, "x.json", 415),
+     ({"image": ".lock"}, "a.png", 400), ({}, ".lock", 415), ({"image": "labels"}, "a.png", 400),
+     ({"image": "labels"}, "x", 415), ({"image": ".hidden"}, "a.png", 400), ({"image": "x" * 255}, "a.png", 400),
+     ({"image": "é" * 200}, "a.png", 400)],
 )  # fmt: skip
 def test_uploads_cannot_take_the_datastores_own_names(http, query, filename, status):
     client, app, root = http
@@ -240,8 +242,10 @@ def test_labels_are_lossless_image_files(http, filename):
 # ---------------------------------------------------------------- 4. unknown ids, reasons instead of 500s
 @pytest.mark.parametrize(
     "method, route, query",
-    [("GET", "/datastore/image/info", {"image": "nosuch"}), ("GET", "/datastore/label/info", {"label": "nosuch", "tag": "final"}),
-     ("DELETE", "/datastore/label", {"id": "nosuch", "tag": "final"}), ("GET", "/datastore/label/info", {"label": "img_a", "tag": "final"}),
+    [("GET", "/datastore/image/info", {"image": "nosuch"}),
+     ("GET", "/datastore/label/info", {"label": "nosuch", "tag": "final"}),
+     ("DELETE", "/datastore/label", {"id": "nosuch", "tag": "final"}),
+     ("GET", "/datastore/label/info", {"label": "img_a", "tag": "final"}),
      ("DELETE", "/datastore/label", {"id": "img_a", "tag": "final"}), ("GET", "/datastore/image", {"image": "nosuch"}),
      ("DELETE", "/datastore/image", {"id": "nosuch"}), ("DELETE", "/model/nosuch", {}), ("GET", "/session/nosuch", {})],
 )  # fmt: skip

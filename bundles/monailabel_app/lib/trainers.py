@@ -363,9 +363,10 @@ class SpectraFlowTrainTask(BundleTrainTask):
                 "val_split > 0 and enough labelled images); the served model is unchanged."
             )
         replaced = replace_served_model(best, os.path.join(self.bundle_path, "models", DEFAULT_WEIGHTS))
+        kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
         logger.info(
             f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
-            f"{' (it replaced the previous one); the previous one is kept as models/model.pt.previous' if replaced else ''}"
+            f"{kept if replaced else ''}"
         )
 
     def config(self) -> dict[str, Any]:

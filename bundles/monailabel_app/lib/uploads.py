@@ -78,7 +78,8 @@ def upload_limit(app: Any) -> int:
 
 def _too_large(limit: int) -> HTTPException:
     return HTTPException(
-        status_code=413, detail=f"the upload is larger than this server takes ({limit / 1e6:g} MB, --conf max_upload_mb)"
+        status_code=413,
+        detail=f"the upload is larger than this server takes ({limit / 1e6:g} MB, --conf max_upload_mb)",
     )
 
 
@@ -197,9 +198,13 @@ def wrap_run_inference(original: Callable) -> Callable:
         if session_id and not plain_name(session_id):  # MONAI Label would read <session store>/<id>/meta.info
             raise HTTPException(status_code=404, detail=UNKNOWN_IMAGE)
         if label:
-            raise HTTPException(status_code=422, detail="this server's models take no label upload (form field 'label')")
+            raise HTTPException(
+                status_code=422, detail="this server's models take no label upload (form field 'label')"
+            )
         if output == "dicom_seg" and hasattr(app.datastore(), "require_image"):
-            raise HTTPException(status_code=422, detail="output dicom_seg needs a DICOMweb datastore; use image or json")
+            raise HTTPException(
+                status_code=422, detail="output dicom_seg needs a DICOMweb datastore; use image or json"
+            )
         if not (file or image or session_id or options.get("image")):
             raise HTTPException(status_code=400, detail="no image: give an image id, a file or a session id")
         if not file:
