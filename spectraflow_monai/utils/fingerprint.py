@@ -9,8 +9,8 @@ one of them changed.
 The cache lives in memory and in one JSON file (:func:`default_cache_file`: ``$SPECTRAFLOW_FINGERPRINT_CACHE``, else
 ``$XDG_CACHE_HOME/spectraflow_monai/file_digests.json``, else ``~/.cache/spectraflow_monai/file_digests.json``),
 written atomically at most every :data:`SAVE_DELAY` seconds while new digests are computed and at exit, and
-bounded to :data:`MAX_CACHED` entries (the oldest go first). A cache that cannot be read or written is ignored (the digests are then computed, not
-cached). The cache holds digests only, never anything that is run or configured from.
+bounded to :data:`MAX_CACHED` entries (the oldest go first). A cache that cannot be read or written is ignored (the
+digests are then computed, not cached). The cache holds digests only, never anything that is run or configured from.
 """
 
 from __future__ import annotations
