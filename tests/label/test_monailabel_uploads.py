@@ -99,6 +99,7 @@ _REFUSED = [  # (name, method, route, query, files, expected status)
     ("unreadable inference upload", "POST", f"/infer/{NAME_2D}", {"output": "image"},
      {"file": ("notes.png", b"\x00" * 5000)}, 415),
     ("inference of an unknown model", "POST", "/infer/nosuch", {}, {"file": ("i.png", "IMAGE")}, 404),
+    ("whole-slide inference", "POST", f"/infer/wsi_v2/{NAME_2D}", {}, {"file": ("i.png", "IMAGE")}, 422),
     ("weights for an unknown model", "PUT", "/model/nosuch", {}, {"file": ("m.pt", b"\x00" * 5000)}, 404),
     ("random bytes as weights", "PUT", f"/model/{NAME_2D}", {}, {"file": ("m.pt", os.urandom(5000))}, 422),
     ("session with a negative expiry", "PUT", "/session/", {"expiry": -1}, {"files": ("i.png", "IMAGE")}, 422),

@@ -394,6 +394,7 @@ def install_server_checks() -> None:
     from monailabel.endpoints import model as model_endpoint
     from monailabel.endpoints import session as session_endpoint
     from monailabel.endpoints import train as train_endpoint
+    from monailabel.endpoints import wsi_infer as wsi_endpoint
 
     from . import uploads
 
@@ -408,6 +409,7 @@ def install_server_checks() -> None:
         (model_endpoint, "update_model", uploads.update_model),
         (model_endpoint, "delete_model", uploads.delete_model),
         (session_endpoint, "create_session", uploads.create_session),
+        (wsi_endpoint, "run_wsi_inference", uploads.run_wsi_inference),
     ):
         replacement.spectraflow_checked = True
         setattr(module, name, replacement)

@@ -4,8 +4,8 @@ MONAI Label copies every upload into a named temporary file first and removes it
 after a successful answer: each refused upload (an unknown image id, an unreadable file, a failing inference, an
 unknown model) stayed in the temporary folder for good. These functions replace the endpoint helpers of
 ``monailabel.endpoints`` (``datastore.add_image``, ``datastore.save_label``, ``infer.run_inference``,
-``model.update_model``, ``model.delete_model``, ``session.create_session``; installed by
-:func:`lib.checks.install_server_checks`). Each one:
+``model.update_model``, ``model.delete_model``, ``session.create_session``, ``wsi_infer.run_wsi_inference``;
+installed by :func:`lib.checks.install_server_checks`). Each one:
 
 - checks what it can before the upload is copied: the model (404), the image id and label tag (400), the file name's
   extension (415: :data:`lib.checks.IMAGE_EXTENSIONS`, :data:`lib.checks.LABEL_EXTENSIONS`, ``.pt`` / ``.pth`` for
@@ -52,6 +52,7 @@ __all__ = [
     "datastore_extensions",
     "delete_model",
     "json_object",
+    "run_wsi_inference",
     "save_label",
     "update_model",
     "upload_limit",
@@ -218,6 +219,16 @@ def wrap_run_inference(original: Callable) -> Callable:
             return original(background_tasks, model, path, session_id, params, None, None, output)
 
     return run_inference
+
+
+def run_wsi_inference(background_tasks: Any, model: Any, image: Any = "", session_id: Any = "", file: Any = None,
+                      wsi: Any = None, output: Any = None):  # fmt: skip
+    """``POST /infer/wsi/<model>``, ``/infer/wsi_v2/<model>``: refused (422) before an upload is copied; no model of
+    this app segments whole-slide images tile by tile."""
+    _app().require_infer_model(model)
+    raise HTTPException(
+        status_code=422, detail=f"model {model!r} does not run whole-slide (WSI) inference: use POST /infer/{model}"
+    )
 
 
 def update_model(background_tasks: Any, model: Any, file: Any):
