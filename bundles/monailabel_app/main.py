@@ -283,8 +283,6 @@ class _CheckedLocalDatastore(LocalDatastore):
         if image_id not in self._datastore.objects:
             raise HTTPException(status_code=404, detail="image not found: GET /datastore/?output=all lists the ids")
 
-    _known = require_image
-
     def _require_label(self, label_id: str, label_tag: str) -> None:
         if self._datastore.label(label_id, label_tag) is None:
             raise HTTPException(status_code=404, detail="label not found: GET /datastore/?output=all lists the ids")
@@ -295,12 +293,12 @@ class _CheckedLocalDatastore(LocalDatastore):
         return super().add_image(image_id, image_filename, image_info)
 
     def remove_image(self, image_id: str) -> None:
-        self._known(check_id(image_id))
+        self.require_image(check_id(image_id))
         return super().remove_image(image_id)
 
     def save_label(self, image_id: str, label_filename: str, label_tag: str, label_info: dict[str, Any]) -> str:
         check_tag(label_tag)
-        self._known(check_id(image_id))
+        self.require_image(check_id(image_id))
         self._new_file(image_id, label_filename, LABEL_EXTENSIONS, "label map")
         self._upload_problem(label_filename, "label map")
         return super().save_label(image_id, label_filename, label_tag, label_info)
@@ -316,13 +314,13 @@ class _CheckedLocalDatastore(LocalDatastore):
         return super().get_image_uri(check_id(image_id))
 
     def get_image_info(self, image_id: str) -> dict[str, Any]:
-        self._known(check_id(image_id))
+        self.require_image(check_id(image_id))
         info = super().get_image_info(image_id)
         info.pop("path", None)  # the server path of the file: the answer shows ids only
         return info
 
     def update_image_info(self, image_id: str, info: dict[str, Any]) -> None:
-        self._known(check_id(image_id))
+        self.require_image(check_id(image_id))
         return super().update_image_info(image_id, info)
 
     def get_label(self, label_id: str, label_tag: str, params: Any = None) -> Any:
@@ -470,7 +468,8 @@ class SpectraFlowApp(MONAILabelApp):
                 if task is not None:
                     self._infers[name] = task
         for name in [n for n in self._infers if n in self.bundles]:
-            if not os.path.isfile(self._served_model(name)):
+            torchscript = os.path.join(self.bundles[name], "models", "model.ts")
+            if not (os.path.isfile(self._served_model(name)) or os.path.isfile(torchscript)):
                 self._infers.pop(name)
                 self.untrained[name] = (
                     f"model {name!r} has no served weights (models/model.pt was deleted): upload one "
