@@ -35,6 +35,9 @@ Settings (``--conf KEY VALUE``):
   with a gradient scaler on an older GPU, else float32), ``bf16``, ``fp16`` (CUDA only) or ``fp32``. A training
   request may choose its own (option ``precision``); the choice is logged by every run.
 - ``skip_trainers``: ``true`` to register no training task (training disabled: ``/train`` answers 404).
+- ``max_upload_mb``: the largest upload in MB (default 2048); a larger one is answered with 413 before it is kept.
+- ``allow_empty_masks``: ``true`` to train on datastore labels that are all background (with a warning) instead of
+  answering the training request with 422.
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
@@ -42,9 +45,13 @@ without it is served for training only (an inference request is answered with HT
 training request has written it. Every training request is a new run on the datastore's current labels, from the
 served ``model.pt`` (``pretrained``, default) or the bundle's initial weights; its best model then replaces the served
 one and the log says so (``lib/trainers.py``).
-Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id: 404, a file that
-cannot be read as an image: 415, a 2D image sent to a volume model or the reverse: 422, a training option that is
-not accepted: 422) and the server keeps serving.
+Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id or label: 404, a
+file that cannot be read as an image or has no image extension: 415, an upload over ``max_upload_mb``: 413, a 2D
+image sent to a volume model or the reverse: 422, a training or inference option that is not accepted: 422, weights
+that do not fit the served network: 422) and the server keeps serving. Every upload's temporary file is removed
+whatever the answer (``lib/uploads.py``); an uploaded model replaces the served one atomically once it is checked,
+the previous one kept as ``models/model.pt.previous``; the folders of stopped training runs are removed at start and
+before each run; sessions live at most a day (``lib/sessions.py``).
 
 What a client may send (``lib/checks.py``): an image is the id of a datastore image, a file uploaded with the
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
@@ -76,7 +83,7 @@ from monailabel.interfaces.tasks.strategy import Strategy
 from monailabel.interfaces.tasks.train import TrainTask
 from monailabel.tasks.activelearning.first import First
 from monailabel.tasks.activelearning.random import Random
-from monailabel.utils.others.generic import strtobool
+from monailabel.utils.others.generic import file_checksum, strtobool
 
 import spectraflow_monai
 
@@ -97,15 +104,27 @@ def _import_lib() -> None:
 _import_lib()
 
 from lib.checks import (  # noqa: E402
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSIONS,
     check_id,
+    check_new_id,
     check_tag,
     client_request,
     install_server_checks,
     redact_paths,
     resolve_image,
+    upload_extension,
 )
-from lib.served import check_apart, served_copy  # noqa: E402
-from lib.infers import DropSingletonChanneld, SpectraFlowInferTask, image_problem  # noqa: E402
+from lib.infers import (  # noqa: E402
+    DEFAULT_WEIGHTS,
+    DropSingletonChanneld,
+    SpectraFlowInferTask,
+    image_problem,
+    short_reason,
+)
+from lib.options import check_infer_options  # noqa: E402
+from lib.served import check_apart, replace_served_model, served_copy, set_aside_served_model  # noqa: E402
+from lib.sessions import CappedSessions  # noqa: E402
 from lib.trainers import (  # noqa: E402
     TRAIN_OPTIONS,
     SpectraFlowTrainTask,
@@ -113,6 +132,7 @@ from lib.trainers import (  # noqa: E402
     precision_setting,
     weight_settings,
 )
+from lib.uploads import DEFAULT_MAX_UPLOAD_MB, datastore_extensions  # noqa: E402
 
 __all__ = [
     "DropSingletonChanneld",
@@ -185,38 +205,66 @@ def parse_overrides(conf: dict[str, str], name: str) -> dict[str, Any]:
     return merged
 
 
-def _state_dict(path: str) -> dict[str, torch.Tensor]:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+def _max_upload_bytes(conf: dict[str, Any]) -> int:
+    """``--conf max_upload_mb`` (default :data:`lib.uploads.DEFAULT_MAX_UPLOAD_MB`) in bytes."""
+    text = conf.get("max_upload_mb")
+    try:
+        value = float(text) if text not in (None, "") else DEFAULT_MAX_UPLOAD_MB
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"--conf max_upload_mb must be a number of megabytes > 0, got {text!r}.")
+    return int(value * 1e6)
+
+
+def weights_problem(path: str, network: torch.nn.Module) -> str | None:
+    """Why the file at ``path`` cannot be loaded into ``network``, or None when it fits.
+
+    The file is loaded weights-only (``torch.load(..., weights_only=True)``: no pickled code runs) and must hold a
+    state dict (or ``{"model": state dict}``) with exactly the network's keys and shapes.
+
+    Args:
+        path: the weight file.
+        network: the served network.
+
+    Returns:
+        the reason (naming no path), or None.
+    """
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # every load failure means "not a weights-only PyTorch file"
+        return f"it is not a weights-only PyTorch checkpoint ({redact_paths(short_reason(e))})"
     if isinstance(checkpoint, dict) and isinstance(checkpoint.get("model"), dict):
         checkpoint = checkpoint["model"]
-    if not isinstance(checkpoint, dict):
-        raise ValueError(f"{path} is not a state dict (got {type(checkpoint).__name__}).")
-    return checkpoint
+    if not isinstance(checkpoint, dict) or not all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+        return f"it holds a {type(checkpoint).__name__}, not a state dict of tensors"
+    expected = network.state_dict()
+    missing = sorted(set(expected) - set(checkpoint))
+    unexpected = sorted(set(checkpoint) - set(expected))
+    wrong = sorted(k for k in set(checkpoint) & set(expected) if tuple(checkpoint[k].shape) != tuple(expected[k].shape))
+    parts = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)):
+        if keys:
+            parts.append(f"{label}: {keys[:5]}{' ...' if len(keys) > 5 else ''} ({len(keys)})")
+    return f"it does not fit the served network ({'; '.join(parts)})" if parts else None
 
 
 def _check_weights(path: str, network: torch.nn.Module, name: str) -> None:
     """Fail at start-up, naming the file and the keys, when ``model.pt`` does not fit the configured network."""
-    state = _state_dict(path)
-    expected = network.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(k for k in set(state) & set(expected) if tuple(state[k].shape) != tuple(expected[k].shape))
-    if missing or unexpected or wrong:
-        parts = []
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)):
-            if keys:
-                parts.append(f"{label}: {keys[:5]}{' ...' if len(keys) > 5 else ''} ({len(keys)})")
+    problem = weights_problem(path, network)
+    if problem is not None:
         raise ValueError(
-            f"{path} does not fit the network of bundle {name!r} ({'; '.join(parts)}). Serve it with the network "
+            f"{path} does not fit the network of bundle {name!r}: {problem}. Serve it with the network "
             'settings it was trained with, e.g. --conf overrides \'{"encoder_name": ..., "encoder_kwargs": ...}\'.'
         )
 
 
 class _CheckedLocalDatastore(LocalDatastore):
     """Local datastore for requests: plain ids and tags only (``lib.checks.check_id`` / ``check_tag``, HTTP 400),
-    unknown ids answered with 404, and an uploaded image or label that MONAI cannot read refused with 415 instead of
-    being stored. Every datastore route of MONAI Label (upload, save label, download, info, delete; image and label)
-    goes through these methods."""
+    unknown ids and labels answered with 404, and an uploaded image or label refused before it is stored when its
+    id is one of the datastore's own names or too long for a file name (400), its extension is not an image format
+    of the datastore (415), or MONAI cannot read it (415). Every datastore route of MONAI Label (upload, save label,
+    download, info, delete; image and label) goes through these methods."""
 
     def _upload_problem(self, filename: str, what: str) -> None:
         problem = image_problem(filename)
@@ -224,27 +272,40 @@ class _CheckedLocalDatastore(LocalDatastore):
             reason = redact_paths(problem[1], {filename: "the upload", os.path.realpath(filename): "the upload"})
             raise HTTPException(status_code=415, detail=f"the upload is not a readable {what} ({reason})")
 
-    def _known(self, image_id: str) -> None:
+    def _new_file(self, image_id: str, filename: str, allowed: tuple[str, ...], what: str) -> str:
+        """The checked id of a new datastore file from ``filename`` (its extension, as the datastore takes it)."""
+        name_id, ext = self._to_id(os.path.basename(filename))
+        upload_extension(f"x{ext}", datastore_extensions(self, allowed), what)
+        return check_new_id(image_id or name_id, ext, "image" if what == "image" else "label")
+
+    def require_image(self, image_id: str) -> None:
+        """HTTP 404 unless ``image_id`` is an image of the datastore."""
         if image_id not in self._datastore.objects:
             raise HTTPException(status_code=404, detail="image not found: GET /datastore/?output=all lists the ids")
 
+    def _require_label(self, label_id: str, label_tag: str) -> None:
+        if self._datastore.label(label_id, label_tag) is None:
+            raise HTTPException(status_code=404, detail="label not found: GET /datastore/?output=all lists the ids")
+
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
-        check_id(image_id or self._to_id(os.path.basename(image_filename))[0])
+        image_id = self._new_file(image_id, image_filename, IMAGE_EXTENSIONS, "image")
         self._upload_problem(image_filename, "image")
         return super().add_image(image_id, image_filename, image_info)
 
     def remove_image(self, image_id: str) -> None:
-        self._known(check_id(image_id))
+        self.require_image(check_id(image_id))
         return super().remove_image(image_id)
 
     def save_label(self, image_id: str, label_filename: str, label_tag: str, label_info: dict[str, Any]) -> str:
         check_tag(label_tag)
-        self._known(check_id(image_id))
+        self.require_image(check_id(image_id))
+        self._new_file(image_id, label_filename, LABEL_EXTENSIONS, "label map")
         self._upload_problem(label_filename, "label map")
         return super().save_label(image_id, label_filename, label_tag, label_info)
 
     def remove_label(self, label_id: str, label_tag: str) -> None:
-        return super().remove_label(check_id(label_id, "label"), check_tag(label_tag))
+        self._require_label(check_id(label_id, "label"), check_tag(label_tag))
+        return super().remove_label(label_id, label_tag)
 
     def get_image(self, image_id: str, params: Any = None) -> Any:
         return super().get_image(check_id(image_id), params)
@@ -253,12 +314,13 @@ class _CheckedLocalDatastore(LocalDatastore):
         return super().get_image_uri(check_id(image_id))
 
     def get_image_info(self, image_id: str) -> dict[str, Any]:
-        info = super().get_image_info(check_id(image_id))
+        self.require_image(check_id(image_id))
+        info = super().get_image_info(image_id)
         info.pop("path", None)  # the server path of the file: the answer shows ids only
         return info
 
     def update_image_info(self, image_id: str, info: dict[str, Any]) -> None:
-        self._known(check_id(image_id))
+        self.require_image(check_id(image_id))
         return super().update_image_info(image_id, info)
 
     def get_label(self, label_id: str, label_tag: str, params: Any = None) -> Any:
@@ -268,13 +330,11 @@ class _CheckedLocalDatastore(LocalDatastore):
         return super().get_label_uri(check_id(label_id, "label"), check_tag(label_tag))
 
     def get_label_info(self, label_id: str, label_tag: str) -> dict[str, Any]:
-        return super().get_label_info(check_id(label_id, "label"), check_tag(label_tag))
+        self._require_label(check_id(label_id, "label"), check_tag(label_tag))
+        return super().get_label_info(label_id, label_tag)
 
     def update_label_info(self, label_id: str, label_tag: str, info: dict[str, Any]) -> None:
-        check_id(label_id, "label")
-        check_tag(label_tag)
-        if self._datastore.label(label_id, label_tag) is None:
-            raise HTTPException(status_code=404, detail="label not found: GET /datastore/?output=all lists the ids")
+        self._require_label(check_id(label_id, "label"), check_tag(label_tag))
         return super().update_label_info(label_id, label_tag, info)
 
     def get_labels_by_image_id(self, image_id: str) -> dict[str, str]:
@@ -316,6 +376,8 @@ class SpectraFlowApp(MONAILabelApp):
         self.overrides = {m: parse_overrides(conf, m) for m in self.bundles}
         self.weight_settings = weight_settings(conf)
         self.precision = precision_setting(conf)
+        self.max_upload_bytes = _max_upload_bytes(conf)
+        self.allow_empty_masks = strtobool(str(conf.get("allow_empty_masks", "false")))
         self.untrained: dict[str, str] = {}
         super().__init__(
             app_dir=app_dir,
@@ -385,14 +447,106 @@ class SpectraFlowApp(MONAILabelApp):
     def init_strategies(self) -> dict[str, Strategy]:
         return {"random": Random(), "first": First()}
 
+    def _load_sessions(self, load: bool = False) -> CappedSessions | None:
+        """MONAI Label's sessions with a capped life (``lib/sessions.py``)."""
+        if not load:
+            return None
+        from monailabel.config import settings
+
+        return CappedSessions(settings.MONAI_LABEL_SESSION_PATH, settings.MONAI_LABEL_SESSION_EXPIRY)
+
     # ------------------------------------------------------------------ requests
+    def _served_model(self, name: str) -> str:
+        return os.path.join(self.bundles[name], "models", DEFAULT_WEIGHTS)
+
     def _serve_trained(self) -> None:
-        """Serve for inference each bundle that had no weights at start once a training run has written them."""
+        """Serve for inference each bundle that had no weights at start once a training run or an upload has written
+        them; a bundle whose served model was deleted (``DELETE /model/<name>``) is served for training only."""
         for name in list(self.untrained):
-            if os.path.isfile(os.path.join(self.bundles[name], "models", "model.pt")):
+            if os.path.isfile(self._served_model(name)):
                 task = self._infer_task(name)
                 if task is not None:
                     self._infers[name] = task
+        for name in [n for n in self._infers if n in self.bundles]:
+            torchscript = os.path.join(self.bundles[name], "models", "model.ts")
+            if not (os.path.isfile(self._served_model(name)) or os.path.isfile(torchscript)):
+                self._infers.pop(name)
+                self.untrained[name] = (
+                    f"model {name!r} has no served weights (models/model.pt was deleted): upload one "
+                    f"(PUT /model/{name}) or train it (POST /train/{name})"
+                )
+
+    def require_infer_model(self, model: Any) -> None:
+        """HTTP 404 naming the loaded models unless ``model`` is served for inference."""
+        self._serve_trained()
+        if isinstance(model, str) and model in self._infers:
+            return
+        if isinstance(model, str) and model in self.untrained:
+            raise HTTPException(status_code=404, detail=self.untrained[model])
+        raise HTTPException(
+            status_code=404, detail=f"model {model!r} is not loaded; loaded models: {sorted(self._infers)}"
+        )
+
+    def require_bundle(self, model: Any) -> None:
+        """HTTP 404 naming the served bundles unless ``model`` is one of them."""
+        if not (isinstance(model, str) and model in self.bundles):
+            raise HTTPException(
+                status_code=404, detail=f"model {model!r} is not served; models: {sorted(self.bundles)}"
+            )
+
+    def _network(self, name: str) -> torch.nn.Module:
+        """The served network of bundle ``name`` (its inference config with the app's overrides), without weights."""
+        task = self._infers.get(name)
+        if isinstance(task, SpectraFlowInferTask) and task.network is not None:
+            return task.network
+        from monai.bundle import ConfigParser
+
+        path = self.bundles[name]
+        configs = [os.path.join(path, "configs", c) for c in INFER_CONFIGS]
+        config = next(c for c in configs if os.path.isfile(c))
+        parser = ConfigParser()
+        parser.read_config(config)
+        parser.config.update({"bundle_root": path})
+        parser.update({**self.overrides[name], **self.precision})
+        return parser.get_parsed_content("network_def", instantiate=True)
+
+    def replace_model(self, model: str, path: str) -> dict[str, Any]:
+        """Serve the weight file at ``path`` as bundle ``model``'s ``models/model.pt`` (``PUT /model/<model>``).
+
+        The file is checked first (:func:`weights_problem`: weights-only, exactly the served network's keys and
+        shapes); then it replaces the served model atomically and the previous one is kept as
+        ``models/model.pt.previous`` (``lib/served.py``).
+
+        Raises:
+            HTTPException: 404 for a bundle that is not served, 422 naming why the file does not fit (the served
+                model is unchanged).
+        """
+        self.require_bundle(model)
+        problem = weights_problem(path, self._network(model))
+        if problem is not None:
+            raise HTTPException(status_code=422, detail=f"the uploaded weights were not served: {problem}")
+        served = self._served_model(model)
+        replaced = replace_served_model(path, served)
+        logger.info(
+            f"+++ {model}: an uploaded model now serves as models/model.pt"
+            f"{' (the previous one is kept as models/model.pt.previous)' if replaced else ''}"
+        )
+        self._serve_trained()
+        stat = os.stat(served)
+        return {"checksum": file_checksum(served), "modified_time": int(stat.st_mtime)}
+
+    def delete_model(self, model: str) -> None:
+        """Stop serving bundle ``model``'s ``models/model.pt`` (``DELETE /model/<model>``): it becomes
+        ``models/model.pt.previous``; inference answers 404 until a model is uploaded or trained.
+
+        Raises:
+            HTTPException: 404 when the bundle is not served or has no served model.
+        """
+        self.require_bundle(model)
+        if not set_aside_served_model(self._served_model(model)):
+            raise HTTPException(status_code=404, detail=f"model {model!r} has no served weights (models/model.pt)")
+        logger.info(f"+++ {model}: models/model.pt set aside as models/model.pt.previous (DELETE /model)")
+        self._serve_trained()
 
     def info(self) -> dict[str, Any]:
         self._serve_trained()
@@ -414,14 +568,12 @@ class SpectraFlowApp(MONAILabelApp):
     def infer(self, request: dict[str, Any], datastore: Datastore | None = None) -> dict[str, Any]:
         """``MONAILabelApp.infer`` for datastore ids and uploads only, answering bad requests with 4xx
         ``HTTPException`` s instead of server errors."""
-        model = request.get("model")
-        self._serve_trained()
-        if not isinstance(model, str) or model not in self._infers:
-            if isinstance(model, str) and model in self.untrained:
-                raise HTTPException(status_code=404, detail=self.untrained[model])
-            raise HTTPException(
-                status_code=404, detail=f"model {model!r} is not loaded; loaded models: {sorted(self._infers)}"
-            )
+        model = request.get("model") if isinstance(request, dict) else None
+        self.require_infer_model(model)
+        try:
+            request = check_infer_options(request)
+        except ValueError as e:
+            raise HTTPException(status_code=422, detail=str(e)) from None
         datastore = datastore if datastore else self.datastore()
         image = request.get("image")
         if not isinstance(image, str) or not image:
@@ -464,10 +616,35 @@ class SpectraFlowApp(MONAILabelApp):
         # MONAI Label's deprecated POST /train/ also passes every model's options under the model's name
         own = {k: v for k, v in request.items() if not (k in self._trainers and k != "model" and isinstance(v, dict))}
         try:
-            return task.check_request(own) if isinstance(task, SpectraFlowTrainTask) else own
+            checked = task.check_request(own) if isinstance(task, SpectraFlowTrainTask) else own
         except ValueError as e:
             raise HTTPException(status_code=422, detail=str(e)) from None
+        return checked
+
+    def check_train_data(self) -> None:
+        """HTTP 422 when no image of the datastore has a label (``labels/final``), or when every label is background
+        only, unless the app is started with ``--conf allow_empty_masks true`` (then a warning); see
+        :func:`spectraflow_monai.data.validation.check_foreground`."""
+        from spectraflow_monai.data.validation import check_foreground
+        from spectraflow_monai.utils.errors import DatasetError
+
+        pairs = self.datastore().datalist()
+        if not pairs:
+            raise HTTPException(
+                status_code=422,
+                detail="no image has a label yet (labels/final): save labels (PUT /datastore/label) first",
+            )
+        try:
+            check_foreground(pairs, "the datastore's labels", allow_empty=self.allow_empty_masks)
+        except DatasetError as e:
+            studies = {self.studies: "studies", os.path.realpath(self.studies): "studies"}
+            detail = redact_paths(str(e), studies).replace("set allow_empty_masks true", "start the server with --conf "
+                                                  "allow_empty_masks true")  # fmt: skip
+            raise HTTPException(status_code=422, detail=detail) from None
 
     def train(self, request: dict[str, Any]) -> Any:
-        """``MONAILabelApp.train`` with the options checked first (:meth:`check_train_request`)."""
-        return super().train(self.check_train_request(request))
+        """``MONAILabelApp.train`` with the options (:meth:`check_train_request`) and the labels
+        (:meth:`check_train_data`) checked first."""
+        request = self.check_train_request(request)
+        self.check_train_data()
+        return super().train(request)

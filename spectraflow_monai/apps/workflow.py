@@ -30,6 +30,7 @@ from ignite.engine import Engine
 from monai.handlers import CheckpointLoader, HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
 from monai.transforms import Compose
 
+from spectraflow_monai.data.validation import check_foreground
 from spectraflow_monai.handlers import HD95EmptyAsDiagonal
 from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
 from spectraflow_monai.utils.settings import ModelSettings, check_image_size
@@ -105,10 +106,29 @@ def trainable_parameters(network: nn.Module | Sequence[nn.Module]) -> list[nn.Pa
     return [p for module in modules for p in module.parameters() if p.requires_grad]
 
 
-def datalist(source: Any, split: str, *args: Any, **kwargs: Any) -> list[dict]:
+def datalist(
+    source: Any, split: str, *args: Any, role: str | None = None, allow_empty_masks: bool = False, **kwargs: Any
+) -> list[dict]:
     """``source.datalist(split, *args, **kwargs)``: one split (``train``, ``val``, ``test``) of a run's data source
-    (:class:`~spectraflow_monai.apps.seg2d.DataSource`, :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`)."""
-    return source.datalist(split, *args, **kwargs)
+    (:class:`~spectraflow_monai.apps.seg2d.DataSource`, :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`).
+
+    Args:
+        source: the run's data source.
+        split: the split to list.
+        args: passed to ``source.datalist``.
+        role: ``"training"`` or ``"validation"``: what the run does with this datalist; its masks are then checked
+            for foreground before training (:func:`~spectraflow_monai.data.validation.check_foreground`: an error
+            for a training set without any, a warning for such a validation set). None: not checked. Defaults to
+            None.
+        allow_empty_masks: with ``role="training"``, train on masks that are all background with a warning instead
+            of the error. Defaults to False.
+        kwargs: passed to ``source.datalist``.
+    """
+    entries = source.datalist(split, *args, **kwargs)
+    if role is not None:
+        what = f"{getattr(source, 'name', None) or type(source).__name__} ({split} split)"
+        check_foreground(entries, what, role=role, allow_empty=bool(allow_empty_masks))
+    return entries
 
 
 def flat_compose(transforms: Sequence[Any]) -> Compose:

@@ -53,8 +53,10 @@ __all__ = [
     "check_binary_mask",
     "check_finite",
     "check_folder",
+    "check_foreground",
     "check_image_readable",
     "check_pairs",
+    "has_foreground",
     "list_images",
     "validate_datalist",
 ]
@@ -238,6 +240,100 @@ def validate_datalist(
     if problems:
         more = f" (and {len(problems) - _MAX_LISTED} more problems)" if len(problems) > _MAX_LISTED else ""
         raise DatasetError(f"{what}: {len(problems)} bad file(s){more}:\n  " + "\n  ".join(problems[:_MAX_LISTED]))
+
+
+def _mask_array(path: str) -> np.ndarray | None:
+    """The values of a mask file (2D image, ``.npz`` slice with a ``label`` array, ``.npy``, NIfTI / NRRD), or
+    None when it cannot be read here (the other checks report unreadable files)."""
+    lower = path.lower()
+    try:
+        if lower.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as npz:
+                return np.asarray(npz["label"] if "label" in npz.files else npz[npz.files[0]])
+        if lower.endswith(".npy"):
+            return np.load(path, allow_pickle=False)
+        if lower.endswith(IMAGE_EXTENSIONS):
+            return np.asarray(decode_image(path))
+        if lower.endswith((".nii", ".nii.gz", ".nrrd", ".mha", ".mhd")):
+            from monai.transforms import LoadImage
+
+            return np.asarray(LoadImage(image_only=True)(path))
+    except Exception:  # noqa: BLE001 (unreadable: not this check's to report)
+        return None
+    return None
+
+
+def has_foreground(path: str | os.PathLike, label_threshold: float | None = None) -> bool | None:
+    """Whether the mask at ``path`` has a foreground pixel: a value >= ``label_threshold`` (binary masks), or > 0
+    when it is None (label maps); None when the file cannot be read here.
+
+    Args:
+        path: mask or label-map file (2D image, ``.npz`` slice, ``.npy``, NIfTI / NRRD).
+        label_threshold: the entry's ``label_threshold``; None: any non-zero value. Defaults to None.
+    """
+    values = _mask_array(os.fspath(path))
+    if values is None:
+        return None
+    return bool(np.any(values > 0) if label_threshold is None else np.any(values >= label_threshold))
+
+
+def check_foreground(
+    datalist: Sequence[Mapping[str, Any]],
+    what: str,
+    role: str = "training",
+    allow_empty: bool = False,
+    label_key: str = "label",
+) -> bool:
+    """Report a datalist whose masks are all background before any training starts.
+
+    Masks are read in order until one has foreground (usually the first: the check costs one read), so only a set
+    with no foreground at all is read whole. Such a set cannot train a segmentation model (a training set) or select
+    one (a validation set: the Dice is 0, or undefined, every epoch):
+
+    - ``role="training"``: a :class:`DatasetError` naming the set, the number of masks and the first of them, unless
+      ``allow_empty`` (then a warning);
+    - ``role="validation"``: a warning (the best-model saver then keeps the newest of the equally scored models,
+      :class:`spectraflow_monai.handlers.SafeCheckpointSaver`).
+
+    Args:
+        datalist: entries with a mask path under ``label_key`` and optionally ``label_threshold``.
+        what: the set in messages (e.g. ``"Kvasir-SEG (train split)"``).
+        role: ``"training"`` or ``"validation"``. Defaults to ``"training"``.
+        allow_empty: train on all-background masks with a warning instead of an error. Defaults to False.
+        label_key: key of the mask path. Defaults to ``"label"``.
+
+    Returns:
+        True when some mask has foreground (or no mask could be read here), False when all are background.
+
+    Raises:
+        ValueError: ``role`` is neither ``"training"`` nor ``"validation"``.
+        DatasetError: a training set without foreground and ``allow_empty`` False.
+    """
+    if role not in ("training", "validation"):
+        raise ValueError(f"role must be 'training' or 'validation', got {role!r}.")
+    masks = [e for e in datalist if isinstance(e.get(label_key), (str, os.PathLike))]
+    if not masks:
+        return True
+    for entry in masks:
+        if has_foreground(entry[label_key], entry.get("label_threshold")) is not False:
+            return True
+    first = os.fspath(masks[0][label_key])
+    if role == "validation":
+        logger.warning(
+            "%s: every validation mask (%d, e.g. %r) is background only: the validation Dice is 0 (or undefined) "
+            "every epoch and cannot select a model; the newest of the equally scored models is kept.",
+            what, len(masks), first,
+        )  # fmt: skip
+        return False
+    message = (
+        f"{what}: every training mask ({len(masks)}, e.g. {first!r}) is background only, so the model would learn "
+        "to predict nothing. Check the masks and their label_threshold, or set allow_empty_masks true to train on "
+        "them anyway."
+    )
+    if not allow_empty:
+        raise DatasetError(message)
+    logger.warning("%s (allow_empty_masks is set: training anyway)", message.split(" Check the masks")[0])
+    return False
 
 
 class InputCheck:

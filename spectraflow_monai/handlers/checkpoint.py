@@ -82,6 +82,10 @@ class SafeCheckpointSaver(CheckpointSaver):
     ``model_settings`` (a keyword of its own): the settings that built the model, written beside the key-metric file
     (``model.pt`` -> ``model.json``, see :class:`AtomicFiniteSaver`); evaluation and inference read them.
 
+    ``key_metric_greater_or_equal`` defaults to True here (MONAI: False): a later model that scores as well as the
+    best one replaces it, so that on data whose key metric does not move (every validation mask empty: a Dice of 0
+    every epoch) the saved model is the newest, not a stale one from the first epoch.
+
     ``prune_on_completion`` (a keyword of its own, default False): once the final checkpoint of a completed run is
     written, remove the epoch checkpoints: a restart resumes from the newest checkpoint, the final one, so they serve
     no resume any more (Stage-1's checkpoints hold encoder, EMA encoder, head and optimizer states, hundreds of MB
@@ -101,6 +105,7 @@ class SafeCheckpointSaver(CheckpointSaver):
         prune_on_completion: bool = False,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("key_metric_greater_or_equal", True)
         super().__init__(save_dir, save_dict, **kwargs)
         self.prune_on_completion = bool(prune_on_completion)
         fixed = {"_final_checkpoint": kwargs.get("final_filename"), "_key_metric_checkpoint": kwargs.get("key_metric_filename")}

@@ -5,7 +5,7 @@ with two small JSON files:
 
 - ``run_record.json`` in a run's checkpoint folder (``models/stage1/``, ``models/stage2/``), written when the run
   starts (:func:`record_run`): the resolved settings, the model settings, the data source with a fingerprint of each
-  datalist (file names relative to their common folder, file sizes, the other entry fields), the label setup, the
+  datalist (file names relative to their common folder, file contents, the other entry fields), the label setup, the
   seed, the precision and the package version. A restart in the same folder whose record differs stops before any
   training, naming each differing setting and the two ways forward (``--resume false`` starts over in that folder,
   keeping the earlier files aside; or a new ``--bundle_root``);
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.fingerprint import file_digest
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.utils.settings import IMAGENET_MEAN, IMAGENET_STD, ModelSettings, _Settings, settings_dict
 
@@ -91,14 +92,15 @@ def _plain(value: Any) -> Any:
 def _file_key(value: Any, root: str) -> Any:
     if isinstance(value, (str, os.PathLike)) and os.path.isfile(value):
         path = os.path.abspath(os.fspath(value))
-        return [os.path.relpath(path, root), os.path.getsize(path)]
+        return [os.path.relpath(path, root), file_digest(path)]
     return _plain(value)
 
 
 def data_fingerprint(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``{"items": N, "sha256": ...}`` of a datalist: every field of every entry, files as (path relative to the
-    common folder of all files, size in bytes), so that the same data moved to another folder keeps its fingerprint
-    while a different file list, another label file or a changed file size changes it."""
+    common folder of all files, SHA-256 of the content), so that the same data moved to another folder keeps its
+    fingerprint while a different file list, another label file or a file edited in place (same size included)
+    changes it. File digests are cached by size and modification time (:mod:`spectraflow_monai.utils.fingerprint`)."""
     files = [
         os.path.abspath(os.fspath(v))
         for e in entries

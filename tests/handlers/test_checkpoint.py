@@ -65,6 +65,18 @@ def test_resumed_best_model_saver_keeps_the_better_model(tmp_path):
     assert torch.equal(_load(tmp_path / "model.pt")["weight"], net.weight)
 
 
+def test_best_model_saver_keeps_the_newest_of_equal_scores(tmp_path):
+    # every validation mask empty: the Dice is 0 every epoch; the saved model must be the newest, not epoch 1's
+    net = torch.nn.Linear(2, 2)
+    saver = _best_saver(tmp_path, net)
+    saver.metrics_completed(_engine(0.0))
+    with torch.no_grad():
+        net.weight.add_(1.0)
+    saver.metrics_completed(_engine(0.0))
+    assert torch.equal(_load(tmp_path / "model.pt")["weight"], net.weight)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
 def test_final_checkpoint_skipped_when_failing_with_non_finite_weights(tmp_path):
     net = torch.nn.Linear(2, 2)
     saver = SafeCheckpointSaver(str(tmp_path), {"model": net}, save_final=True, final_filename="final.pt")

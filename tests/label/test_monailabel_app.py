@@ -131,6 +131,13 @@ def _make_bundles(root: Path, studies: Path, names=(NAME_2D, NAME_3D), weights: 
     return bundles
 
 
+def _studies_and_bundles(root: Path, names=(NAME_2D,)) -> tuple[Path, Path]:
+    """``root/studies`` (:func:`_write_studies`) and ``root/bundles`` (:func:`_make_bundles` of ``names``)."""
+    studies = root / "studies"
+    _write_studies(studies)
+    return studies, _make_bundles(root, studies, names=names)
+
+
 def _served(bundles: Path, name: str) -> Path:
     """The server's own copy of bundle ``name`` (``--conf model_dir``, default ``<app>/model``)."""
     return bundles / "monailabel_app" / "model" / name

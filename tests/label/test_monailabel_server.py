@@ -41,9 +41,8 @@ from .test_monailabel_app import (  # noqa: E402
     NET,
     SIZE,
     TRAIN,
-    _make_bundles,
     _served,
-    _write_studies,
+    _studies_and_bundles,
     running_server,
 )
 
@@ -63,9 +62,7 @@ PAIRS = ("p0", "p1", "p2", "p3")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("monailabel_server")
-    studies = root / "studies"
-    _write_studies(studies)
-    bundles = _make_bundles(root, studies, names=(NAME_2D,))
+    studies, bundles = _studies_and_bundles(root)
     (root / "files").mkdir()
     with running_server(root, studies, bundles, CONF) as (base, log):
         yield SimpleNamespace(

@@ -8,7 +8,9 @@
 - Datastore: every image and label id is a plain name (:func:`check_id`) and every label tag ``final``,
   ``original`` or a simple name (:func:`check_tag`): no path separator, ``..``, absolute path or empty name, so
   that no request reads or writes a file outside the studies folder (MONAI Label 0.8.5's ``LocalDatastore`` joins
-  both into file paths unchecked). Anything else is answered with HTTP 400 before a file is written.
+  both into file paths unchecked). Anything else is answered with HTTP 400 before a file is written. An upload's
+  id is not one of the datastore's own names and its file name fits the file system (:func:`check_new_id`), and
+  its extension is an image format of the datastore (:func:`upload_extension`, HTTP 415).
 - Sessions: session ids are plain names too, an uploaded archive is not unpacked (``uncompress``), and session
   answers name files without their folders.
 - Answers name no server path: reader messages are stripped of paths (:func:`redact_paths`), and the training
@@ -17,11 +19,11 @@
 MONAI Label's endpoints do not tell the app whether a request carried an upload, and they queue training in a
 background process whose failure the client never sees as an HTTP status. :func:`install_server_checks` (called by
 the app once the server runs it, ``server_mode(True)``) therefore wraps MONAI Label 0.8.5 endpoint helpers:
-``monailabel.endpoints.infer.run_inference`` records what the request carries (:func:`client_request`), the
+the upload routes are replaced by those of :mod:`lib.uploads` (checked before the upload is copied, the temporary
+file always removed; ``run_inference`` records what the request carries, :func:`client_request`), the
 ``AsyncTask`` of ``monailabel.endpoints.train`` checks the training options with the app first, its ``status``
-answers without server paths, ``add_image`` / ``save_label`` of ``monailabel.endpoints.datastore`` check the id
-and tag before the upload is buffered (the app's datastore checks them again, for every route), and the helpers of
-``monailabel.endpoints.session`` check session ids.
+answers without server paths, and the helpers of ``monailabel.endpoints.session`` check session ids (the app's
+datastore checks ids and tags again, for every route).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import json
 import os
 import pathlib
 import re
@@ -42,17 +43,23 @@ from fastapi import HTTPException
 from monailabel.utils.async_tasks.task import AsyncTask
 
 __all__ = [
+    "IMAGE_EXTENSIONS",
+    "LABEL_EXTENSIONS",
     "LABEL_TAGS",
+    "MAX_FILE_NAME_BYTES",
+    "RESERVED_IDS",
     "UNKNOWN_IMAGE",
     "CheckedAsyncTask",
     "ClientRequest",
     "check_id",
+    "check_new_id",
     "check_tag",
     "client_request",
     "current_client_request",
     "install_server_checks",
     "redact_paths",
     "resolve_image",
+    "upload_extension",
 ]
 
 # the one answer to an image that is not a datastore id: it names neither the id nor any server path
@@ -63,14 +70,26 @@ UNKNOWN_IMAGE = "image not found: give the id of a datastore image (GET /datasto
 LABEL_TAGS = ("final", "original")
 TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _MAX_ID = 255
+#: the longest file name (in bytes, extension included) of the usual file systems
+MAX_FILE_NAME_BYTES = 255
+#: names of MONAI Label's local datastore in the studies folder (``datastore_v2.json``, ``.lock``, ``labels/``): no
+#: upload may take them as its id (ids starting with a dot are refused too)
+RESERVED_IDS = ("datastore_v2", "labels", ".lock")
+#: extensions of an uploaded image: the image formats of MONAI Label's datastore (its ``*.xml`` and ``*.svs`` are not
+#: images these models read); those the datastore does not list (``MONAI_LABEL_DATASTORE_FILE_EXT``) are left out
+IMAGE_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".png", ".jpg", ".tif")
+#: extensions of an uploaded label map: the lossless ones of :data:`IMAGE_EXTENSIONS` (a JPEG changes label values)
+LABEL_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".png", ".tif")
 # an absolute POSIX path or a Windows drive path inside a message (a token that starts at "/" or "X:\\")
 _PATH_IN_TEXT = re.compile(r"(?<![\w.:/-])(?:/|[A-Za-z]:\\)[^\s'\"(),;]+")
 
 
-def _plain_name(value: Any) -> bool:
+def plain_name(value: Any) -> bool:
+    """Whether ``value`` is a plain id (see :func:`check_id`)."""
     return (
         isinstance(value, str)
         and 0 < len(value) <= _MAX_ID
+        and len(value.encode("utf-8", "surrogatepass")) <= _MAX_ID
         and value.strip() == value
         and not any(c in value for c in ("/", "\\", ":"))
         and ".." not in value
@@ -82,7 +101,8 @@ def _plain_name(value: Any) -> bool:
 def check_id(value: Any, what: str = "image") -> str:
     """``value`` when it is a plain image / label id, else HTTP 400.
 
-    A plain id is a non-empty printable name of at most 255 characters without a path separator (``/``, ``\\``),
+    A plain id is a non-empty printable name of at most 255 characters (and UTF-8 bytes) without a path separator
+    (``/``, ``\\``),
     a drive colon, ``..``, surrounding blanks or the name ``.``: the datastore joins it into a file name of the
     studies folder, so it can name no file elsewhere.
 
@@ -93,13 +113,65 @@ def check_id(value: Any, what: str = "image") -> str:
     Raises:
         HTTPException: 400 naming ``what`` (never the value).
     """
-    if not _plain_name(value):
+    if not plain_name(value):
         raise HTTPException(
             status_code=400,
             detail=f"{what} id must be a plain name (no '/', '\\', ':' or '..', not empty, at most {_MAX_ID} "
             "characters); GET /datastore/?output=all lists the ids",
         )
     return value
+
+
+def check_new_id(value: Any, extension: str, what: str = "image") -> str:
+    """``value`` when it may name a new datastore file ``<value><extension>``, else HTTP 400 naming the problem.
+
+    On top of :func:`check_id`: not one of the datastore's own names (:data:`RESERVED_IDS`, any name starting with a
+    dot), and ``<value><extension>`` at most :data:`MAX_FILE_NAME_BYTES` bytes (UTF-8).
+
+    Args:
+        value: the id from the request.
+        extension: the extension of the file the datastore will write (e.g. ``.png``).
+        what: what it is in the answer (``image``, ``label``). Default ``"image"``.
+
+    Raises:
+        HTTPException: 400.
+    """
+    check_id(value, what)
+    if value.startswith(".") or value.lower() in RESERVED_IDS:
+        raise HTTPException(
+            status_code=400,
+            detail=f"{what} id {value!r} is a name of the datastore itself ({', '.join(RESERVED_IDS)} and names "
+            "starting with '.' are refused); choose another id",
+        )
+    size = len((value + extension).encode("utf-8", "surrogatepass"))
+    if size > MAX_FILE_NAME_BYTES:
+        raise HTTPException(
+            status_code=400,
+            detail=f"{what} id is too long: its file name (id + {extension!r}) has {size} bytes, at most "
+            f"{MAX_FILE_NAME_BYTES} are possible",
+        )
+    return value
+
+
+def upload_extension(filename: Any, allowed: tuple[str, ...], what: str = "image") -> str:
+    """The extension of an uploaded file's name among ``allowed`` (lower case, the longest that fits), else HTTP 415.
+
+    Args:
+        filename: the file name the client sent (``UploadFile.filename``).
+        allowed: extensions with their dot, e.g. :data:`IMAGE_EXTENSIONS`.
+        what: what the upload is in the answer. Default ``"image"``.
+
+    Raises:
+        HTTPException: 415 listing ``allowed`` (the name is not repeated).
+    """
+    name = filename.lower() if isinstance(filename, str) else ""
+    for ext in sorted(allowed, key=len, reverse=True):
+        if name.endswith(ext) and len(name) > len(ext):
+            return ext
+    raise HTTPException(
+        status_code=415,
+        detail=f"the uploaded {what} must be a file whose name ends with one of {list(allowed)}",
+    )
 
 
 def check_tag(value: Any) -> str:
@@ -198,7 +270,7 @@ def resolve_image(image: str, datastore: Any, sessions: Any = None) -> tuple[str
     served = current_client_request()
     if served.upload and _is_upload(image):
         return image, "the uploaded file"
-    if served.session_id and _plain_name(served.session_id) and sessions is not None:
+    if served.session_id and plain_name(served.session_id) and sessions is not None:
         session = sessions.get_session(served.session_id)
         if session is not None and getattr(session, "image", None) == image:
             return image, "the session image"
@@ -209,8 +281,9 @@ def resolve_image(image: str, datastore: Any, sessions: Any = None) -> tuple[str
 
 
 class CheckedAsyncTask(AsyncTask):
-    """MONAI Label's ``AsyncTask`` that has the app check a training request before it is run or queued (the
-    app's ``check_train_request`` raises ``HTTPException``, answered with its 4xx status)."""
+    """MONAI Label's ``AsyncTask`` that has the app check a training request and the datastore's labels before it
+    is run or queued (the app's ``check_train_request`` and ``check_train_data`` raise ``HTTPException``, answered
+    with its 4xx status)."""
 
     @staticmethod
     def run(method: str, request: Any = None, params: Any = None, force_sync: bool = False, enqueue: bool = False):
@@ -224,10 +297,14 @@ class CheckedAsyncTask(AsyncTask):
                     raise HTTPException(status_code=422, detail="the training options must be a JSON object")
                 merged.update(params or {})
                 check(merged)
+                check_data = getattr(app_instance(), "check_train_data", None)
+                if check_data is not None:
+                    check_data()
         return AsyncTask.run(method, request=request, params=params, force_sync=force_sync, enqueue=enqueue)
 
 
-def _upload_id(image: Any, file: Any) -> Any:
+def upload_id(image: Any, file: Any) -> Any:
+    """The id MONAI Label gives an upload: ``image``, else the file name without all its suffixes."""
     # the id MONAI Label 0.8.5's PUT /datastore/image gives an upload (endpoints/datastore.py, add_image)
     if image:
         return image
@@ -268,12 +345,13 @@ def _public_task(task: Any) -> Any:
     return shown
 
 
-def _public_session(answer: Any) -> Any:
+def public_session(answer: Any) -> Any:
+    """A session answer with file names in place of server paths."""
     # MONAI Label's session answers carry the session folder and the image's path on the server: names only
     if isinstance(answer, dict):
         answer = dict(answer)
         if isinstance(answer.get("session_info"), dict):
-            answer["session_info"] = _public_session(answer["session_info"])
+            answer["session_info"] = public_session(answer["session_info"])
         for key in ("path", "image"):
             if isinstance(answer.get(key), str):
                 answer[key] = os.path.basename(answer[key].rstrip("/\\"))
@@ -294,30 +372,18 @@ def _install_session_checks() -> None:
     def checked_get_session(session_id, update_ts=False, image=False):
         check_id(session_id, "session")
         answer = get_session(session_id, update_ts, image)
-        return answer if image else _public_session(answer)
+        return answer if image else public_session(answer)
 
     remove_session = session_endpoint.remove_session
 
     @functools.wraps(remove_session)
     def checked_remove_session(session_id):
-        return _public_session(remove_session(check_id(session_id, "session")))
+        return public_session(remove_session(check_id(session_id, "session")))
 
-    create_session = session_endpoint.create_session
-
-    @functools.wraps(create_session)
-    def checked_create_session(background_tasks, uncompress=False, expiry=0, files=None):
-        if uncompress:
-            raise HTTPException(
-                status_code=422,
-                detail="uncompress is not accepted: upload the image file, or the files of a DICOM series, as they are",
-            )
-        return _public_session(create_session(background_tasks, uncompress, expiry, files))
-
-    for wrapper in (checked_get_session, checked_remove_session, checked_create_session):
+    for wrapper in (checked_get_session, checked_remove_session):
         wrapper.spectraflow_checked = True
     session_endpoint.get_session = checked_get_session
     session_endpoint.remove_session = checked_remove_session
-    session_endpoint.create_session = checked_create_session
 
 
 def install_server_checks() -> None:
@@ -325,27 +391,28 @@ def install_server_checks() -> None:
     idempotent."""
     from monailabel.endpoints import datastore as datastore_endpoint
     from monailabel.endpoints import infer as infer_endpoint
+    from monailabel.endpoints import model as model_endpoint
+    from monailabel.endpoints import session as session_endpoint
     from monailabel.endpoints import train as train_endpoint
+    from monailabel.endpoints import wsi_infer as wsi_endpoint
 
+    from . import uploads
+
+    # every upload route: checked before the upload is copied, its temporary file removed whatever the answer
     run_inference = infer_endpoint.run_inference
     if not getattr(run_inference, "spectraflow_checked", False):
-
-        @functools.wraps(run_inference)
-        def checked_run_inference(background_tasks, model, image="", session_id="", params="{}", file=None,
-                                  label=None, output=None):  # fmt: skip
-            try:
-                options = json.loads(params) if params else {}
-            except (TypeError, ValueError):
-                options = {}
-            if session_id and not _plain_name(session_id):  # MONAI Label would read <session store>/<id>/meta.info
-                raise HTTPException(status_code=404, detail=UNKNOWN_IMAGE)
-            # an "image" in params replaces the upload's path: it is then an id like any other
-            replaced = isinstance(options, dict) and "image" in options
-            with client_request(upload=bool(file) and not replaced, session_id=session_id):
-                return run_inference(background_tasks, model, image, session_id, params, file, label, output)
-
-        checked_run_inference.spectraflow_checked = True
-        infer_endpoint.run_inference = checked_run_inference
+        run_inference = uploads.wrap_run_inference(run_inference)
+    for module, name, replacement in (
+        (infer_endpoint, "run_inference", run_inference),
+        (datastore_endpoint, "add_image", uploads.add_image),
+        (datastore_endpoint, "save_label", uploads.save_label),
+        (model_endpoint, "update_model", uploads.update_model),
+        (model_endpoint, "delete_model", uploads.delete_model),
+        (session_endpoint, "create_session", uploads.create_session),
+        (wsi_endpoint, "run_wsi_inference", uploads.run_wsi_inference),
+    ):
+        replacement.spectraflow_checked = True
+        setattr(module, name, replacement)
     if not (isinstance(train_endpoint.AsyncTask, type) and issubclass(train_endpoint.AsyncTask, CheckedAsyncTask)):
         train_endpoint.AsyncTask = CheckedAsyncTask
 
@@ -374,26 +441,3 @@ def install_server_checks() -> None:
         datastore_endpoint.datastore = public_listing
 
     _install_session_checks()
-
-    # ids and tags are checked before MONAI Label buffers the upload in a temporary file
-    add_image = datastore_endpoint.add_image
-    if not getattr(add_image, "spectraflow_checked", False):
-
-        @functools.wraps(add_image)
-        def checked_add_image(background_tasks, image=None, params="{}", file=None, user=None):
-            check_id(_upload_id(image, file))
-            return add_image(background_tasks, image, params, file, user)
-
-        checked_add_image.spectraflow_checked = True
-        datastore_endpoint.add_image = checked_add_image
-    save_label = datastore_endpoint.save_label
-    if not getattr(save_label, "spectraflow_checked", False):
-
-        @functools.wraps(save_label)
-        def checked_save_label(background_tasks, image, params="{}", tag="final", label=None, user=None):
-            check_id(image)
-            check_tag(tag or "final")
-            return save_label(background_tasks, image, params, tag, label, user)
-
-        checked_save_label.spectraflow_checked = True
-        datastore_endpoint.save_label = checked_save_label

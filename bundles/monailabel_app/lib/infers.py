@@ -24,6 +24,7 @@ __all__ = [
     "image_problem",
     "input_rank",
     "has_volume_format",
+    "short_reason",
     "unknown_weights",
     "weight_files",
 ]
@@ -60,7 +61,8 @@ def unknown_weights(bundle_path: str) -> str:
     )
 
 
-def _short(exc: BaseException) -> str:
+def short_reason(exc: BaseException) -> str:
+    """``"<exception type>: <first line>"``, at most 400 characters: a reason for an answer."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
@@ -86,7 +88,7 @@ def image_problem(path: str, loader: Any = None, spatial_rank: int | None = None
         else:
             image = loader({"image": path})["image"]
     except Exception as e:  # every reader failure means "not an image for this model"
-        return 415, _short(e)
+        return 415, short_reason(e)
     if spatial_rank is not None:
         shape = tuple(image.shape)
         meta = getattr(image, "meta", {})

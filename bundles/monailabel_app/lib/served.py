@@ -9,7 +9,11 @@ default ``<app>/model``), and serves and trains that copy:
   runs are always the installed ones;
 - ``models/``: files of the installed ``models/`` that the copy lacks are copied once (the initial ``model.pt``, a
   Stage-1 export); after that the copy's ``models/model.pt`` is the served model, which training replaces;
-- everything a run writes (``logs/``, ``runs/``, the slice cache) stays in the copy.
+- everything a run writes (``logs/``, ``runs/``, the slice cache) stays in the copy;
+- a new served model (a training run's best model, an upload of ``PUT /model/<name>``) replaces ``models/model.pt``
+  atomically and the model it replaces is kept as ``models/model.pt.previous``, one step back
+  (:func:`replace_served_model`); ``DELETE /model/<name>`` moves the served model there
+  (:func:`set_aside_served_model`).
 
 The configs both bundles share are links in each installed ``configs/`` (to ``bundles/common``); the copy holds
 their contents, so that it stands alone.
@@ -26,12 +30,22 @@ import shutil
 
 from spectraflow_monai.utils.files import atomic_path
 
-__all__ = ["MIRRORED", "check_apart", "served_copy"]
+__all__ = [
+    "MIRRORED",
+    "PREVIOUS_SUFFIX",
+    "check_apart",
+    "replace_served_model",
+    "served_copy",
+    "set_aside_served_model",
+]
 
 logger = logging.getLogger(__name__)
 
 #: bundle folders that are code: mirrored from the installed bundle at every start
 MIRRORED = ("configs", "scripts")
+#: the model a new served model replaced: ``models/model.pt`` -> ``models/model.pt.previous`` (not a ``*.pt`` file,
+#: so no request can choose it as ``model_filename``)
+PREVIOUS_SUFFIX = ".previous"
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -120,3 +134,50 @@ def served_copy(installed: str, dest: str) -> str:
                 _copy_file(src, target)
                 logger.info(f"served copy {dest}: models/{name} copied from {installed}")
     return dest
+
+
+def _keep_previous(served: str) -> None:
+    """Make ``<served>.previous`` a copy of ``served`` (a hard link where the file system allows), atomically."""
+    previous = served + PREVIOUS_SUFFIX
+    with atomic_path(previous, suffix=".tmp") as tmp:
+        os.remove(tmp)
+        try:
+            os.link(served, tmp)
+        except OSError:
+            shutil.copyfile(served, tmp)
+
+
+def replace_served_model(new: str, served: str) -> bool:
+    """Serve ``new`` as ``served`` (``models/model.pt``): the current file is kept as ``<served>.previous`` (one step
+    back; the one before it is dropped) and ``new`` replaces ``served`` atomically, so a reader sees the old or the
+    new model, never a part of one. ``new`` is moved when it is on the same file system, else copied first.
+
+    Args:
+        new: the checked model file.
+        served: the served model file.
+
+    Returns:
+        whether a served model was replaced (else ``served`` did not exist).
+    """
+    os.makedirs(os.path.dirname(served), exist_ok=True)
+    replaced = os.path.isfile(served)
+    if replaced:
+        _keep_previous(served)
+    with atomic_path(served, suffix=".tmp") as tmp:
+        try:
+            os.replace(new, tmp)
+        except OSError:  # another file system (the upload's temporary folder)
+            shutil.copyfile(new, tmp)
+    return replaced
+
+
+def set_aside_served_model(served: str) -> bool:
+    """Stop serving ``served``: it becomes ``<served>.previous`` (replacing the one kept there).
+
+    Returns:
+        whether there was a served model.
+    """
+    if not os.path.isfile(served):
+        return False
+    os.replace(served, served + PREVIOUS_SUFFIX)
+    return True

@@ -22,12 +22,16 @@ from monai.bundle import ConfigParser
 from monailabel.tasks.train.bundle import BundleTrainTask
 from monailabel.utils.others.generic import device_map
 
+from spectraflow_monai.data.validation import check_foreground
 from spectraflow_monai.utils.bundles import bundle_config_files
 from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
 from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
+from .options import check_bool, check_device, config_syntax, first_item, show_value
+from .served import replace_served_model
 
 __all__ = [
+    "KEPT_RUN_LOGS",
     "MAX_EPOCHS",
     "PRECISION_CHOICES",
     "TRAIN_OPTIONS",
@@ -36,46 +40,29 @@ __all__ = [
     "check_train_options",
     "config_syntax",
     "precision_setting",
+    "remove_stale_runs",
     "weight_settings",
 ]
 
 logger = logging.getLogger(__name__)
 
 MAX_EPOCHS = 10000
-# what MONAI's config parser treats as an expression, a reference, a macro or a special key
-_CONFIG_PREFIXES = ("$", "@", "%")
-_CONFIG_MARKERS = ("_target_", "_requires_", "_disabled_", "_mode_", "_desc_", "#", "::")
 _MAX_TEXT = 200
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.pt")
 _GPUS = re.compile(r"\d{1,2}(,\d{1,2}){0,15}")
-_DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?")
 _NONE = (None, "", "None", "none")
 _RUNS = itertools.count()
+_ACTIVE_RUNS: set[str] = set()  # run folders of this process that are training now
+# a run folder: runs/<date>-<time>-<pid>-<n> (new_run)
+_RUN_NAME = re.compile(r"\d{8}-\d{6}-(\d+)-\d+")
+#: log folders of earlier runs kept in the served copy's logs/ (older ones are removed when a run starts)
+KEPT_RUN_LOGS = 5
 #: the values of the bundles' ``precision`` setting
 PRECISION_CHOICES = PRECISION_SETTINGS
-
-
-def config_syntax(text: str) -> bool:
-    """Whether MONAI's config parser would read ``text`` as more than a plain string (an expression ``$``, a
-    reference ``@``, a macro ``%``, a special key such as ``_target_``, or an id path with ``#`` / ``::``)."""
-    stripped = text.strip()
-    return stripped.startswith(_CONFIG_PREFIXES) or any(m in stripped for m in _CONFIG_MARKERS)
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _first(value: Any) -> Any:
-    # MONAI Label's clients send the option lists of ``config()`` back as they are; the first item is the choice
-    return value[0] if isinstance(value, (list, tuple)) and value else value
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("must be true or false")
-    return value
+_show = show_value
+_first = first_item
+_bool = check_bool
+_device = check_device
 
 
 def _max_epochs(value: Any) -> int:
@@ -90,15 +77,6 @@ def _val_split(value: Any) -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError("must be a number >= 0 and < 1")
     return float(value)
-
-
-def _device(value: Any) -> str | None:
-    value = _first(value)
-    if value in _NONE:
-        return None
-    if not isinstance(value, str) or not (_DEVICE.fullmatch(value) or value in device_map()):
-        raise ValueError("must be 'cpu', 'cuda', 'cuda:<index>' or a GPU name listed by GET /info/")
-    return value
 
 
 def _gpus(value: Any) -> str:
@@ -296,6 +274,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
         self._request_overrides: dict[str, Any] = {}
         kwargs.setdefault("load_strict", True)
         super().__init__(path, conf, **kwargs)
+        remove_stale_runs(path)  # the folders of runs that a stop or a kill ended before their clean-up
         self.volume_input = has_volume_format(path)
         self._train_handlers = (
             copy.deepcopy(self.bundle_config.get(self.const.key_train_handlers(), [])) if self.is_valid() else []
@@ -309,6 +288,13 @@ class SpectraFlowTrainTask(BundleTrainTask):
         name = checked.get("model_filename", DEFAULT_WEIGHTS)
         if name != DEFAULT_WEIGHTS and name not in weight_files(self.bundle_path):
             raise ValueError(f"train option 'model_filename' {_MODEL_FILENAME_RULE}.")
+        precision = checked.get("precision", self.overrides.get("precision", "auto"))
+        if precision == "fp16" and not _uses_cuda(checked.get("device")):
+            source = "train option 'precision'" if "precision" in checked else "the server's --conf precision"
+            raise ValueError(
+                f"{source} 'fp16' needs a CUDA device (float16 training needs a gradient scaler), and this run would "
+                "train on the CPU; choose 'bf16', 'fp32' or 'auto', or a CUDA device."
+            )
         return checked
 
     def __call__(self, request: dict[str, Any], datastore: Any) -> Any:
@@ -325,6 +311,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
             self._request_overrides = {}
             # a run is never continued by a later request: its checkpoints go, whether it ended well or not
             shutil.rmtree(run_dir, ignore_errors=True)
+            _ACTIVE_RUNS.discard(os.path.basename(run_dir))
         return result
 
     def new_run(self, request: dict[str, Any]) -> str:
@@ -336,13 +323,18 @@ class SpectraFlowTrainTask(BundleTrainTask):
             the run folder.
         """
         name = os.path.basename(self.bundle_path)
+        remove_stale_runs(self.bundle_path)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_RUNS)}"
         run_dir = os.path.join(self.bundle_path, "runs", run_id)
         os.makedirs(run_dir)
+        _ACTIVE_RUNS.add(run_id)
+        log_dir = os.path.join(self.bundle_path, "logs", run_id)
+        _prune_logs(os.path.dirname(log_dir), KEPT_RUN_LOGS - 1)
         self._request_overrides.update(
             {
                 "stage2_dir": os.path.join(run_dir, "checkpoints"),  # a new folder: nothing to resume
                 "model_path": os.path.join(run_dir, DEFAULT_WEIGHTS),  # the run's best model, promoted when done
+                "log_dir": log_dir,
             }
         )
         self.bundle_config[self.const.key_train_handlers()] = copy.deepcopy(self._train_handlers)
@@ -371,15 +363,16 @@ class SpectraFlowTrainTask(BundleTrainTask):
                 "val_split > 0 and enough labelled images); the served model is unchanged."
             )
         served = os.path.join(self.bundle_path, "models", DEFAULT_WEIGHTS)
-        os.makedirs(os.path.dirname(served), exist_ok=True)
-        replaced = os.path.isfile(served)
-        record = os.path.splitext(best)[0] + ".json"  # the settings the model was trained with (model.json)
-        if os.path.isfile(record):
-            os.replace(record, os.path.splitext(served)[0] + ".json")
-        os.replace(best, served)
+        record, served_record = os.path.splitext(best)[0] + ".json", os.path.splitext(served)[0] + ".json"
+        if os.path.isfile(record):  # the settings the model was trained with (model.json), the previous kept with it
+            if os.path.isfile(served_record):
+                shutil.copyfile(served_record, served_record + ".previous")
+            os.replace(record, served_record)
+        replaced = replace_served_model(best, served)
+        kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
         logger.info(
             f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
-            f"{' (it replaced the previous one)' if replaced else ''}"
+            f"{kept if replaced else ''}"
         )
 
     def config(self) -> dict[str, Any]:
@@ -468,8 +461,72 @@ class SpectraFlowTrainTask(BundleTrainTask):
         overrides.update(getattr(self, "_request_overrides", {}))
         for key in (self.const.key_train_dataset_data(), self.const.key_validate_dataset_data()):
             if key in overrides:
+                if key == self.const.key_validate_dataset_data():
+                    check_foreground(overrides[key], "the validation pairs of this run", role="validation")
                 overrides[key] = self._to_bundle_data(overrides[key])
         return overrides
+
+
+def _uses_cuda(device: str | None) -> bool:
+    # the device a run gets (MONAI Label's name_to_device): the request's, else cuda; cuda without a GPU is the CPU
+    import torch
+
+    device = device or "cuda"
+    device = device_map().get(device, device)
+    return str(device).startswith("cuda") and torch.cuda.is_available()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def remove_stale_runs(bundle_path: str) -> list[str]:
+    """Remove the run folders (``runs/<date>-<time>-<pid>-<n>``) of the served copy whose process has ended.
+
+    A run removes its folder when it ends (:meth:`SpectraFlowTrainTask.__call__`); a run stopped by
+    ``DELETE /train`` or a server kill cannot, so the server removes them at its start and before each new run. A
+    folder whose process still runs (a training of another server process) is kept.
+
+    Args:
+        bundle_path: the served copy of a bundle.
+
+    Returns:
+        the names of the removed folders.
+    """
+    runs = os.path.join(bundle_path, "runs")
+    if not os.path.isdir(runs):
+        return []
+    removed = []
+    for name in sorted(os.listdir(runs)):
+        path = os.path.join(runs, name)
+        match = _RUN_NAME.fullmatch(name)
+        if not os.path.isdir(path) or os.path.islink(path) or match is None:
+            continue
+        pid = int(match.group(1))
+        if pid != os.getpid() and _pid_alive(pid):
+            continue
+        if pid == os.getpid() and name in _ACTIVE_RUNS:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+    if removed:
+        logger.info(f"+++ {os.path.basename(bundle_path)}: removed {len(removed)} folder(s) of stopped runs: {removed}")
+    return removed
+
+
+def _prune_logs(logs: str, keep: int) -> None:
+    """Keep the newest ``keep`` run log folders of ``logs`` (named as the runs, so their names sort by time)."""
+    if not os.path.isdir(logs):
+        return
+    folders = sorted(n for n in os.listdir(logs) if _RUN_NAME.fullmatch(n) and os.path.isdir(os.path.join(logs, n)))
+    for name in folders[: max(0, len(folders) - keep)]:
+        shutil.rmtree(os.path.join(logs, name), ignore_errors=True)
 
 
 def _image_id(path: str) -> str:

@@ -1,0 +1,281 @@
+"""The upload routes of MONAI Label 0.8.5 as the SpectraFlow app serves them (docs/monailabel.md, "Serving safely").
+
+MONAI Label copies every upload into a named temporary file first and removes it in a background task that runs only
+after a successful answer: each refused upload (an unknown image id, an unreadable file, a failing inference, an
+unknown model) stayed in the temporary folder for good. These functions replace the endpoint helpers of
+``monailabel.endpoints`` (``datastore.add_image``, ``datastore.save_label``, ``infer.run_inference``,
+``model.update_model``, ``model.delete_model``, ``session.create_session``, ``wsi_infer.run_wsi_inference``;
+installed by :func:`lib.checks.install_server_checks`). Each one:
+
+- checks what it can before the upload is copied: the model (404), the image id and label tag (400), the file name's
+  extension (415: :data:`lib.checks.IMAGE_EXTENSIONS`, :data:`lib.checks.LABEL_EXTENSIONS`, ``.pt`` / ``.pth`` for
+  weights), the options (422) and the size (413: ``--conf max_upload_mb``, checked again while copying);
+- copies the upload into one temporary file (:func:`buffered_upload`) and removes it whatever the answer.
+
+A model upload is checked before it replaces anything (the app's ``replace_model``: loaded weights-only and strictly
+against the served network, 422 naming why) and replaces the served ``models/model.pt`` atomically, the previous
+one kept as ``models/model.pt.previous`` (:func:`lib.served.replace_served_model`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Iterator
+
+from fastapi import HTTPException
+
+from .checks import (
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSIONS,
+    UNKNOWN_IMAGE,
+    check_id,
+    check_new_id,
+    check_tag,
+    client_request,
+    plain_name,
+    public_session,
+    upload_extension,
+    upload_id,
+)
+from .sessions import check_expiry
+
+__all__ = [
+    "DEFAULT_MAX_UPLOAD_MB",
+    "MODEL_EXTENSIONS",
+    "add_image",
+    "buffered_upload",
+    "create_session",
+    "datastore_extensions",
+    "delete_model",
+    "json_object",
+    "run_wsi_inference",
+    "save_label",
+    "update_model",
+    "upload_limit",
+    "wrap_run_inference",
+]
+
+#: the largest upload the server takes by default, in MB (``--conf max_upload_mb``)
+DEFAULT_MAX_UPLOAD_MB = 2048.0
+#: extensions of a weight upload (``PUT /model/<name>``)
+MODEL_EXTENSIONS = (".pt", ".pth")
+_CHUNK = 1 << 20
+
+
+def _app() -> Any:
+    from monailabel.interfaces.utils.app import app_instance
+
+    return app_instance()
+
+
+def upload_limit(app: Any) -> int:
+    """The largest upload ``app`` takes, in bytes (its ``max_upload_bytes``, else :data:`DEFAULT_MAX_UPLOAD_MB`)."""
+    return int(getattr(app, "max_upload_bytes", DEFAULT_MAX_UPLOAD_MB * 1e6))
+
+
+def _too_large(limit: int) -> HTTPException:
+    return HTTPException(
+        status_code=413,
+        detail=f"the upload is larger than this server takes ({limit / 1e6:g} MB, --conf max_upload_mb)",
+    )
+
+
+@contextlib.contextmanager
+def buffered_upload(upload: Any, suffix: str, limit: int) -> Iterator[str]:
+    """Copy an upload into a new temporary file ending with ``suffix``; the file is removed when the block ends,
+    whatever happened.
+
+    Args:
+        upload: FastAPI's ``UploadFile`` (its ``size``, when known, is checked before anything is copied).
+        suffix: the file's extension (readers choose the format from it).
+        limit: the largest size in bytes; a larger upload is HTTP 413, checked again while copying.
+
+    Yields:
+        the temporary file's path.
+    """
+    size = getattr(upload, "size", None)
+    if isinstance(size, int) and size > limit:
+        raise _too_large(limit)
+    fd, path = tempfile.mkstemp(suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            total = 0
+            while chunk := upload.file.read(_CHUNK):
+                total += len(chunk)
+                if total > limit:
+                    raise _too_large(limit)
+                out.write(chunk)
+        yield path
+    finally:
+        if os.path.isfile(path):
+            os.remove(path)
+
+
+def json_object(text: Any, what: str = "params") -> dict[str, Any]:
+    """The JSON object in form field ``what`` (empty: ``{}``), else HTTP 422 naming the field."""
+    if text in (None, ""):
+        return {}
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        raise HTTPException(status_code=422, detail=f"{what} must be a JSON object")
+    return value
+
+
+def datastore_extensions(datastore: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """The extensions of ``allowed`` that the datastore lists (its ``MONAI_LABEL_DATASTORE_FILE_EXT`` patterns)."""
+    patterns = getattr(datastore, "_extensions", None)
+    if not patterns:
+        return allowed
+    listed = {str(p).lstrip("*").lower() for p in patterns}
+    return tuple(e for e in allowed if e in listed)
+
+
+def _checked_datastore(app: Any) -> Any:
+    store = app.datastore()
+    return store if hasattr(store, "require_image") else None
+
+
+# ---------------------------------------------------------------- the endpoint helpers
+def add_image(background_tasks: Any, image: Any = None, params: str = "{}", file: Any = None, user: Any = None):
+    """``PUT /datastore/image``: id, extension, params and size checked, then one temporary copy, always removed."""
+    app = _app()
+    store = _checked_datastore(app)
+    if file is None:
+        raise HTTPException(status_code=422, detail="no file: upload the image as the form field 'file'")
+    image_id = check_id(upload_id(image, file))
+    ext = upload_extension(file.filename, datastore_extensions(store or app.datastore(), IMAGE_EXTENSIONS))
+    check_new_id(image_id, ext)
+    save_params = json_object(params)
+    if user:
+        save_params["user"] = user
+    with buffered_upload(file, ext, upload_limit(app)) as path:
+        image_id = app.datastore().add_image(image_id, path, save_params)
+    return {"image": image_id}
+
+
+def save_label(background_tasks: Any, image: Any, params: str = "{}", tag: Any = "final", label: Any = None,
+               user: Any = None):  # fmt: skip
+    """``PUT /datastore/label``: image id (known: else 404), tag, extension, params and size checked, then one
+    temporary copy, always removed."""
+    app = _app()
+    store = app.datastore()
+    check_id(image)
+    tag = check_tag(tag or "final")
+    if label is None:
+        raise HTTPException(status_code=422, detail="no label: upload the label map as the form field 'label'")
+    ext = upload_extension(label.filename, datastore_extensions(store, LABEL_EXTENSIONS), "label map")
+    check_new_id(image, ext, "label")
+    if hasattr(store, "require_image"):
+        store.require_image(image)
+    save_params = json_object(params)
+    if user:
+        save_params["user"] = user
+    with buffered_upload(label, ext, upload_limit(app)) as path:
+        label_id = store.save_label(image, path, tag, save_params)
+    answer = app.on_save_label(image, label_id) or {}
+    answer.update({"image": image, "label": label_id})
+    return answer
+
+
+def wrap_run_inference(original: Callable) -> Callable:
+    """MONAI Label's ``run_inference`` behind the checks below, given the upload as a checked temporary file."""
+
+    def run_inference(background_tasks: Any, model: Any, image: Any = "", session_id: Any = "", params: Any = "{}",
+                      file: Any = None, label: Any = None, output: Any = None):  # fmt: skip
+        """``POST /infer/<model>``: params (a JSON object, else 422), model (404), session id, extension and size
+        checked before the upload is copied; the copy is removed whatever the answer."""
+        options = json_object(params)
+        app = _app()
+        require = getattr(app, "require_infer_model", None)
+        if require is not None:
+            require(model)
+        if session_id and not plain_name(session_id):  # MONAI Label would read <session store>/<id>/meta.info
+            raise HTTPException(status_code=404, detail=UNKNOWN_IMAGE)
+        if label:
+            raise HTTPException(
+                status_code=422, detail="this server's models take no label upload (form field 'label')"
+            )
+        if output == "dicom_seg" and hasattr(app.datastore(), "require_image"):
+            raise HTTPException(
+                status_code=422, detail="output dicom_seg needs a DICOMweb datastore; use image or json"
+            )
+        if not (file or image or session_id or options.get("image")):
+            raise HTTPException(status_code=400, detail="no image: give an image id, a file or a session id")
+        if not file:
+            with client_request(upload=False, session_id=session_id):
+                return original(background_tasks, model, image, session_id, params, None, None, output)
+        ext = upload_extension(file.filename, IMAGE_EXTENSIONS)
+        # an "image" in params replaces the upload's path: it is then an id like any other
+        with buffered_upload(file, ext, upload_limit(app)) as path, client_request(
+            upload="image" not in options, session_id=session_id
+        ):
+            return original(background_tasks, model, path, session_id, params, None, None, output)
+
+    return run_inference
+
+
+def run_wsi_inference(background_tasks: Any, model: Any, image: Any = "", session_id: Any = "", file: Any = None,
+                      wsi: Any = None, output: Any = None):  # fmt: skip
+    """``POST /infer/wsi/<model>``, ``/infer/wsi_v2/<model>``: refused (422) before an upload is copied; no model of
+    this app segments whole-slide images tile by tile."""
+    _app().require_infer_model(model)
+    raise HTTPException(
+        status_code=422, detail=f"model {model!r} does not run whole-slide (WSI) inference: use POST /infer/{model}"
+    )
+
+
+def update_model(background_tasks: Any, model: Any, file: Any):
+    """``PUT /model/<model>``: model (404), extension and size checked before the upload is copied; the app's
+    ``replace_model`` checks the weights (422 naming why) and replaces the served model atomically."""
+    app = _app()
+    app.require_bundle(model)
+    name = getattr(file, "filename", None)
+    if name:
+        upload_extension(name, MODEL_EXTENSIONS, "weight file")
+    with buffered_upload(file, ".pt", upload_limit(app)) as path:
+        return app.replace_model(model, path)
+
+
+def delete_model(model: Any):
+    """``DELETE /model/<model>``: the served model is set aside as ``models/model.pt.previous`` (404 without one)."""
+    _app().delete_model(model)
+    return {}
+
+
+def create_session(background_tasks: Any, uncompress: Any = False, expiry: Any = 0, files: Any = None):
+    """``PUT /session/``: no archive unpacked (422), expiry checked (422) and capped, size checked; the received files
+    are moved into the session or removed."""
+    if uncompress:
+        raise HTTPException(
+            status_code=422,
+            detail="uncompress is not accepted: upload the image file, or the files of a DICOM series, as they are",
+        )
+    app = _app()
+    sessions = app.sessions()
+    if sessions is None:
+        raise HTTPException(status_code=406, detail="Session Feature is Not Enabled")
+    expiry = check_expiry(expiry, sessions.expiry)
+    if not files:
+        raise HTTPException(status_code=400, detail="no file: upload the image as the form field 'files'")
+    limit, total = upload_limit(app), 0
+    received = tempfile.mkdtemp()
+    try:
+        for i, upload in enumerate(files):
+            base = os.path.basename(str(upload.filename or "").replace("\\", "/"))
+            name = base if plain_name(base) and not base.startswith(".") else f"file{i}"
+            with buffered_upload(upload, "", limit - total) as path:
+                total += os.path.getsize(path)
+                shutil.move(path, os.path.join(received, name))
+        names = os.listdir(received)
+        source = os.path.join(received, names[0]) if len(names) == 1 else received
+        session_id, info = sessions.add_session(source, expiry, False)
+    finally:
+        shutil.rmtree(received, ignore_errors=True)
+    return public_session({"session_id": session_id, "session_info": info.to_json()})
