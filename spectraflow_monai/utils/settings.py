@@ -251,6 +251,7 @@ class DataSettings(_Settings):
             list, in [0, 1).
         data_seed: the seed of the data selection and of the run's determinism.
         data_options: the bundle's own data settings (reader options, label map, case lists), recorded whole.
+        allow_empty_masks: train on masks that are all background (a warning instead of an error).
     """
 
     dataset: str = "synthetic"
@@ -259,6 +260,7 @@ class DataSettings(_Settings):
     val_fraction: float = 0.2
     data_seed: int = 0
     data_options: Any = None
+    allow_empty_masks: bool = False
 
     def __post_init__(self) -> None:
         _number("data_fraction", self.data_fraction, 0.0, 1.0, low_open=True)
@@ -268,6 +270,8 @@ class DataSettings(_Settings):
         if self.data_list_file_path is not None:
             object.__setattr__(self, "data_list_file_path", str(self.data_list_file_path))
         object.__setattr__(self, "data_options", _plain_value(dict(self.data_options or {})))
+        if not isinstance(self.allow_empty_masks, bool):
+            raise SettingError(f"allow_empty_masks must be true or false, got {self.allow_empty_masks!r}.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,3 +96,24 @@ def test_inference_skips_unreadable_inputs_and_lists_them(tmp_path):
     assert "2 of 4 input image(s) could not be read" in line, line
     assert str(truncated) in line and "truncated" in line and str(in_dir / "c.tiff") in line and "NaN" in line
     assert sorted(p.name for p in out_dir.iterdir()) == ["a_seg.png", "d_seg.png"]  # the others were segmented
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_all_background_training_masks_are_reported_before_training(tmp_path, caplog, allow):
+    """Masks that are all background: the training datalist stops the run naming allow_empty_masks (or, allowed,
+    warns); nothing is trained on them silently."""
+    root = tmp_path / "own"
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((28, 28, 3), 40 * i, dtype=np.uint8)).save(root / "images" / f"c{i}.png")
+        Image.fromarray(np.zeros((28, 28), dtype=np.uint8)).save(root / "masks" / f"c{i}.png")
+    parser = parse_config(TRAIN, bundle_root=str(tmp_path / "b"), dataset="folder", dataset_dir=str(root),
+                          allow_empty_masks=allow, **NET)  # fmt: skip
+    if allow:
+        assert len(parser.get_parsed_content("train#datalist")) > 0
+        assert "allow_empty_masks" in caplog.text or "background" in caplog.text
+    else:
+        with pytest.raises(Exception) as info:
+            parser.get_parsed_content("train#datalist")
+        assert "allow_empty_masks" in error_summary(info.value)
