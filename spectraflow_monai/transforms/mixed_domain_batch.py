@@ -189,33 +189,19 @@ class RandMixedDomainBatchd(BatchRandomizable):
     normalisation, with the same ``mean`` / ``std``.
 
     Args:
-        mask_ratio, keys, mask_key, domain_key, drop_mask, mean, std, foreground_value, binarize, max_label, views:
-            as :class:`MixedDomainCollate`.
+        args, kwargs: the arguments of :class:`MixedDomainCollate` (``mask_ratio``, ``keys``, ``mask_key``,
+            ``domain_key``, ``drop_mask``, ``mean``, ``std``, ``foreground_value``, ``binarize``, ``max_label``,
+            ``views``), with its defaults.
 
     Raises:
         ValueError: the argument errors of :class:`MixedDomainCollate`; at call time, a batch without ``mask_key``
             or whose image and mask batches differ in size.
     """
 
-    def __init__(
-        self,
-        mask_ratio: float = 0.5,
-        keys: KeysCollection = ("image",),
-        mask_key: Hashable = "label",
-        domain_key: Hashable = "domain",
-        drop_mask: bool = True,
-        mean: float | Sequence[float] | None = IMAGENET_MEAN,
-        std: float | Sequence[float] | None = IMAGENET_STD,
-        foreground_value: float = 1.0,
-        binarize: bool = True,
-        max_label: float | None = None,
-        views: str = "either",
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
-        # one set of checks for both forms: the collate validates and keeps the settings
-        self.settings = MixedDomainCollate(
-            mask_ratio, keys, mask_key, domain_key, drop_mask, mean, std, foreground_value, binarize, max_label, views
-        )
+        # the arguments and their checks are the collate's: it validates and keeps the settings
+        self.settings = MixedDomainCollate(*args, **kwargs)
 
     def choose(self, batch_size: int, device: torch.device) -> torch.Tensor:
         """A bool vector of ``batch_size`` on ``device`` with exactly :func:`num_masks` True entries at random rows."""
