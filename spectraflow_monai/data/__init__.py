@@ -6,6 +6,7 @@ from .datalist import (
     folder_datalist,
     inference_files,
 )
+from .device_cache import CACHE_DEVICES, DeviceCache, DeviceCacheLoader, resolve_cache_device
 from .label_map import (
     LABEL_MAP_UNMAPPED,
     apply_label_map,
@@ -20,7 +21,10 @@ from .subsets import holdout, low_data_subset
 from .validation import DatasetError, validate_datalist
 
 __all__ = [
+    "CACHE_DEVICES",
     "DATA_SOURCES",
+    "DeviceCache",
+    "DeviceCacheLoader",
     "DatasetError",
     "Image2DReader",
     "LABEL_MAP_UNMAPPED",
@@ -38,6 +42,7 @@ __all__ = [
     "inverse_label_map",
     "label_mode",
     "low_data_subset",
+    "resolve_cache_device",
     "read_2d",
     "validate_datalist",
 ]
