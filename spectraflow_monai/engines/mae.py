@@ -168,8 +168,8 @@ class MAEPretrainer(Stage1Trainer):
         kwargs: the other arguments of :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (``ema_decay``,
             ``ema_encoder``, ``image_key``, ``domain_key``, ``epoch_length``, ``non_blocking``, ``prepare_batch``,
             ``iteration_update``, ``train_handlers``, ``amp``, ``event_names``, ``event_to_attr``, ``decollate``,
-            ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``, ``grad_bucket_mb``), passed by
-            name.
+            ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``, ``grad_bucket_mb``,
+            ``output_on_device``), passed by name.
 
     Raises:
         ValueError: invalid arguments; at run time an image size whose patch grid leaves no visible or no removed
