@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -158,7 +159,12 @@ class FrequencyBandModulation(nn.Module):
         self.k_list = _check_k_list(k_list)
         if len(mask_size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mask_size):
             raise ValueError(f"mask_size must be two positive ints, got {mask_size!r}.")
-        self.register_buffer("cached_masks", fbm_lowpass_masks(self.k_list, mask_size), persistent=False)
+        base = fbm_lowpass_masks(self.k_list, mask_size)
+        self.register_buffer("cached_masks", base, persistent=False)
+        # the boxes are prefixes of the rfft columns: their length on the mask grid, kept on the host so that the
+        # length after the resize to an input's grid is known without reading the device (no synchronisation)
+        self.base_columns = int(base.shape[-1])
+        self.base_kept_columns = int(base.amax(dim=(0, 1, 2)).gt(0).sum())
         # one Conv2d(Cin -> len(k_list)) equals the official list of Conv2d(Cin -> 1), one per band
         self.gain_conv = nn.Conv2d(in_channels, len(self.k_list), spatial_kernel, padding=spatial_kernel // 2)
         self.reset_parameters()
@@ -174,12 +180,33 @@ class FrequencyBandModulation(nn.Module):
         masks = F.interpolate(self.cached_masks.float(), size=[height, width // 2 + 1], mode="nearest")[:, 0]
         return masks if device is None else masks.to(device)
 
+    @torch.jit.unused
+    def kept_columns(self, columns: int) -> int:
+        """The length of the masks' column prefix on an rfft grid of ``columns`` columns, as the nearest resize of
+        :meth:`masks` gives it (PyTorch's nearest: source ``min(floor(j * float32(in / out)), in - 1)``, ``j // 2``
+        for an exact doubling), computed on the host once per size."""
+        cache = self.__dict__.setdefault("_kept_columns", {})
+        if columns not in cache:
+            size = self.base_columns
+            if columns == size:
+                src = np.arange(columns)
+            elif columns == 2 * size:
+                src = np.arange(columns) // 2
+            else:
+                scale = np.float32(size) / np.float32(columns)
+                src = np.minimum(np.floor(np.arange(columns, dtype=np.float32) * scale).astype(np.int64), size - 1)
+            cache[columns] = int((src < self.base_kept_columns).sum())
+        return cache[columns]
+
     def _modulate(self, x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
         """FBM in float32 (float64 for double input), transforming along the height only the kept rfft columns."""
         height, width = x.shape[-2], x.shape[-1]
         work = x.to(_fft_dtype(x.dtype))
         masks = self.masks(height, width).to(device=x.device, dtype=work.dtype)
-        n_keep = int(masks.amax(dim=1).amax(dim=0).gt(0).sum())  # the boxes are prefixes of the columns
+        if torch.jit.is_scripting():  # the boxes are prefixes of the columns
+            n_keep = int(masks.amax(dim=1).amax(dim=0).gt(0).sum())
+        else:  # the same length, from the host: no device synchronisation
+            n_keep = self.kept_columns(width // 2 + 1)
         gains = gains.to(work.dtype)
         coef = torch.cat([gains[:, 1:] - gains[:, :-1], 1.0 - gains[:, -1:]], dim=1)  # (B, L, H, W)
         spectrum = torch.fft.rfft(work, dim=-1, norm="ortho")[..., :n_keep]
