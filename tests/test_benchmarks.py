@@ -13,7 +13,7 @@ CASES = [
     # 224: MONAI UNet needs a multiple of 16 and SwinUNETR of 32
     ("bench_inference.py", ["--size", "224", "--batch", "1", "--rounds", "1", "--iters", "1"], "ratio to bare encoder"),
     ("bench_boundary_loss.py", ["--size", "32", "--batch", "2", "--classes", "1", "3", "--rounds", "1"],
-     "distance maps alone"),
+     "maps ratio MONAI / torch"),
     ("bench_stage1.py", ["--size", "28", "--batch", "2", "--rounds", "1", "--threads", "1"], "Stage-1 / baseline"),
     (
         "bench_stage1.py",
@@ -26,6 +26,7 @@ CASES = [
         "ratio",
     ),
     ("bench_precision.py", ["--tiny", "--threads", "1"], "bf16 / fp32 speed-up"),
+    ("bench_host_overhead.py", ["--tiny"], "host-side (ms/image)"),
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1"], "SpectraFlow bf16 / fp32"),
     # the paper's Fig. 5 baseline beside the two
     (

@@ -97,6 +97,7 @@ def squared_distance_transform(
     Raises:
         ValueError: ``spatial_dims`` outside [1, mask.ndim], bad ``sampling`` or ``max_elements``.
     """
+    mask = mask.as_tensor() if hasattr(mask, "as_tensor") else mask  # a MetaTensor's metadata is not needed
     ndim = min(mask.ndim, 3) if spatial_dims is None else spatial_dims
     if isinstance(ndim, bool) or not isinstance(ndim, int) or not 1 <= ndim <= mask.ndim:
         raise ValueError(f"spatial_dims must be an integer in [1, {mask.ndim}], got {spatial_dims!r}.")
@@ -150,6 +151,7 @@ def signed_distance_map(
     if target.dim() not in (4, 5):
         raise ValueError(f"target must be (B, N, H, W) or (B, N, H, W, D), got shape {tuple(target.shape)}.")
     spatial = target.dim() - 2
+    target = target.as_tensor() if hasattr(target, "as_tensor") else target  # MetaTensor -> plain tensor
     mask = target > threshold
     # the two transforms (to the background inside, to the foreground outside) as one batch
     both = squared_distance_transform(torch.stack((mask, ~mask)), spatial, sampling, max_elements).sqrt()

@@ -217,3 +217,14 @@ def test_distance_backend_auto_resolution_and_errors():
     if not cucim_available():
         with pytest.raises(ValueError, match="cuCIM"):
             DiceBCEBoundaryLoss(distance_backend="cucim")
+
+
+def test_torch_distance_backend_takes_metatensors():
+    """MONAI's collated batches are MetaTensors: the torch distance maps take them (and give the same loss)."""
+    from monai.data import MetaTensor
+
+    logits, target = _binary_case()
+    meta = MetaTensor(target)
+    want = DiceBCEBoundaryLoss(beta=0.1, distance_backend="scipy")(logits, target)
+    got = DiceBCEBoundaryLoss(beta=0.1, distance_backend="torch")(MetaTensor(logits), meta)
+    torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-6, atol=1e-6)
