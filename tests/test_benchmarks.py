@@ -92,3 +92,44 @@ def test_bench_precision_trained_model_agreement(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "thresholded predictions agree on" in out and "Dice moves by" in out, out[-4000:]
+
+
+def test_collect_gpu_results_reads_the_part_files(tmp_path):
+    """collect_gpu_results.py turns gpu_benchmarks.sh's part files into the record with the issue's keys."""
+    import json
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gpu.txt").write_text("name, memory.total [MiB], driver_version\nNVIDIA H200, 143771 MiB, 580\n")
+    (out / "stage2.txt").write_text(
+        "| model | precision | images/s | ratio to UNet (same precision) | ratio to own first precision |\n"
+        "| --- | --- | ---: | ---: | ---: |\n"
+        "| SpectraFlow-S (bundle) | bf16 | 300.50 | 1.1 | - |\n"
+        "| U-Net++ 2D (unetpp_baseline.yaml) | bf16 | 150.25 | 0.5 | - |\n"
+    )
+    (out / "inference.txt").write_text(
+        "| model | precision | params (M) | images/s | ratio to bare encoder | ratio to its fp32 |\n| --- |\n"
+        "| DINOv2 ViT-S encoder (bare) | fp32 | 22.0 | 1000.00 | 1.000 | - |\n"
+        "| DINOv2 ViT-S encoder (bare) | bf16 | 22.0 | 2000.00 | 1.000 | 2.00x |\n"
+        "| SpectraFlowNet-S (DAF + fdconv) | bf16 | 23.0 | 1900.00 | 0.950 | 2.00x |\n"
+    )
+    (out / "stage1.txt").write_text("| iteration | s/iteration |\n| --- |\n| baseline | 0.1 | 80.00 |\n| Stage-1 | 0.2 | 40.00 |\n")
+    lines = [f"Stage-1 epoch {e}/3 | loss 1 | lr 1e-05 | {s}s" for e, s in ((1, 9.0), (2, 2.2), (3, 2.0))]
+    lines += [f"Stage-2 epoch {e}/3 | train_loss 1 | lr 1e-4 | {s}s | best val_mean_dice 0.5 (epoch 1)"
+              for e, s in ((1, 8.0), (2, 3.0), (3, 3.0))]  # fmt: skip
+    (out / "kvasir.txt").write_text("\n".join(lines) + "\n")
+    (out / "util_stage2.txt").write_text("90\n100\n")
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "collect_gpu_results.py"), str(out), "--results-dir", str(results)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (written,) = results.glob("nvidia-h200-*.json")
+    record = json.loads(written.read_text())
+    assert record["device"] == "NVIDIA H200"
+    assert record["stage2_images_per_s"] == 300.5 and record["unetpp_stage2_images_per_s"] == 150.25
+    assert record["inference_images_per_s"] == 1900.0 and record["encoder_images_per_s"] == 2000.0
+    assert record["stage1_images_per_s"] == round(880 / 2.1, 2) and record["stage1_source"] == "protocol epochs"
+    assert record["protocol_minutes"] == round((300 * 2.1 + 100 * 3.0) / 60, 1)
+    assert record["gpu_busy_fraction_stage2"] == 0.95 and record["gpu_busy_fraction_protocol"] is None
