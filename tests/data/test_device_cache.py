@@ -130,3 +130,32 @@ def test_loader_and_device_ill_arguments():
     with pytest.raises(ValueError, match="shape"):
         DeviceCache([{"image": torch.zeros(1, 2, 2), "label": torch.zeros(1, 2, 2)},
                      {"image": torch.zeros(1, 3, 3), "label": torch.zeros(1, 3, 3)}], cache_device="cpu")
+
+
+def test_stage1_trainer_runs_from_the_device_path():
+    """Stage-1 wiring: cache -> loader -> batched augmentation + normalisation + mixed-domain rendering -> trainer."""
+    from spectraflow_monai.engines import MeanFlowPretrainer
+    from spectraflow_monai.networks.encoders.dinov2 import DINOv2Encoder
+    from spectraflow_monai.networks.nets.meanflow_head import MeanFlowHead
+    from spectraflow_monai.transforms import NormalizeIntensityBatchd, RandMixedDomainBatchd
+
+    data = [{"image": np.random.default_rng(i).random((28, 28, 3)).astype(np.float32),
+             "label": (np.random.default_rng(i).random((28, 28)) > 0.5) * 1.0} for i in range(8)]  # fmt: skip
+    cache = DeviceCache(data, _transform(), cache_device="cpu")
+    transform = BatchCompose(
+        [
+            RandFlipBatchd(["image", "label"], prob=0.5, spatial_axis=1),
+            NormalizeIntensityBatchd("image", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+            RandMixedDomainBatchd(mask_ratio=0.5),
+        ]
+    ).set_random_state(0)
+    loader = DeviceCacheLoader(cache, 4, transform=transform)
+    batch = next(iter(loader))
+    assert set(batch) == {"image", "domain"} and int(batch["domain"].sum()) == 2
+    torch.manual_seed(0)
+    encoder = DINOv2Encoder("vit_small_patch14_dinov2", img_size=28, trainable_blocks="all", model_kwargs={"depth": 2})
+    head = MeanFlowHead(encoder.embed_dim, hidden_channels=16, num_blocks=1, num_heads=2)
+    opt = torch.optim.AdamW(encoder.trainable_parameters() + list(head.parameters()), lr=1e-4)
+    trainer = MeanFlowPretrainer("cpu", 1, loader, encoder, head, opt, output_on_device=True)
+    trainer.run()
+    assert trainer.state.iteration == 2 and torch.isfinite(trainer.state.output["loss"])
