@@ -89,6 +89,23 @@ def test_stage1_iterations_do_not_read_back(monkeypatch):
     assert "loss" in summary.last_line
 
 
+def test_mae_iterations_do_not_read_back(monkeypatch):
+    from spectraflow_monai.engines import MAEPretrainer
+    from spectraflow_monai.networks.nets.mae_decoder import MAEDecoder
+
+    torch.manual_seed(0)
+    encoder = DINOv2Encoder("vit_small_patch14_dinov2", img_size=28, trainable_blocks="all", model_kwargs={"depth": 2})
+    decoder = MAEDecoder(encoder.embed_dim, encoder.patch_size, hidden_size=16, num_layers=1, num_heads=2)
+    opt = torch.optim.AdamW(encoder.trainable_parameters() + list(decoder.parameters()), lr=1e-4)
+    data = [{"image": torch.randn(4, 3, 28, 28)} for _ in range(4)]
+    trainer = MAEPretrainer("cpu", 1, data, encoder, decoder, opt, dispersive_weight=0.4, output_on_device=True)
+    StopOnNonFiniteLoss(every=4).attach(trainer)
+    EpochSummaryHandler(title="Stage-1", quiet_engines=False).attach(trainer)
+    per_iteration = _SyncCounter(monkeypatch).attach(trainer)
+    trainer.run()
+    assert [n for i, n in per_iteration if i % 4] == [0, 0, 0], per_iteration
+
+
 def test_stage1_default_output_stays_floats():
     trainer = _stage1_trainer(output_on_device=False)
     trainer.run()
