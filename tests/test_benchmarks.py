@@ -133,3 +133,22 @@ def test_collect_gpu_results_reads_the_part_files(tmp_path):
     assert record["stage1_images_per_s"] == round(880 / 2.1, 2) and record["stage1_source"] == "protocol epochs"
     assert record["protocol_minutes"] == round((300 * 2.1 + 100 * 3.0) / 60, 1)
     assert record["gpu_busy_fraction_stage2"] == 0.95 and record["gpu_busy_fraction_protocol"] is None
+
+
+@pytest.mark.slow
+def test_gpu_benchmarks_dry_run(tmp_path):
+    """gpu_benchmarks.sh --dry-run: every part but the GPU tests and the protocol, on the CPU, and the record."""
+    pytest.importorskip("einops", reason="bench_inference.py's SwinUNETR needs einops")
+    import json
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON=sys.executable)
+    proc = subprocess.run(
+        ["bash", str(BENCH / "gpu_benchmarks.sh"), "--dry-run", str(tmp_path)], env=env, capture_output=True,
+        text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    record = json.loads((tmp_path / "dry-run.json").read_text())
+    for key in ("device", "stage2_images_per_s", "unetpp_stage2_images_per_s", "stage1_images_per_s",
+                "inference_images_per_s", "encoder_images_per_s", "protocol_minutes"):  # fmt: skip
+        assert key in record and record[key] is not None, key
+    assert record["dry_run"] is True and not list((BENCH / "results").glob("dry*"))
