@@ -6,7 +6,13 @@ from .datalist import (
     folder_datalist,
     inference_files,
 )
-from .device_cache import CACHE_DEVICES, DeviceCache, DeviceCacheLoader, resolve_cache_device
+from .device_cache import (
+    CACHE_DEVICES,
+    DeviceCache,
+    DeviceCacheLoader,
+    resolve_cache_device,
+    single_thread_worker_init,
+)
 from .label_map import (
     LABEL_MAP_UNMAPPED,
     apply_label_map,
@@ -43,6 +49,7 @@ __all__ = [
     "label_mode",
     "low_data_subset",
     "resolve_cache_device",
+    "single_thread_worker_init",
     "read_2d",
     "validate_datalist",
 ]

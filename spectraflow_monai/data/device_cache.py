@@ -21,7 +21,7 @@ import torch
 from monai.data import CacheDataset
 from monai.utils import ensure_tuple
 
-__all__ = ["CACHE_DEVICES", "DeviceCache", "DeviceCacheLoader", "resolve_cache_device"]
+__all__ = ["CACHE_DEVICES", "DeviceCache", "DeviceCacheLoader", "resolve_cache_device", "single_thread_worker_init"]
 
 #: the values of the ``cache_device`` setting
 CACHE_DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -71,6 +71,20 @@ def resolve_cache_device(
         nbytes / 2**20, target if fits else "cpu", free / 2**20, memory_fraction,
     )  # fmt: skip
     return target if fits else torch.device("cpu")
+
+
+def single_thread_worker_init(worker_id: int) -> None:
+    """``worker_init_fn`` for ``DataLoader`` worker processes: MONAI's (seeds the worker's random transforms), then one
+    torch intra-op thread per worker.
+
+    Each worker process otherwise starts as many intra-op threads as the machine has cores: 14 workers on a 16-core
+    machine then run about 200 threads that contend for 16 cores (and with the trainer process). Pass it as the
+    loader's ``worker_init_fn`` (``monai.data.DataLoader`` uses MONAI's own by default).
+    """
+    from monai.data.utils import worker_init_fn
+
+    worker_init_fn(worker_id)
+    torch.set_num_threads(1)
 
 
 def _plain(value: Any) -> torch.Tensor:

@@ -159,3 +159,16 @@ def test_stage1_trainer_runs_from_the_device_path():
     trainer = MeanFlowPretrainer("cpu", 1, loader, encoder, head, opt, output_on_device=True)
     trainer.run()
     assert trainer.state.iteration == 2 and torch.isfinite(trainer.state.output["loss"])
+
+
+def test_single_thread_worker_init():
+    from monai.data import DataLoader, Dataset
+
+    from spectraflow_monai.data import single_thread_worker_init
+
+    class Threads(Dataset):
+        def __getitem__(self, i):
+            return torch.tensor(torch.get_num_threads())
+
+    loader = DataLoader(Threads(list(range(2))), batch_size=1, num_workers=1, worker_init_fn=single_thread_worker_init)
+    assert [int(b) for b in loader] == [1, 1]
