@@ -100,7 +100,7 @@ class StopOnNonFiniteLoss:
             )
 
     def read_back(self, engine: Engine) -> None:
-        """Read the accumulated flag back (``every > 1``) and raise if a loss since the last read-back was not finite."""
+        """Read the accumulated flag back (``every > 1``); raise if a loss since the last read-back was not finite."""
         bad, self._bad = self._bad, None
         first, self._since = self._since, engine.state.iteration + 1
         if bad is not None and bool(bad):

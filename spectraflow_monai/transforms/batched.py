@@ -1,7 +1,7 @@
 """Random augmentation of a whole (B, C, H, W) batch on the training device, one call per batch.
 
-MONAI's ``RandFlipd`` / ``RandRotate90d`` / ``RandAffined`` / ``RandAdjustContrastd`` / ... run on tensors on any device,
-but per sample: a batch of 8 is 8 launches per transform, and each sample's parameters come from numpy on the host.
+MONAI's ``RandFlipd`` / ``RandRotate90d`` / ``RandAffined`` / ``RandAdjustContrastd`` / ... run on tensors on any
+device, but per sample: a batch of 8 is 8 launches per transform, and each sample's parameters come from numpy on the host.
 The transforms here draw the parameters of every sample of a batch at once from a seeded ``torch.Generator`` on the
 batch's device and apply them with batched tensor operations; each sample is transformed with its own probability
 ``prob``, as a per-sample transform would, and an image and its label get the same geometric transform.

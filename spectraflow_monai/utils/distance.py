@@ -28,7 +28,8 @@ import torch
 
 __all__ = ["DISTANCE_BACKENDS", "euclidean_distance_transform", "signed_distance_map", "squared_distance_transform"]
 
-#: the ``distance_backend`` choices of the Stage-2 boundary term (:class:`~spectraflow_monai.losses.DiceBCEBoundaryLoss`)
+#: the ``distance_backend`` choices of the Stage-2 boundary term
+#: (:class:`~spectraflow_monai.losses.DiceBCEBoundaryLoss`)
 DISTANCE_BACKENDS: tuple[str, ...] = ("auto", "torch", "cucim", "scipy")
 
 #: default bound on the elements of one chunk of the (lines, n, n) reduction: 2^26 float32 values = 256 MiB

@@ -132,7 +132,8 @@ def test_colour_transforms_match_monai():
 def test_normalize_and_compose_determinism():
     image, label = _batch()
     norm = NormalizeIntensityBatch((0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
-    ref = (image - torch.tensor([0.5, 0.4, 0.3]).reshape(1, 3, 1, 1)) / torch.tensor([0.2, 0.25, 0.3]).reshape(1, 3, 1, 1)
+    mean, std = torch.tensor([0.5, 0.4, 0.3]).reshape(1, 3, 1, 1), torch.tensor([0.2, 0.25, 0.3]).reshape(1, 3, 1, 1)
+    ref = (image - mean) / std
     torch.testing.assert_close(norm(image), ref)
 
     def pipeline():

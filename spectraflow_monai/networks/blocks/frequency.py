@@ -103,7 +103,9 @@ def rfft2_band_index(n_rows: int, n_cols: int, kernel_num: int) -> torch.Tensor:
     return band
 
 
-def dft_matrices(n: int, dtype: torch.dtype, device: Optional[torch.device] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def dft_matrices(
+    n: int, dtype: torch.dtype, device: Optional[torch.device] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` of ``2 pi j m / n`` for ``j, m`` in ``0..n-1``: the real and (negated) imaginary parts of the
     forward DFT matrix, computed in float64 and cast to ``dtype``."""
     idx = torch.arange(n, dtype=torch.float64, device=device)
