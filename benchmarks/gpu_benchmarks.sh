@@ -4,6 +4,8 @@
 #
 #   bash benchmarks/gpu_benchmarks.sh <kvasir-seg dir> <output dir> [num_workers=12] [stage1 epochs=3] [stage2 epochs=8] \
 #       [extra bundle overrides of the Kvasir protocol, split at spaces, e.g. --pretrained_weights /w/dinov2_vits14.pth]
+#   bash benchmarks/gpu_benchmarks.sh --dry-run <output dir>    # the same parts on the CPU at tiny sizes (a check of
+#                                                               # this script; no GPU, no data set, no protocol)
 #
 #   tests.txt      pytest -m gpu: the CUDA paths for real (Stage-1 / Stage-2 epochs in bf16 and fp16, SliceInferer,
 #                  NCCL, MONAI Label inference on cuda)
@@ -13,30 +15,50 @@
 #   stage1.txt     Stage-1 training iteration images/s in bf16 (bench_stage1.py)
 #   kvasir.txt     a short Kvasir-SEG protocol in bf16: Stage-1 -> Stage-2 -> evaluation with the 2D bundle; the
 #                  per-epoch wall times are in its epoch log lines
+#   boundary.txt   the boundary term's distance maps: MONAI's (cuCIM where installed) against the torch transform
+#                  (bench_boundary_loss.py, figures also in boundary.json)
+#   host.txt       host-side time per image of the Stage-2 trainer process, classic vs device data path
+#                  (bench_host_overhead.py, figures also in host.json)
+#   util_<part>.txt  utilization.gpu samples (nvidia-smi, every 250 ms) while stage2 and kvasir run
 #
-# Per-part limits in seconds (environment): T_TESTS=150 T_INFER=60 T_STAGE2=120 T_STAGE1=45 T_KVASIR=200; RUN_DIR: the
-# Kvasir protocol's bundle_root (default <output dir>/kvasir_run); PARTS: the parts to run (default all five). A part that
-# runs over is stopped (SIGINT, SIGKILL 10 s later), its file keeps what it printed, and the next part starts.
+# At the end collect_gpu_results.py writes benchmarks/results/<gpu>-<date>.json (keys device, stage2_images_per_s,
+# unetpp_stage2_images_per_s, stage1_images_per_s, inference_images_per_s, encoder_images_per_s, protocol_minutes,
+# gpu_busy_fraction_*, ...; a dry run writes <output dir>/dry-run.json instead).
+#
+# Per-part limits in seconds (environment): T_TESTS=150 T_INFER=60 T_STAGE2=120 T_STAGE1=45 T_KVASIR=200 T_BOUNDARY=30
+# T_HOST=60; RUN_DIR: the Kvasir protocol's bundle_root (default <output dir>/kvasir_run); PARTS: the parts to run
+# (default all seven). A part that runs over is stopped (SIGINT, SIGKILL 10 s later), its file keeps what it printed,
+# and the next part starts. The default limits add up to about 11 minutes: where one command may run 10 minutes, run
+# it twice with the same <output dir>, e.g. PARTS="tests inference stage2 stage1" then PARTS="boundary host kvasir"
+# (each run ends by collecting every part file present in <output dir>).
 # Encoder weights: random throughout (no model hub on a GPU machine without internet; the weights do not change the
 # throughput). The Kvasir protocol's Dice is therefore that of a random-initialised encoder, not the paper's setup.
 set -uo pipefail
-DATA=$(realpath "$1"); OUT=$(realpath -m "$2"); WORKERS=${3:-12}; E1=${4:-3}; E2=${5:-8}; shift $(( $# < 5 ? $# : 5 ))
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; set -- /nonexistent "${1:-/tmp/gpu_benchmarks_dry_run}"; fi
+if [ $# -lt 2 ]; then sed -n 2,40p "$0"; exit 2; fi
+DATA=$(realpath -m "$1"); OUT=$(realpath -m "$2"); WORKERS=${3:-12}; E1=${4:-3}; E2=${5:-8}; shift $(( $# < 5 ? $# : 5 ))
 EXTRA="$*"
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 RUN_DIR=${RUN_DIR:-$OUT/kvasir_run}   # the protocol's bundle_root (checkpoints: put it outside a size-limited folder)
-export DATA OUT WORKERS E1 E2 EXTRA PY REPO RUN_DIR
+export DATA OUT WORKERS E1 E2 EXTRA PY REPO RUN_DIR DRY
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
 part() {  # part <name> <seconds> <command...>: run under `timeout`, output to <name>.txt
     local name=$1 limit=$2; shift 2
-    case " ${PARTS:-tests inference stage2 stage1 kvasir} " in *" $name "*) ;; *) return 0 ;; esac
-    local start=$SECONDS
+    case " ${PARTS:-tests inference stage2 stage1 kvasir boundary host} " in *" $name "*) ;; *) return 0 ;; esac
+    local start=$SECONDS sampler=""
     echo "== $name (limit $limit s): $*" | tee "$OUT/$name.txt"
+    if [ "$DRY" = 0 ] && { [ "$name" = stage2 ] || [ "$name" = kvasir ]; }; then  # the GPU's busy fraction
+        nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 250 >"$OUT/util_$name.txt" 2>/dev/null &
+        sampler=$!
+    fi
     timeout -s INT -k 10 "$limit" "$@" >>"$OUT/$name.txt" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/$name.txt"
+    if [ -n "$sampler" ]; then kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; fi
 }
 
 kvasir_protocol() {  # Stage-1 (E1 epochs) -> Stage-2 (up to E2 epochs) -> evaluation, bf16, random encoder
@@ -58,6 +80,24 @@ kvasir_protocol() {  # Stage-1 (E1 epochs) -> Stage-2 (up to E2 epochs) -> evalu
 }
 export -f kvasir_protocol
 
+if [ "$DRY" = 1 ]; then  # the CPU, tiny sizes: checks that every part runs and that the record is written
+    { echo "name, memory.total, driver_version"; echo "dry run (CPU), -, -"
+      $PY -c "import torch, monai, timm; print('torch', torch.__version__, 'monai', monai.__version__, 'timm', timm.__version__)"
+    } >"$OUT/gpu.txt" 2>&1
+    cd "$REPO" || exit 1
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    part inference "${T_INFER:-300}" $PY "$HERE/bench_inference.py" --device cpu --batch 1 --size 224 --rounds 1 --iters 1 \
+        --threads 1 --precision fp32
+    part stage2 "${T_STAGE2:-300}" $PY "$HERE/bench_stage2_throughput.py" --tiny --threads 1 --precision fp32 \
+        --models spectraflow unetpp
+    part stage1 "${T_STAGE1:-120}" $PY "$HERE/bench_stage1.py" --size 28 --batch 2 --rounds 1 --threads 1 --no-breakdown
+    part boundary "${T_BOUNDARY:-60}" $PY "$HERE/bench_boundary_loss.py" --batch 2 --size 32 --rounds 1 --classes 1 9 \
+        --json "$OUT/boundary.json"
+    part host "${T_HOST:-120}" $PY "$HERE/bench_host_overhead.py" --tiny --json "$OUT/host.json"
+    $PY "$HERE/collect_gpu_results.py" "$OUT" --dry-run --precision fp32
+    exit $?
+fi
+
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $PY -c "import torch, monai, timm; print('torch', torch.__version__, 'monai', monai.__version__, 'timm', timm.__version__)"
 } >"$OUT/gpu.txt" 2>&1
@@ -71,4 +111,8 @@ part stage2 "${T_STAGE2:-120}" $PY "$HERE/bench_stage2_throughput.py" --device c
     --models spectraflow unet unetpp
 part stage1 "${T_STAGE1:-45}" $PY "$HERE/bench_stage1.py" --device cuda --batch 32 --rounds 5 --iters 5 \
     --precision bf16 --no-breakdown
+part boundary "${T_BOUNDARY:-30}" $PY "$HERE/bench_boundary_loss.py" --device cuda --batch 8 --size 224 --classes 1 9 \
+    --json "$OUT/boundary.json"
+part host "${T_HOST:-60}" $PY "$HERE/bench_host_overhead.py" --device cuda --json "$OUT/host.json"
 part kvasir "${T_KVASIR:-200}" bash -c kvasir_protocol
+$PY "$HERE/collect_gpu_results.py" "$OUT" --precision bf16

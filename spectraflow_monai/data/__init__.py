@@ -6,6 +6,13 @@ from .datalist import (
     folder_datalist,
     inference_files,
 )
+from .device_cache import (
+    CACHE_DEVICES,
+    DeviceCache,
+    DeviceCacheLoader,
+    resolve_cache_device,
+    single_thread_worker_init,
+)
 from .label_map import (
     LABEL_MAP_UNMAPPED,
     apply_label_map,
@@ -20,7 +27,10 @@ from .subsets import holdout, low_data_subset
 from .validation import DatasetError, validate_datalist
 
 __all__ = [
+    "CACHE_DEVICES",
     "DATA_SOURCES",
+    "DeviceCache",
+    "DeviceCacheLoader",
     "DatasetError",
     "Image2DReader",
     "LABEL_MAP_UNMAPPED",
@@ -38,6 +48,8 @@ __all__ = [
     "inverse_label_map",
     "label_mode",
     "low_data_subset",
+    "resolve_cache_device",
+    "single_thread_worker_init",
     "read_2d",
     "validate_datalist",
 ]

@@ -7,12 +7,19 @@ Learning-rate schedules are in :mod:`spectraflow_monai.optimizers`, the encoder 
 from .mae import MAEPretrainer, encode_visible, random_masking
 from .meanflow import STAGE1_OUTPUT_KEYS, MeanFlowPretrainer, normalize_latent
 from .stage1 import Stage1Trainer
-from .utils import PrepareBatchMixedDomain, accumulation_flags, all_reduce_gradients, broadcast_modules
+from .utils import (
+    PrepareBatchMixedDomain,
+    PrepareBatchTransform,
+    accumulation_flags,
+    all_reduce_gradients,
+    broadcast_modules,
+)
 
 __all__ = [
     "MAEPretrainer",
     "MeanFlowPretrainer",
     "PrepareBatchMixedDomain",
+    "PrepareBatchTransform",
     "STAGE1_OUTPUT_KEYS",
     "Stage1Trainer",
     "accumulation_flags",

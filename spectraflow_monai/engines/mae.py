@@ -158,7 +158,8 @@ class MAEPretrainer(Stage1Trainer):
         decoder: the MAE decoder, ``decoder(tokens, ids_restore, grid_size, num_prefix_tokens)`` returning
             ``(B, N, p*p*C)``.
         optimizer: optimizer over the trainable parameters of encoder and decoder.
-        mae_loss: ``mae_loss(pred, images, mask)``. Defaults to ``MAELoss(patch_size=<encoder patch>)``.
+        mae_loss: ``mae_loss(pred, images, mask)``. Defaults to ``MAELoss(patch_size=<encoder patch>,
+            check_mask=False)`` (the masking removes at least one patch of every sample; :func:`random_masking` refuses otherwise).
         mask_ratio: fraction of patches removed per sample, in ``(0, 1)`` (MAE: 0.75). Not the mixed-domain ratio
             of masks in a batch, which the data loader sets. Defaults to 0.75.
         dispersive_loss: dispersive loss on the pooled visible tokens of the penultimate block (used when
@@ -168,8 +169,8 @@ class MAEPretrainer(Stage1Trainer):
         kwargs: the other arguments of :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (``ema_decay``,
             ``ema_encoder``, ``image_key``, ``domain_key``, ``epoch_length``, ``non_blocking``, ``prepare_batch``,
             ``iteration_update``, ``train_handlers``, ``amp``, ``event_names``, ``event_to_attr``, ``decollate``,
-            ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``, ``grad_bucket_mb``), passed by
-            name.
+            ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``, ``grad_bucket_mb``,
+            ``output_on_device``), passed by name.
 
     Raises:
         ValueError: invalid arguments; at run time an image size whose patch grid leaves no visible or no removed
@@ -211,7 +212,7 @@ class MAEPretrainer(Stage1Trainer):
         if mae_loss is None:
             from spectraflow_monai.losses.mae import MAELoss
 
-            mae_loss = MAELoss(patch_size=patch[0])
+            mae_loss = MAELoss(patch_size=patch[0], check_mask=False)  # random_masking removes >= 1 patch per sample
         if not callable(mae_loss):
             raise ValueError(f"mae_loss must be callable, got {type(mae_loss).__name__}.")
         loss_patch = getattr(mae_loss, "patch_size", patch[0])

@@ -72,8 +72,8 @@ class MeanFlowPretrainer(Stage1Trainer):
        described in :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (with the EMA, checkpoint and
        distributed notes).
 
-    ``engine.state.output`` is a dict of Python floats of the current process, so that every term is logged by
-    name:
+    ``engine.state.output`` is a dict of Python floats of the current process (0-d tensors on the device with
+    ``output_on_device=True``), so that every term is logged by name:
 
     - ``meanflow_error``: the unweighted mean squared MeanFlow error (mean over samples and latent elements), the
       headline curve: it falls as the head learns the average velocity (NaN when ``meanflow_loss`` has no
@@ -122,7 +122,7 @@ class MeanFlowPretrainer(Stage1Trainer):
             0.999, ``ema_encoder``, ``image_key`` ``"image"``, ``domain_key`` ``"domain"``, ``epoch_length``,
             ``non_blocking``, ``prepare_batch``, ``iteration_update``, ``train_handlers``, ``event_names``,
             ``event_to_attr``, ``decollate``, ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``,
-            ``grad_bucket_mb``), passed by name.
+            ``grad_bucket_mb``, ``output_on_device``), passed by name.
 
     Raises:
         ValueError: invalid arguments (named with their value); at run time a batch with fewer than 2 samples
@@ -220,6 +220,6 @@ class MeanFlowPretrainer(Stage1Trainer):
             loss = loss_mf.float() + engine.dispersive_weight * loss_disp
         engine._backward_and_step(loss, should_step)
 
-        mse = mse if isinstance(mse, torch.Tensor) else loss.new_tensor(float("nan"))
+        mse = mse if isinstance(mse, torch.Tensor) else torch.full_like(loss, float("nan"))  # no host-to-device copy
         weighted = engine.dispersive_weight * loss_disp.detach().float()
         return engine._finish_iteration(STAGE1_OUTPUT_KEYS, [mse, loss_mf, loss_disp, weighted, loss])

@@ -114,6 +114,11 @@ class Stage1Trainer(Trainer):
         precision: the run's resolved :class:`~spectraflow_monai.utils.precision.Precision`
             (:func:`~spectraflow_monai.utils.resolve_precision`); when given it decides autocast, its dtype and the
             gradient scaler (``amp`` and the ``dtype`` of ``amp_kwargs`` are not read). Defaults to None.
+        output_on_device: ``engine.state.output`` holds the terms as detached 0-d float32 tensors on the device
+            instead of Python floats, so that an iteration never waits for the device (no host synchronisation per
+            step; the handlers of :mod:`spectraflow_monai.handlers` add them up on the device and read them back at
+            the epoch's end or their ``every`` interval). False: one synchronisation per iteration reads all terms
+            back as floats. Defaults to False.
 
     Raises:
         ValueError: invalid arguments (named with their value); at run time a batch with fewer than 2 samples
@@ -150,6 +155,7 @@ class Stage1Trainer(Trainer):
         distributed: bool | None = None,
         grad_bucket_mb: float = 25.0,
         precision: Precision | None = None,
+        output_on_device: bool = False,
     ) -> None:
         if precision is not None:  # the run's resolved precision, handed whole: autocast, dtype and scaler from it
             if not isinstance(precision, Precision):
@@ -229,6 +235,7 @@ class Stage1Trainer(Trainer):
         self.optim_set_to_none = optim_set_to_none
         self.distributed_arg = distributed
         self.grad_bucket_bytes = max(1, int(grad_bucket_mb * 2**20))
+        self.output_on_device = bool(output_on_device)
 
         # mixed precision: fp16 + GradScaler on CUDA, bf16 elsewhere (no scaler needed)
         dev = self.state.device if self.state.device is not None else torch.device("cpu")
@@ -407,10 +414,10 @@ class Stage1Trainer(Trainer):
                 self.optimizer.step()
             self.optimizer_stepped = True
 
-    def _finish_iteration(self, names: Sequence[str], values: Sequence[torch.Tensor]) -> dict[str, float]:
-        """Set ``state.output = {name: float}`` (one device synchronisation for all values), fire
-        ``MODEL_COMPLETED`` and return the output."""
-        floats = torch.stack([v.detach().float() for v in values]).tolist()
-        self.state.output = dict(zip(names, floats))
+    def _finish_iteration(self, names: Sequence[str], values: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """Set ``state.output = {name: value}``, fire ``MODEL_COMPLETED`` and return the output: floats (one device
+        synchronisation for all values) or, with ``output_on_device``, detached 0-d float32 tensors (none)."""
+        stacked = torch.stack([v.detach().float().reshape(()) for v in values])
+        self.state.output = dict(zip(names, stacked.unbind() if self.output_on_device else stacked.tolist()))
         self.fire_event(IterationEvents.MODEL_COMPLETED)
         return self.state.output

@@ -18,7 +18,58 @@ import torch.distributed as dist
 from monai.engines.utils import PrepareBatch
 from torch import nn
 
-__all__ = ["PrepareBatchMixedDomain", "accumulation_flags", "all_reduce_gradients", "broadcast_modules"]
+__all__ = [
+    "PrepareBatchMixedDomain",
+    "PrepareBatchTransform",
+    "accumulation_flags",
+    "all_reduce_gradients",
+    "broadcast_modules",
+]
+
+
+class PrepareBatchTransform(PrepareBatch):
+    """Move a batch dictionary to the device, apply a batch transform there and return the entries ``keys``.
+
+    The random augmentation of a ``DataLoader``'s collated batches then runs on the training device, one call per
+    batch (e.g. a :class:`~spectraflow_monai.transforms.BatchCompose` of the ``Rand*Batchd`` transforms), while the
+    loader keeps only the deterministic work. With ``keys=("image", "label")`` it is a ``prepare_batch`` of MONAI's
+    ``SupervisedTrainer`` (Stage-2); with ``keys=("image", "domain")`` after a
+    :class:`~spectraflow_monai.transforms.RandMixedDomainBatchd`, of the Stage-1 trainers.
+
+    Args:
+        transform: callable taking and returning a batch dictionary of tensors on the device.
+        keys: the entries returned, in order (a tuple; one key: that tensor alone). Defaults to ``("image",
+            "label")``.
+
+    Raises:
+        ValueError: ``transform`` not callable or ``keys`` empty; at call time, a batch that is not a dictionary or
+            lacks a returned key after the transform.
+    """
+
+    def __init__(self, transform: Any, keys: tuple[str, ...] = ("image", "label")) -> None:
+        if not callable(transform):
+            raise ValueError(f"transform must be callable, got {type(transform).__name__}.")
+        if isinstance(keys, str) or not keys:
+            raise ValueError(f"keys must be a non-empty tuple of batch keys, got {keys!r}.")
+        self.transform = transform
+        self.keys = tuple(keys)
+
+    def __call__(
+        self, batchdata: Any, device: str | torch.device | None = None, non_blocking: bool = False, **kwargs: Any
+    ) -> Any:
+        if not isinstance(batchdata, Mapping):
+            raise ValueError(f"{type(self).__name__} needs dictionary batches, got {type(batchdata).__name__}.")
+        moved = {}
+        for key, value in batchdata.items():
+            if isinstance(value, torch.Tensor):
+                value = value.as_tensor() if hasattr(value, "as_tensor") else value
+                value = value.to(device=device, non_blocking=non_blocking, **kwargs)
+            moved[key] = value
+        out = self.transform(moved)
+        missing = [k for k in self.keys if k not in out]
+        if missing:
+            raise ValueError(f"the transformed batch lacks {missing} (keys {sorted(map(str, out))}).")
+        return out[self.keys[0]] if len(self.keys) == 1 else tuple(out[k] for k in self.keys)
 
 
 class PrepareBatchMixedDomain(PrepareBatch):

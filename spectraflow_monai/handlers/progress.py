@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ignite.engine import Engine
+from ignite.engine import Engine, Events
 from ignite.handlers import ProgressBar
 
 __all__ = ["ProgressBarHandler"]
@@ -46,9 +46,11 @@ class ProgressBarHandler:
             replaces ``output_transform``. Defaults to ``None``.
         enabled: False attaches nothing (a bundle's ``progress_bar: false``, or a process other than the first of
             a distributed run). Defaults to ``True``.
+        every: iterations between updates of the bar, >= 1. Displaying a loss held on a GPU reads it back (a host
+            synchronisation), so a GPU run updates the bar every few iterations. Defaults to 1.
 
     Raises:
-        ValueError: ``keys`` is a string or empty.
+        ValueError: ``keys`` is a string or empty, or ``every`` is not a positive integer.
     """
 
     def __init__(
@@ -59,7 +61,11 @@ class ProgressBarHandler:
         desc: str | None = None,
         keys: Sequence[str] | None = None,
         enabled: bool = True,
+        every: int = 1,
     ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive integer, got {every!r}.")
+        self.every = every
         if keys is not None:
             if isinstance(keys, str) or not len(keys):
                 raise ValueError(f"keys must be a non-empty sequence of output names, got {keys!r}.")
@@ -75,4 +81,7 @@ class ProgressBarHandler:
         """Attach the progress bar to ``engine`` (nothing when not ``enabled``)."""
         if not self.enabled:
             return
-        self.bar.attach(engine, metric_names=self.metric_names, output_transform=self.output_transform)
+        event = Events.ITERATION_COMPLETED if self.every == 1 else Events.ITERATION_COMPLETED(every=self.every)
+        self.bar.attach(
+            engine, metric_names=self.metric_names, output_transform=self.output_transform, event_name=event
+        )

@@ -3,7 +3,9 @@
 SpectraFlow (Chen et al.), Sec. "Stage-2: Segmentation Finetuning", eq. 7: ``L_S2 = L_seg + beta * L_bd`` where
 ``L_seg`` combines Dice and BCE and ``L_bd`` is a boundary term. The region term is MONAI's ``DiceCELoss`` and the
 boundary term MONAI's ``BoundaryLoss`` (Kervadec et al., "Boundary loss for highly unbalanced segmentation",
-MIDL 2019), whose weight can be ramped up over the first epochs as in Kervadec et al.
+MIDL 2019), whose weight can be ramped up over the first epochs as in Kervadec et al.; its signed distance maps come
+from :func:`spectraflow_monai.utils.distance.signed_distance_map` (exact, batched, on the training device) or, by
+``distance_backend``, from cuCIM / scipy as MONAI computes them.
 """
 
 from __future__ import annotations
@@ -11,11 +13,77 @@ from __future__ import annotations
 import torch
 from monai.losses import BoundaryLoss, DiceCELoss
 from monai.networks.utils import one_hot
+from monai.utils import optional_import
 from torch.nn.modules.loss import _Loss
 
+from spectraflow_monai.utils.distance import DISTANCE_BACKENDS, signed_distance_map
 from spectraflow_monai.utils.precision import autocast_off
 
-__all__ = ["DiceBCEBoundaryLoss"]
+__all__ = ["DiceBCEBoundaryLoss", "SignedDistanceBoundaryLoss", "cucim_available"]
+
+
+def cucim_available() -> bool:
+    """Whether MONAI's ``distance_transform_edt`` can use cuCIM (cuCIM and CuPy importable)."""
+    _, has_cp = optional_import("cupy")
+    _, has_cucim = optional_import("cucim.core.operations.morphology", name="distance_transform_edt")
+    return bool(has_cp and has_cucim)
+
+
+class SignedDistanceBoundaryLoss(BoundaryLoss):
+    """MONAI's ``BoundaryLoss`` (Kervadec et al., MIDL 2019) with a choice of where its signed distance maps are
+    computed; the maps and the loss are those of ``BoundaryLoss`` (tested).
+
+    ``distance_backend``:
+
+    - ``"torch"``: :func:`~spectraflow_monai.utils.distance.signed_distance_map`, exact, one batched computation on
+      the target's device (a GPU tensor stays on the GPU; no host synchronisation, so it can run inside a captured or
+      compiled step);
+    - ``"cucim"``: MONAI's ``distance_transform_edt`` with cuCIM, per image and class (needs cuCIM + CuPy and a CUDA
+      target; MONAI synchronises the device after every map);
+    - ``"scipy"``: MONAI's ``distance_transform_edt`` with scipy on the CPU, per image and class (the target is copied
+      to the CPU and the maps back);
+    - ``"auto"`` (default): ``"torch"`` for a target on an accelerator (CUDA, MPS, ...), ``"scipy"`` for a CPU target
+      (scipy's linear-time transform per image is the cheaper one on a CPU; ``benchmarks/bench_boundary_loss.py``
+      measures both).
+
+    Args:
+        distance_backend: one of :data:`~spectraflow_monai.utils.distance.DISTANCE_BACKENDS`. Defaults to ``"auto"``.
+        max_elements: chunk bound of the torch backend's reduction (memory). Defaults to 2^26 (256 MiB of float32).
+        kwargs: the arguments of ``monai.losses.BoundaryLoss``.
+
+    Raises:
+        ValueError: an unknown ``distance_backend``, ``"cucim"`` without cuCIM installed; at call time ``"cucim"``
+            with a target not on a CUDA device.
+    """
+
+    def __init__(self, distance_backend: str = "auto", max_elements: int = 2**26, **kwargs) -> None:
+        if distance_backend not in DISTANCE_BACKENDS:
+            raise ValueError(f"distance_backend must be one of {list(DISTANCE_BACKENDS)}, got {distance_backend!r}.")
+        if distance_backend == "cucim" and not cucim_available():
+            raise ValueError("distance_backend='cucim' needs cuCIM and CuPy installed; use 'auto' or 'torch'.")
+        if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 1:
+            raise ValueError(f"max_elements must be a positive integer, got {max_elements!r}.")
+        super().__init__(**kwargs)
+        self.distance_backend = distance_backend
+        self.max_elements = max_elements
+
+    def backend_for(self, target: torch.Tensor) -> str:
+        """The backend that computes the maps of ``target`` (``"auto"`` resolved by its device)."""
+        if self.distance_backend != "auto":
+            return self.distance_backend
+        return "scipy" if target.device.type == "cpu" else "torch"
+
+    @torch.no_grad()
+    def compute_distance_map(self, target: torch.Tensor) -> torch.Tensor:
+        """Signed distance maps of ``target`` (B, N, H, W[, D]) on ``target``'s device (see the class)."""
+        backend = self.backend_for(target)
+        if backend == "torch":
+            return signed_distance_map(target, max_elements=self.max_elements)
+        if backend == "cucim" and target.device.type != "cuda":
+            raise ValueError(f"distance_backend='cucim' needs a CUDA target, got a target on {target.device}.")
+        if backend == "scipy" and target.device.type != "cpu":
+            return super().compute_distance_map(target.cpu()).to(target.device)
+        return super().compute_distance_map(target)
 
 
 def _promote(x: torch.Tensor) -> torch.Tensor:
@@ -34,8 +102,9 @@ class DiceBCEBoundaryLoss(_Loss):
       the CE term is ``CrossEntropyLoss``.
 
     ``Dice + CE`` is ``monai.losses.DiceCELoss`` and the boundary term is ``monai.losses.BoundaryLoss``
-    (``mean(p * phi)`` with ``phi`` the signed distance map of the ground truth, in pixels; computed per (b, c)
-    under ``no_grad``: cuCIM on CUDA tensors when installed, scipy otherwise). Because ``phi`` is measured in
+    (``mean(p * phi)`` with ``phi`` the signed distance map of the ground truth, in pixels, under ``no_grad``; where
+    it is computed is ``distance_backend``, see :class:`SignedDistanceBoundaryLoss`: by default exact torch code on
+    the training device for GPU tensors, scipy for CPU tensors). Because ``phi`` is measured in
     pixels, ``beta`` should be small (0.01 following Kervadec et al.). ``beta = 0`` skips the distance transforms.
 
     Precision: the loss is computed in float32 whatever the precision of the run (float16 / bfloat16 logits are
@@ -75,10 +144,13 @@ class DiceBCEBoundaryLoss(_Loss):
         smooth_dr: denominator smoothing of the Dice term. Defaults to 1e-5.
         reduction: ``"mean"`` or ``"sum"`` over batch and channels (``"none"`` is not supported by
             ``DiceCELoss``). Defaults to ``"mean"``.
+        distance_backend: where the boundary term's signed distance maps are computed: ``"auto"``, ``"torch"``,
+            ``"cucim"`` or ``"scipy"`` (:class:`SignedDistanceBoundaryLoss`). Defaults to ``"auto"``.
 
     Raises:
         ValueError: when both or neither of ``sigmoid`` / ``softmax`` are set, a weight is negative,
-            ``beta_max < beta``, ``ramp_epochs`` is negative (or 0 with a ramp), or ``reduction`` is unsupported.
+            ``beta_max < beta``, ``ramp_epochs`` is negative (or 0 with a ramp), ``reduction`` is unsupported, or
+            ``distance_backend`` is unknown (or ``"cucim"`` without cuCIM).
     """
 
     def __init__(
@@ -95,6 +167,7 @@ class DiceBCEBoundaryLoss(_Loss):
         smooth_nr: float = 1e-5,
         smooth_dr: float = 1e-5,
         reduction: str = "mean",
+        distance_backend: str = "auto",
     ) -> None:
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
@@ -134,7 +207,8 @@ class DiceBCEBoundaryLoss(_Loss):
             lambda_dice=lambda_dice,
             lambda_ce=lambda_ce,
         )
-        self.boundary = BoundaryLoss(
+        self.boundary = SignedDistanceBoundaryLoss(
+            distance_backend=distance_backend,
             include_background=include_background,
             to_onehot_y=to_onehot_y,
             sigmoid=sigmoid,

@@ -86,6 +86,9 @@ class MAELoss(_Loss):
             ``(e * mask).sum() / mask.sum()``; the mean of the per-sample losses when every sample has the same
             number of masked patches); ``"sum"``: sum of the per-sample losses; ``"none"``: the ``(B,)`` per-sample
             losses. Defaults to ``"mean"``.
+        check_mask: raise when a sample has no masked patch. The check reads the mask back from the device (a host
+            synchronisation per call); a caller whose masking guarantees masked patches (the MAE Stage-1 trainer
+            removes ``N - K >= 1`` patches of every sample) turns it off. Defaults to True.
 
     Raises:
         ValueError: invalid ``patch_size``, ``eps`` or ``reduction``.
@@ -104,8 +107,10 @@ class MAELoss(_Loss):
         norm_pix_loss: bool = True,
         eps: float = 1e-6,
         reduction: LossReduction | str = LossReduction.MEAN,
+        check_mask: bool = True,
     ) -> None:
         super().__init__(reduction=check_reduction(reduction))
+        self.check_mask = bool(check_mask)
         if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
             raise ValueError(f"patch_size must be a positive int, got {patch_size!r}.")
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
@@ -154,7 +159,7 @@ class MAELoss(_Loss):
                 )
             mask = mask.to(device=pred.device, dtype=torch.float32)
             counts = mask.sum(dim=1)
-            if bool((counts <= 0).any()):
+            if self.check_mask and bool((counts <= 0).any()):
                 raise ValueError("every sample needs at least one masked patch (mask == 1), got a sample without.")
             error = (pred.float() - target).pow(2).mean(dim=-1)  # (B, N) per-patch error
             masked = error * mask

@@ -17,7 +17,27 @@ from .mixed_domain import (
     RandMixedDomaind,
     RandMixedDomainDict,
 )
-from .mixed_domain_batch import MIXED_DOMAIN_VIEWS, MixedDomainCollate, num_masks
+from .batched import (
+    BatchCompose,
+    BatchRandomizable,
+    NormalizeIntensityBatch,
+    NormalizeIntensityBatchd,
+    RandAdjustContrastBatch,
+    RandAdjustContrastBatchd,
+    RandAffineBatch,
+    RandAffineBatchd,
+    RandFlipBatch,
+    RandFlipBatchd,
+    RandGaussianSmoothBatch,
+    RandGaussianSmoothBatchd,
+    RandRotate90Batch,
+    RandRotate90Batchd,
+    RandScaleIntensityBatch,
+    RandScaleIntensityBatchd,
+    RandShiftIntensityBatch,
+    RandShiftIntensityBatchd,
+)
+from .mixed_domain_batch import MIXED_DOMAIN_VIEWS, MixedDomainCollate, RandMixedDomainBatchd, num_masks
 
 __all__: list[str] = [
     "IMAGENET_MEAN",
@@ -33,7 +53,12 @@ __all__ += ["BinarizeLabel", "BinarizeLabelD", "BinarizeLabeld", "BinarizeLabelD
 __all__ += ["SaveLabelValuesd"]
 
 __all__ += ["NONFINITE_MODES", "CheckFinite", "CheckFinited", "check_finite", "count_nonfinite"]
-__all__ += ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "num_masks"]
+__all__ += ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "RandMixedDomainBatchd", "num_masks"]
+__all__ += ["BatchCompose", "BatchRandomizable", "NormalizeIntensityBatch", "NormalizeIntensityBatchd"]
+__all__ += ["RandAdjustContrastBatch", "RandAdjustContrastBatchd", "RandAffineBatch", "RandAffineBatchd"]
+__all__ += ["RandFlipBatch", "RandFlipBatchd", "RandGaussianSmoothBatch", "RandGaussianSmoothBatchd"]
+__all__ += ["RandRotate90Batch", "RandRotate90Batchd", "RandScaleIntensityBatch", "RandScaleIntensityBatchd"]
+__all__ += ["RandShiftIntensityBatch", "RandShiftIntensityBatchd"]
 
 from .corruptions import (
     CORRUPTION_KINDS,

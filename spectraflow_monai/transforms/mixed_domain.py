@@ -155,6 +155,38 @@ class MaskToImage(Transform):
             x = (x - mean) / std
         return x.contiguous()
 
+    def render_batch(self, masks: torch.Tensor, channels: int | None = None) -> torch.Tensor:
+        """Render a batch of masks (B, 1, H, W[, D]) on its device as :meth:`render` renders each: (B, channels, ...)
+        float32, with no host synchronisation (``max_label=None`` takes each mask's maximum on the device)."""
+        channels = self.channels if channels is None else int(channels)
+        _check_stats_channels(self.mean, "mean", channels)
+        _check_stats_channels(self.std, "std", channels)
+        if masks.ndim < 3 or masks.shape[1] != 1:
+            raise ValueError(f"masks must be a (B, 1, H, W[, D]) batch, got shape {tuple(masks.shape)}.")
+        m = masks.as_tensor() if hasattr(masks, "as_tensor") else masks
+        spatial = (1,) * (m.ndim - 2)
+        if self.binarize:
+            x = (m > 0).to(torch.float32)
+        else:
+            x = m.to(torch.float32).clamp_min(0.0)
+            if self.max_label is None:
+                top = x.flatten(1).amax(dim=1).reshape(-1, 1, *spatial)
+                x = torch.where(top > 0, (x / top.clamp_min(1e-30)).clamp(max=1.0), x)
+            else:
+                x = (x / float(self.max_label)).clamp(max=1.0)
+        x = (x * self.foreground_value).expand(-1, channels, *m.shape[2:])
+        if self.mean is not None and self.std is not None:
+            key = (x.device, channels, x.ndim)
+            cache = self.__dict__.setdefault("_batch_stats", {})
+            if key not in cache:  # copied to the device once
+                shape = (1, -1, *spatial)
+                mean = torch.tensor(self.mean, dtype=torch.float32).expand(channels if len(self.mean) == 1 else -1)
+                std = torch.tensor(self.std, dtype=torch.float32).expand(channels if len(self.std) == 1 else -1)
+                cache[key] = (mean.reshape(shape).to(x.device), std.reshape(shape).to(x.device))
+            mean, std = cache[key]
+            x = (x - mean) / std
+        return x.contiguous()
+
     def __call__(self, mask: NdarrayOrTensor) -> NdarrayOrTensor:
         """
         Args:

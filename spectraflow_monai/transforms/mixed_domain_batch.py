@@ -36,6 +36,7 @@ from monai.config import KeysCollection
 from monai.data import list_data_collate
 from monai.utils import ensure_tuple
 
+from spectraflow_monai.transforms.batched import BatchRandomizable
 from spectraflow_monai.transforms.mixed_domain import (
     DOMAIN_IMAGE,
     DOMAIN_MASK,
@@ -47,7 +48,7 @@ from spectraflow_monai.transforms.mixed_domain import (
     _renderer,
 )
 
-__all__ = ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "num_masks"]
+__all__ = ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "RandMixedDomainBatchd", "num_masks"]
 
 #: what one Stage-1 epoch shows of each image-mask pair: ``"either"`` its image or its mask, ``"both"`` both.
 MIXED_DOMAIN_VIEWS: tuple[str, ...] = ("either", "both")
@@ -173,3 +174,65 @@ class MixedDomainCollate:
                 _drop_mask(d, self.mask_key)
             mixed.append(d)
         return list_data_collate(mixed)
+
+
+class RandMixedDomainBatchd(BatchRandomizable):
+    """The mixed-domain Stage-1 mini-batch of :class:`MixedDomainCollate`, made from a collated batch on its device.
+
+    The same logic as :class:`MixedDomainCollate` (exactly ``round(mask_ratio * B)`` rows of every batch of ``B``
+    shown as their masks, rendered by :meth:`~spectraflow_monai.transforms.MaskToImage.render_batch`: 0/1 in the
+    images' intensity range, repeated to the image channels, normalised with ``mean`` / ``std``; ``views="both"``:
+    the ``B`` images then the ``B`` masks), on a batch dictionary ``{image: (B, C, H, W), label: (B, 1, H, W)}``
+    already on the training device, with the rows drawn by ``torch.randperm`` from this transform's generator (see
+    :class:`~spectraflow_monai.transforms.batched.BatchRandomizable`; inside a
+    :class:`~spectraflow_monai.transforms.batched.BatchCompose`, the compose's). Place it after the images'
+    normalisation, with the same ``mean`` / ``std``.
+
+    Args:
+        args, kwargs: the arguments of :class:`MixedDomainCollate` (``mask_ratio``, ``keys``, ``mask_key``,
+            ``domain_key``, ``drop_mask``, ``mean``, ``std``, ``foreground_value``, ``binarize``, ``max_label``,
+            ``views``), with its defaults.
+
+    Raises:
+        ValueError: the argument errors of :class:`MixedDomainCollate`; at call time, a batch without ``mask_key``
+            or whose image and mask batches differ in size.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        # the arguments and their checks are the collate's: it validates and keeps the settings
+        self.settings = MixedDomainCollate(*args, **kwargs)
+
+    def choose(self, batch_size: int, device: torch.device) -> torch.Tensor:
+        """A bool vector of ``batch_size`` on ``device`` with exactly :func:`num_masks` True entries at random rows."""
+        n = num_masks(batch_size, self.settings.mask_ratio)
+        order = torch.randperm(batch_size, generator=self.generator(device), device=device)
+        return order < n  # the rows that the permutation sends to the first n places
+
+    def __call__(self, data: Any) -> dict:
+        cfg = self.settings
+        d = dict(data)
+        if cfg.mask_key not in d:
+            raise ValueError(f"mask_key {cfg.mask_key!r} is missing from the batch (keys {list(d)}).")
+        mask = d[cfg.mask_key]
+        first = d[cfg.keys[0]]
+        batch, device = first.shape[0], first.device
+        if mask.shape[0] != batch:
+            raise ValueError(f"the batch has {batch} images but {mask.shape[0]} masks ({cfg.mask_key!r}).")
+        if cfg.views == "both":
+            chosen = torch.arange(2 * batch, device=device) >= batch
+        else:
+            chosen = self.choose(batch, device)
+        for key in cfg.keys:
+            img = d[key]
+            rendered = cfg.mask_to_image.render_batch(mask, channels=img.shape[1]).to(img.dtype)
+            if cfg.views == "both":
+                d[key] = torch.cat([img, rendered])
+            else:
+                d[key] = torch.where(chosen.reshape(-1, *([1] * (img.ndim - 1))), rendered, img)
+        d[cfg.domain_key] = chosen.to(torch.int64)
+        if cfg.drop_mask:
+            d.pop(cfg.mask_key, None)
+        elif cfg.views == "both":
+            d[cfg.mask_key] = torch.cat([mask, mask])
+        return d

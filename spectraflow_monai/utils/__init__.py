@@ -10,6 +10,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     ".files": ("atomic_path", "require_file", "require_items", "write_text_atomic"),
     ".checkpoint": ("atomic_torch_save", "cpu_state_dict"),
+    ".compile": ("COMPILE_MODES", "CompiledOrEager", "compile_or_eager", "to_channels_last"),
+    ".distance": (
+        "DISTANCE_BACKENDS", "euclidean_distance_transform", "signed_distance_map", "squared_distance_transform",
+    ),
     ".settings": ("check_image_size",),
     ".errors": ("DataError", "install_excepthook", "SettingError"),
     ".precision": (

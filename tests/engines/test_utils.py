@@ -138,3 +138,30 @@ def test_gradient_sync_single_process(process_group):
     assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
     with pytest.raises(ValueError, match="bucket_bytes"):
         all_reduce_gradients(a.parameters(), bucket_bytes=0)
+
+
+def test_prepare_batch_transform_stage2_and_stage1():
+    from monai.data import MetaTensor
+    from monai.engines import SupervisedTrainer
+
+    from spectraflow_monai.engines import PrepareBatchTransform
+    from spectraflow_monai.transforms import BatchCompose, RandFlipBatchd, RandMixedDomainBatchd
+
+    flip = BatchCompose([RandFlipBatchd(["image", "label"], prob=1.0, spatial_axis=1)])
+    image, label = torch.randn(2, 3, 4, 4), (torch.rand(2, 1, 4, 4) > 0.5).float()
+    x, y = PrepareBatchTransform(flip)({"image": MetaTensor(image), "label": label, "name": ["a", "b"]}, "cpu")
+    assert type(x) is torch.Tensor and torch.equal(x, image.flip(3)) and torch.equal(y, label.flip(3))
+    mixed = BatchCompose([RandMixedDomainBatchd(mask_ratio=0.5)]).set_random_state(0)
+    x, domain = PrepareBatchTransform(mixed, keys=("image", "domain"))({"image": image, "label": label})
+    assert int(domain.sum()) == 1
+    net = torch.nn.Conv2d(3, 1, 1)
+    trainer = SupervisedTrainer(
+        device=torch.device("cpu"), max_epochs=1, train_data_loader=[{"image": image, "label": label}], network=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1), loss_function=torch.nn.BCEWithLogitsLoss(),
+        prepare_batch=PrepareBatchTransform(flip),
+    )  # fmt: skip
+    trainer.run()
+    with pytest.raises(ValueError, match="lacks"):
+        PrepareBatchTransform(flip, keys=("image", "mask"))({"image": image, "label": label})
+    with pytest.raises(ValueError, match="callable"):
+        PrepareBatchTransform(3)

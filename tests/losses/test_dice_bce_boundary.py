@@ -176,3 +176,55 @@ def test_half_precision_logits_computed_in_float32(multiclass):
         out_ac = loss(logits, target)
     assert out_ac.dtype == torch.float32
     torch.testing.assert_close(out_ac, reference, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "scipy", "auto"])
+@pytest.mark.parametrize("case", ["binary", "multiclass", "binary3d"])
+def test_distance_backends_give_todays_loss(backend, case):
+    """Every distance backend gives the loss of MONAI's BoundaryLoss (scipy maps) within rtol 1e-6 / atol 1e-6."""
+    if case == "binary":
+        logits, target = _binary_case()
+        kw = {"beta": 0.1}
+        ref_bd = BoundaryLoss(sigmoid=True)(logits, target)
+    elif case == "binary3d":
+        g = torch.Generator().manual_seed(3)
+        logits = torch.randn(2, 1, 8, 9, 10, generator=g)
+        target = torch.zeros(2, 1, 8, 9, 10)
+        target[0, 0, 2:6, 3:7, 1:8] = 1
+        kw = {"beta": 0.1}
+        ref_bd = BoundaryLoss(sigmoid=True)(logits, target)
+    else:
+        logits, target = _multiclass_case()
+        kw = {"sigmoid": False, "softmax": True, "to_onehot_y": True, "include_background": False, "beta": 0.1}
+        ref_bd = BoundaryLoss(softmax=True, to_onehot_y=True, include_background=False)(logits, target)
+    loss = DiceBCEBoundaryLoss(distance_backend=backend, **kw)
+    value = loss(logits, target)
+    torch.testing.assert_close(loss.last_terms["boundary"], ref_bd, rtol=1e-6, atol=1e-6)
+    reference = DiceBCEBoundaryLoss(distance_backend="scipy", **kw)(logits, target)
+    torch.testing.assert_close(value, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_distance_backend_auto_resolution_and_errors():
+    from spectraflow_monai.losses import SignedDistanceBoundaryLoss, cucim_available
+
+    bd = SignedDistanceBoundaryLoss(sigmoid=True)
+    assert bd.backend_for(torch.zeros(1, 1, 4, 4)) == "scipy"
+    assert bd.backend_for(torch.zeros(1, 1, 4, 4, device="meta")) == "torch"
+    with pytest.raises(ValueError, match="distance_backend"):
+        DiceBCEBoundaryLoss(distance_backend="numpy")
+    with pytest.raises(ValueError, match="max_elements"):
+        SignedDistanceBoundaryLoss(max_elements=0)
+    if not cucim_available():
+        with pytest.raises(ValueError, match="cuCIM"):
+            DiceBCEBoundaryLoss(distance_backend="cucim")
+
+
+def test_torch_distance_backend_takes_metatensors():
+    """MONAI's collated batches are MetaTensors: the torch distance maps take them (and give the same loss)."""
+    from monai.data import MetaTensor
+
+    logits, target = _binary_case()
+    meta = MetaTensor(target)
+    want = DiceBCEBoundaryLoss(beta=0.1, distance_backend="scipy")(logits, target)
+    got = DiceBCEBoundaryLoss(beta=0.1, distance_backend="torch")(MetaTensor(logits), meta)
+    torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-6, atol=1e-6)

@@ -104,3 +104,14 @@ def test_invalid_inputs():
         loss(pred, images, no_masked)
     with pytest.raises(ValueError, match="multiple of patch_size"):
         patchify(torch.zeros(1, 3, 15, 14), P)
+
+
+def test_check_mask_reads_back_only_when_asked():
+    """check_mask=True refuses a sample without masked patches; check_mask=False skips the check (no read-back)."""
+    images = torch.randn(2, 3, 28, 28)
+    pred = torch.randn(2, 4, 14 * 14 * 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="masked patch"):
+        MAELoss(patch_size=14)(pred, images, mask)
+    per_sample = MAELoss(patch_size=14, reduction="none", check_mask=False)(pred, images, mask)
+    assert torch.isfinite(per_sample[0]) and not torch.isfinite(per_sample[1])

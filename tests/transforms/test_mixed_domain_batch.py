@@ -149,3 +149,46 @@ def test_ill_arguments(kwargs):
 def test_missing_mask_is_named():
     with pytest.raises(ValueError, match="label"):
         MixedDomainCollate(mask_ratio=1.0)([{"image": torch.zeros(3, 8, 8)}, {"image": torch.zeros(3, 8, 8)}])
+
+
+# --- the device form: RandMixedDomainBatchd on a collated batch ---------------------------------------------------
+from spectraflow_monai.transforms import MaskToImage, RandMixedDomainBatchd  # noqa: E402
+
+
+@pytest.mark.parametrize("batch_size, ratio", [(8, 0.5), (5, 0.5), (7, 0.3), (4, 0.0), (4, 1.0)])
+def test_device_form_exact_count_and_rendering(batch_size, ratio):
+    g = torch.Generator().manual_seed(0)
+    image = torch.randn(batch_size, 3, 8, 8, generator=g)
+    label = (torch.rand(batch_size, 1, 8, 8, generator=g) > 0.5).float()
+    out = RandMixedDomainBatchd(mask_ratio=ratio).set_random_state(0)({"image": image, "label": label})
+    chosen = out["domain"].bool()
+    assert out["domain"].dtype == torch.int64 and int(chosen.sum()) == num_masks(batch_size, ratio)
+    assert "label" not in out
+    renderer = MaskToImage()
+    for i in range(batch_size):
+        expected = renderer.render(label[i]) if chosen[i] else image[i]
+        torch.testing.assert_close(out["image"][i], expected)
+
+
+def test_device_form_views_both_determinism_and_errors():
+    image, label = torch.randn(4, 3, 6, 6), (torch.rand(4, 1, 6, 6) > 0.5).float()
+    out = RandMixedDomainBatchd(views="both", drop_mask=False)({"image": image, "label": label})
+    assert out["image"].shape[0] == 8 and out["domain"].tolist() == [0] * 4 + [1] * 4
+    assert out["label"].shape[0] == 8
+    a = RandMixedDomainBatchd().set_random_state(3)({"image": image, "label": label})
+    b = RandMixedDomainBatchd().set_random_state(3)({"image": image, "label": label})
+    assert torch.equal(a["domain"], b["domain"]) and torch.equal(a["image"], b["image"])
+    with pytest.raises(ValueError, match="mask_key"):
+        RandMixedDomainBatchd()({"image": image})
+    with pytest.raises(ValueError, match="mask_ratio"):
+        RandMixedDomainBatchd(mask_ratio=1.5)
+
+
+def test_render_batch_matches_render_label_maps():
+    labels = torch.randint(0, 9, (3, 1, 5, 5)).float()
+    labels[2] = 0
+    for kw in ({"binarize": False}, {"binarize": False, "max_label": 8}, {}):
+        m2i = MaskToImage(**kw)
+        batch = m2i.render_batch(labels)
+        for i in range(3):
+            torch.testing.assert_close(batch[i], m2i.render(labels[i]))

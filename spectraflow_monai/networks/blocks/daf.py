@@ -7,6 +7,8 @@ import torch.nn as nn
 from monai.networks.layers.factories import Act, Norm
 from monai.networks.layers.utils import get_act_layer, get_norm_layer
 
+from spectraflow_monai.networks.scripting import shape_str
+
 __all__ = ["DirectAttentionalFusion"]
 
 
@@ -85,12 +87,16 @@ class DirectAttentionalFusion(nn.Module):
         self, f_dec: torch.Tensor, f_skip: torch.Tensor, return_gate: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Fuse ``f_dec`` and ``f_skip`` (both (B, C, H, W)); optionally also return the gate map M."""
-        if f_dec.shape != f_skip.shape:
-            raise ValueError(f"f_dec and f_skip must have the same shape, got {tuple(f_dec.shape)} and {tuple(f_skip.shape)}.")
-        if f_dec.shape[1] != self.channels:
-            raise ValueError(f"expected {self.channels} input channels, got {f_dec.shape[1]} (shape {tuple(f_dec.shape)}).")
-        m = self.gate(f_dec, f_skip)
-        fused = 2.0 * f_dec * m + 2.0 * f_skip * (1.0 - m)
+        fused, m = self.fuse_with_gate(f_dec, f_skip)
         if return_gate:
             return fused, m
         return fused
+
+    def fuse_with_gate(self, f_dec: torch.Tensor, f_skip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(fused, M)``: the fused map and the gate map (one return type, for TorchScript)."""
+        if f_dec.shape != f_skip.shape:
+            raise ValueError(f"f_dec and f_skip must have the same shape, got {shape_str(f_dec)} and {shape_str(f_skip)}.")
+        if f_dec.shape[1] != self.channels:
+            raise ValueError(f"expected {self.channels} input channels, got {f_dec.shape[1]} (shape {shape_str(f_dec)}).")
+        m = self.gate(f_dec, f_skip)
+        return 2.0 * f_dec * m + 2.0 * f_skip * (1.0 - m), m

@@ -153,7 +153,7 @@ class SpectraFlowDecoder(nn.Module):
         return F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
 
     def forward(
-        self, final: torch.Tensor, skip: torch.Tensor, output_size: Sequence[int] | None = None
+        self, final: torch.Tensor, skip: torch.Tensor, output_size: list[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decode the encoder maps.
 
@@ -170,7 +170,7 @@ class SpectraFlowDecoder(nn.Module):
         f_skip = self._up(self.skip_project(skip))
         gate: torch.Tensor | None = None
         if isinstance(self.fuse, DirectAttentionalFusion):
-            x, gate = self.fuse(f_dec, f_skip, return_gate=True)
+            x, gate = self.fuse.fuse_with_gate(f_dec, f_skip)
         elif self.fusion == "concat":
             x = self.fuse(torch.cat([f_dec, f_skip], dim=1))
         else:
@@ -179,6 +179,6 @@ class SpectraFlowDecoder(nn.Module):
         for stage in self.stages:
             x = stage(self._up(x))
         logits = self.head(x)
-        if output_size is not None and tuple(logits.shape[-2:]) != tuple(output_size):
-            logits = F.interpolate(logits, size=tuple(output_size), mode="bilinear", align_corners=False)
+        if output_size is not None and list(logits.shape[-2:]) != list(output_size):
+            logits = F.interpolate(logits, size=list(output_size), mode="bilinear", align_corners=False)
         return logits, gate

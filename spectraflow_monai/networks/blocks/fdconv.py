@@ -21,6 +21,8 @@ from spectraflow_monai.networks.blocks.frequency import (
     FrequencyBandModulation,
     _check_k_list,
     _fft_dtype,
+    c2r_matrices,
+    dft_matrices,
     rfft2_band_index,
 )
 from spectraflow_monai.networks.blocks.kernel_modulation import KernelSpatialModulationGlobal, KernelSpatialModulationLocal
@@ -202,6 +204,9 @@ class FDConv2d(nn.Conv2d):
         self.dynamic = dynamic
         self.dft_scale = float(max(min(in_channels, out_channels) // 2, 1))
         self.freq_size = (n_rows, n_cols)
+        # the frequency transforms as real matrix products instead of complex FFTs (for exports: ONNX, TensorRT);
+        # :func:`spectraflow_monai.networks.utils.set_real_dft` switches it on every FDConv2d / FBM of a network
+        self.real_dft = False
 
         weight = self.weight.detach()
         del self.weight
@@ -252,9 +257,29 @@ class FDConv2d(nn.Conv2d):
         k = self.kernel_size[0]
         return matrix.reshape(-1, self.out_channels, k, self.in_channels, k).permute(0, 1, 3, 2, 4)
 
+    def _mixed_kernels_real(self, kernel_att: Optional[torch.Tensor]) -> torch.Tensor:
+        """:meth:`_mixed_kernels` in real arithmetic (``real_dft``): the inverse transform as matrix products."""
+        dft = self.dft_weight.to(_fft_dtype(self.dft_weight.dtype)) * self.dft_scale
+        re, im = dft[..., 0].unsqueeze(0), dft[..., 1].unsqueeze(0)
+        band_index = self.band_index
+        if kernel_att is not None and band_index is not None:
+            coef = torch.index_select(kernel_att.to(re.dtype), 1, band_index.flatten())
+            coef = coef.reshape(-1, band_index.shape[0], band_index.shape[1]) * self.kernel_num
+            re, im = re * coef, im * coef
+        n_rows, n_cols = self.freq_size
+        cos_r, sin_r = dft_matrices(n_rows, re.dtype, re.device)
+        y_re = (torch.matmul(cos_r, re) - torch.matmul(sin_r, im)) / n_rows  # inverse DFT along the rows
+        y_im = (torch.matmul(sin_r, re) + torch.matmul(cos_r, im)) / n_rows
+        back_c, back_s = c2r_matrices(re.shape[-1], n_cols, re.dtype, re.device)
+        matrix = (y_re @ back_c - y_im @ back_s) / n_cols  # C2R along the columns
+        k = self.kernel_size[0]
+        return matrix.reshape(-1, self.out_channels, k, self.in_channels, k).permute(0, 1, 3, 2, 4)
+
     def _mixed_kernels(self, kernel_att: Optional[torch.Tensor]) -> torch.Tensor:
         """Kernels ``irfft2(kernel_num * a[band(f)] * W~)`` ``(B, Cout, Cin, k, k)`` for kernel attention ``a``
         ``(B, kernel_num)``, or the static kernel ``(1, Cout, Cin, k, k)`` for None."""
+        if self.real_dft:
+            return self._mixed_kernels_real(kernel_att)
         spectrum = self._spectrum().unsqueeze(0)  # (1, Cout*k, Cin*k//2+1)
         band_index = self.band_index
         if kernel_att is not None and band_index is not None:

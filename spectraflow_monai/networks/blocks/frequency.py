@@ -12,9 +12,11 @@ float32 arithmetic decides which bins sit in which band:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -101,6 +103,30 @@ def rfft2_band_index(n_rows: int, n_cols: int, kernel_num: int) -> torch.Tensor:
     return band
 
 
+def dft_matrices(
+    n: int, dtype: torch.dtype, device: Optional[torch.device] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of ``2 pi j m / n`` for ``j, m`` in ``0..n-1``: the real and (negated) imaginary parts of the
+    forward DFT matrix, computed in float64 and cast to ``dtype``."""
+    idx = torch.arange(n, dtype=torch.float64, device=device)
+    angle = (2.0 * math.pi / n) * torch.remainder(idx[:, None] * idx[None, :], float(n))
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+
+def c2r_matrices(
+    columns: int, n: int, dtype: torch.dtype, device: Optional[torch.device] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Bc, Bs)`` (``columns`` x ``n``) with ``irfft(Y, n)[m] = (Y.real @ Bc - Y.imag @ Bs)[m] * n`` for the first
+    ``columns`` rfft bins of a length-``n`` signal (the other bins zero): ``w_j cos(2 pi j m / n)`` and
+    ``w_j sin(2 pi j m / n)`` with ``w_j = 1`` for the zero and Nyquist bins and 2 otherwise; the imaginary parts of
+    those two bins drop out (their sine is zero), as ``torch.fft.irfft`` ignores them."""
+    j = torch.arange(columns, dtype=torch.float64, device=device)
+    m = torch.arange(n, dtype=torch.float64, device=device)
+    weight = torch.where((j == 0) | (2 * j == n), torch.ones_like(j), 2.0 * torch.ones_like(j))
+    angle = (2.0 * math.pi / n) * torch.remainder(j[:, None] * m[None, :], float(n))
+    return (weight[:, None] * torch.cos(angle)).to(dtype), (weight[:, None] * torch.sin(angle)).to(dtype)
+
+
 def fbm_lowpass_masks(k_list: Sequence[float], mask_size: Sequence[int] = FBM_MASK_SIZE) -> torch.Tensor:
     """The official FBM low-pass boxes on the rfft grid of ``mask_size``, before resizing to an input.
 
@@ -158,9 +184,15 @@ class FrequencyBandModulation(nn.Module):
         self.k_list = _check_k_list(k_list)
         if len(mask_size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mask_size):
             raise ValueError(f"mask_size must be two positive ints, got {mask_size!r}.")
-        self.register_buffer("cached_masks", fbm_lowpass_masks(self.k_list, mask_size), persistent=False)
+        base = fbm_lowpass_masks(self.k_list, mask_size)
+        self.register_buffer("cached_masks", base, persistent=False)
+        # the boxes are prefixes of the rfft columns: their length on the mask grid, kept on the host so that the
+        # length after the resize to an input's grid is known without reading the device (no synchronisation)
+        self.base_columns = int(base.shape[-1])
+        self.base_kept_columns = int(base.amax(dim=(0, 1, 2)).gt(0).sum())
         # one Conv2d(Cin -> len(k_list)) equals the official list of Conv2d(Cin -> 1), one per band
         self.gain_conv = nn.Conv2d(in_channels, len(self.k_list), spatial_kernel, padding=spatial_kernel // 2)
+        self.real_dft = False  # the transforms as real matrix products (exports), see _modulate_real
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -174,20 +206,67 @@ class FrequencyBandModulation(nn.Module):
         masks = F.interpolate(self.cached_masks.float(), size=[height, width // 2 + 1], mode="nearest")[:, 0]
         return masks if device is None else masks.to(device)
 
+    @torch.jit.unused
+    def kept_columns(self, columns: int) -> int:
+        """The length of the masks' column prefix on an rfft grid of ``columns`` columns, as the nearest resize of
+        :meth:`masks` gives it (PyTorch's nearest: source ``min(floor(j * float32(in / out)), in - 1)``, ``j // 2``
+        for an exact doubling), computed on the host once per size."""
+        cache = self.__dict__.setdefault("_kept_columns", {})
+        if columns not in cache:
+            size = self.base_columns
+            if columns == size:
+                src = np.arange(columns)
+            elif columns == 2 * size:
+                src = np.arange(columns) // 2
+            else:
+                scale = np.float32(size) / np.float32(columns)
+                src = np.minimum(np.floor(np.arange(columns, dtype=np.float32) * scale).astype(np.int64), size - 1)
+            cache[columns] = int((src < self.base_kept_columns).sum())
+        return cache[columns]
+
     def _modulate(self, x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
         """FBM in float32 (float64 for double input), transforming along the height only the kept rfft columns."""
         height, width = x.shape[-2], x.shape[-1]
         work = x.to(_fft_dtype(x.dtype))
         masks = self.masks(height, width).to(device=x.device, dtype=work.dtype)
-        n_keep = int(masks.amax(dim=1).amax(dim=0).gt(0).sum())  # the boxes are prefixes of the columns
+        if torch.jit.is_scripting():  # the boxes are prefixes of the columns
+            n_keep = int(masks.amax(dim=1).amax(dim=0).gt(0).sum())
+        else:  # the same length, from the host: no device synchronisation
+            n_keep = self.kept_columns(width // 2 + 1)
         gains = gains.to(work.dtype)
         coef = torch.cat([gains[:, 1:] - gains[:, :-1], 1.0 - gains[:, -1:]], dim=1)  # (B, L, H, W)
+        if self.real_dft:
+            return self._modulate_real(work, gains, coef, masks[:, :, :n_keep])
         spectrum = torch.fft.rfft(work, dim=-1, norm="ortho")[..., :n_keep]
         spectrum = torch.fft.fft(spectrum, dim=-2, norm="ortho")
         out = gains[:, :1] * work
         for idx in range(len(self.k_list)):
             low = torch.fft.ifft(spectrum * masks[idx, :, :n_keep], dim=-2, norm="ortho")
             low = torch.fft.irfft(low, n=width, dim=-1, norm="ortho")
+            out = out + coef[:, idx : idx + 1] * low
+        return out
+
+    def _modulate_real(
+        self, work: torch.Tensor, gains: torch.Tensor, coef: torch.Tensor, masks: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`_modulate` with the transforms written as real matrix products (``real_dft``): the same low-pass
+        bands, no complex tensor (ONNX / TensorRT), ``O(H^2 W + H W^2)`` per channel instead of FFTs."""
+        height, width, n_keep = work.shape[-2], work.shape[-1], masks.shape[-1]
+        cos_w, sin_w = dft_matrices(width, work.dtype, work.device)
+        cos_w, sin_w = cos_w[:, :n_keep] / math.sqrt(width), sin_w[:, :n_keep] / math.sqrt(width)
+        cos_h, sin_h = dft_matrices(height, work.dtype, work.device)
+        cos_h, sin_h = cos_h / math.sqrt(height), sin_h / math.sqrt(height)
+        back_c, back_s = c2r_matrices(n_keep, width, work.dtype, work.device)
+        back_c, back_s = back_c / math.sqrt(width), back_s / math.sqrt(width)
+        z_re, z_im = work @ cos_w, -(work @ sin_w)  # rfft along the width (ortho), kept columns
+        f_re = torch.matmul(cos_h, z_re) + torch.matmul(sin_h, z_im)  # fft along the height (ortho)
+        f_im = torch.matmul(cos_h, z_im) - torch.matmul(sin_h, z_re)
+        out = gains[:, :1] * work
+        for idx in range(len(self.k_list)):
+            g_re, g_im = f_re * masks[idx], f_im * masks[idx]
+            l_re = torch.matmul(cos_h, g_re) - torch.matmul(sin_h, g_im)  # inverse fft along the height
+            l_im = torch.matmul(sin_h, g_re) + torch.matmul(cos_h, g_im)
+            low = l_re @ back_c - l_im @ back_s  # irfft along the width (ortho)
             out = out + coef[:, idx : idx + 1] * low
         return out
 

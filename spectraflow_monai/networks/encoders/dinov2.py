@@ -249,6 +249,32 @@ class DINOv2Encoder(nn.Module):
         Raises:
             ValueError: wrong number of dimensions or channels, or H/W not a multiple of the patch size.
         """
+        if torch.jit.is_scripting():  # TorchScript (model-zoo's bundle check, deployment): the plain loop
+            return self._forward_scripted(x)
+        return self._forward_eager(x)
+
+    def _forward_scripted(self, x: torch.Tensor) -> EncoderFeatures:
+        """:meth:`forward` as TorchScript compiles it: the same features, every block under the caller's grad mode."""
+        if x.dim() != 4 or x.shape[1] != self.vit.patch_embed.proj.in_channels:
+            raise ValueError("input must have shape (B, in_chans, H, W) with the encoder's input channels.")
+        height, width = x.shape[-2], x.shape[-1]
+        if height % self.patch_size != 0 or width % self.patch_size != 0 or height == 0 or width == 0:
+            raise ValueError("input spatial size (H, W) must be positive multiples of the patch size.")
+        h, w = height // self.patch_size, width // self.patch_size
+        vit = self.vit
+        tokens = vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(x))))
+        skip = pooled = tokens
+        for i, blk in enumerate(vit.blocks):
+            tokens = blk(tokens)
+            if i == self.skip_index:
+                skip = self._to_map(tokens, h, w)
+            if i == self.depth - 2:
+                pooled = tokens[:, vit.num_prefix_tokens :].mean(dim=1)
+        return EncoderFeatures(final=self._to_map(vit.norm(tokens), h, w), skip=skip, pooled=pooled)
+
+    @torch.jit.unused
+    def _forward_eager(self, x: torch.Tensor) -> EncoderFeatures:
+        """:meth:`forward` in eager mode (input checks naming the shapes, frozen blocks under no_grad)."""
         in_chans = self.vit.patch_embed.proj.in_channels
         if x.ndim != 4 or x.shape[1] != in_chans:
             raise ValueError(f"input must have shape (B, {in_chans}, H, W), got {tuple(x.shape)}.")

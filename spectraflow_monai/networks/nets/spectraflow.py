@@ -10,6 +10,7 @@ import torch.nn as nn
 from monai.networks.layers.factories import Act, Norm
 
 from spectraflow_monai.networks.blocks.decoder import SpectraFlowDecoder
+from spectraflow_monai.networks.scripting import shape_str
 
 __all__ = ["SpectraFlowNet"]
 
@@ -115,7 +116,7 @@ class SpectraFlowNet(nn.Module):
             logits (B, out_channels, H, W), or ``(logits, gate)`` when ``return_gate``.
         """
         if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"expected input of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}.")
+            raise ValueError(f"expected input of shape (B, {self.in_channels}, H, W), got {shape_str(x)}.")
         if self.in_channels == 1:
             x = x.expand(-1, 3, -1, -1)
         feats = self.encoder(x)
