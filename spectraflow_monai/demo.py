@@ -75,7 +75,7 @@ def run_demo(
     from spectraflow_monai.utils import resolve_precision
 
     check_image_size(image_size)
-    from spectraflow_monai.networks.utils import normalize_weights_source
+    from spectraflow_monai.networks.weights import normalize_weights_source
 
     weights = normalize_weights_source(pretrained_weights)
     # the bundles' `device`: the first GPU when there is one; checked and logged before any work

@@ -51,7 +51,7 @@ from spectraflow_monai.handlers import (
 )
 from spectraflow_monai.losses import DispersiveLoss, MAELoss, MeanFlowLoss
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder, MeanFlowHead
-from spectraflow_monai.networks.utils import initialize_encoder
+from spectraflow_monai.apps.encoder_init import initialize_encoder
 from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.transforms import MixedDomainCollate
 from spectraflow_monai.utils.checkpoint import resume_checkpoint

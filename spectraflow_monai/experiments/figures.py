@@ -42,7 +42,7 @@ from spectraflow_monai.experiments.runner import (
     settings_text,
 )
 from spectraflow_monai.metrics.frequency import DEFAULT_BAND_EDGES, compute_frequency_band_error
-from spectraflow_monai.networks.utils import initialize_encoder
+from spectraflow_monai.apps.encoder_init import initialize_encoder
 from spectraflow_monai.transforms.mixed_domain import MaskToImage
 from spectraflow_monai.utils.bundles import bundle_parser
 from spectraflow_monai.utils.files import write_text_atomic

@@ -111,7 +111,7 @@ def resolve_encoder_weights(common: Mapping[str, Any], bundle: str | os.PathLike
             names the setting and the ways forward.
     """
     from spectraflow_monai.networks import DINOv2Encoder
-    from spectraflow_monai.networks.utils import load_encoder_weights, normalize_weights_source
+    from spectraflow_monai.networks.weights import load_encoder_weights, normalize_weights_source
 
     bundle = Path(bundle) if bundle is not None else bundle_path("spectraflow_2d_segmentation")
     parser = bundle_parser(bundle, ["train.yaml"], dict(common))
@@ -143,7 +143,7 @@ def experiment_settings(
 
 
 def _random_init(settings: Mapping[str, Any]) -> bool:
-    from spectraflow_monai.networks.utils import normalize_weights_source
+    from spectraflow_monai.networks.weights import normalize_weights_source
 
     return "pretrained_weights" in settings and normalize_weights_source(settings["pretrained_weights"]) is None
 

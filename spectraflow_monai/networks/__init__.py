@@ -1,21 +1,19 @@
 """Networks of SpectraFlow: the DINOv2 encoder, the DAF/FDConv decoder blocks, the full segmentation network and
-the loading of encoder weights (``utils``)."""
+the loading of encoder weights (``weights``) and deployment exports (``export``)."""
 
 from .blocks import DirectAttentionalFusion, FDConv2d, RefinementBlock, SpectraFlowDecoder
 from .encoders import DINOv2Encoder, EncoderFeatures
 from .nets import MeanFlowHead, SpectraFlowNet, UNetPlusPlus
-from .utils import initialize_encoder, load_encoder_weights, resolve_encoder_init
+from .weights import load_encoder_weights
 
 __all__: list[str] = [
     "DINOv2Encoder",
     "DirectAttentionalFusion",
     "EncoderFeatures",
     "FDConv2d",
-    "initialize_encoder",
     "load_encoder_weights",
     "MeanFlowHead",
     "RefinementBlock",
-    "resolve_encoder_init",
     "SpectraFlowDecoder",
     "SpectraFlowNet",
     "UNetPlusPlus",

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from spectraflow_monai.utils.errors import SettingError, TrainingError
 from spectraflow_monai.utils.files import atomic_path
-from spectraflow_monai.utils.run_record import model_settings_path
+from spectraflow_monai.utils.distributed import process_rank
+from spectraflow_monai.utils.settings import as_bool, model_settings_path
 
 __all__ = [
     "NonFiniteStateError",
@@ -169,20 +170,6 @@ def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = Fa
     return target
 
 
-def _as_bool(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    raise SettingError(f"{name} must be true or false, got {value!r}.")
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def resume_checkpoint(
     checkpoint_dir: str | os.PathLike,
     resume: bool | str = True,
@@ -211,7 +198,7 @@ def resume_checkpoint(
     Raises:
         SettingError: ``resume`` is not a boolean, or ``resume_from`` is not an existing file.
     """
-    resume = _as_bool(resume, "resume")
+    resume = as_bool(resume, "resume")
     if resume_from:
         if not os.path.isfile(resume_from):
             raise SettingError(f"resume_from: {os.fspath(resume_from)!r} is not an existing checkpoint file.")
@@ -221,7 +208,7 @@ def resume_checkpoint(
     if latest is not None:
         logger.warning(f"resuming from '{latest}' (the newest checkpoint of this run; --resume false starts over).")
         return os.fspath(latest)
-    if _rank() == 0:
+    if process_rank() == 0:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         folder = Path(os.fspath(checkpoint_dir))
         if latest_checkpoint(folder) is not None:

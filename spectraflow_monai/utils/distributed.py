@@ -12,9 +12,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-__all__ = ["destroy_process_group", "is_main_process", "local_device", "setup_process_group", "wrap_ddp"]
+__all__ = [
+    "destroy_process_group", "is_main_process", "local_device", "process_rank", "setup_process_group", "wrap_ddp",
+]
 
 logger = logging.getLogger(__name__)
+
+
+def process_rank() -> int:
+    """This process's rank in the torchrun process group (0 without one)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def local_device() -> torch.device:

@@ -14,7 +14,7 @@ with two small JSON files:
   built it. Evaluation and inference read them (:func:`model_record`): a user gives data, output and device; a model
   setting given on the command line that contradicts the record is an error naming both values. Fine-tuning from the
   Stage-1 export compares its encoder settings the same way
-  (:func:`spectraflow_monai.networks.utils.initialize_encoder`), instead of failing with a raw size mismatch.
+  (:func:`spectraflow_monai.apps.encoder_init.initialize_encoder`), instead of failing with a raw size mismatch.
 
 Settings that may change between restarts (``max_epochs``, ``num_workers``, the device, ...) are recorded under
 ``not_compared`` and never stop a run.
@@ -33,10 +33,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from spectraflow_monai.utils.checkpoint import latest_checkpoint, set_aside
+from spectraflow_monai.utils.distributed import process_rank
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
 from spectraflow_monai.utils.files import write_text_atomic
-from spectraflow_monai.utils.settings import IMAGENET_MEAN, IMAGENET_STD, ModelSettings, _Settings, settings_dict
+from spectraflow_monai.utils.settings import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ModelSettings,
+    SettingsObject,
+    as_bool,
+    model_settings_path,
+    settings_dict,
+)
 
 __all__ = [
     "RECORD_FILE",
@@ -71,7 +81,7 @@ def _plain(value: Any) -> Any:
     """``value`` as JSON-friendly data (tuples as lists, numpy scalars as numbers, other objects by ``repr``)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, _Settings):  # a settings object: every field, by name
+    if isinstance(value, SettingsObject):  # a settings object: every field, by name
         return settings_dict(value)
     if isinstance(value, np.generic):
         return value.item()
@@ -178,9 +188,7 @@ def record_run(
     Raises:
         SettingError: the record differs from the run this restart would continue.
     """
-    from spectraflow_monai.utils.checkpoint import _as_bool, _rank, latest_checkpoint, set_aside
-
-    resume = _as_bool(resume, "resume")
+    resume = as_bool(resume, "resume")
     settings = {**_plain(settings), **({} if data_settings is None else {"data": _plain(data_settings)})}
     folder = os.fspath(run_dir)
     path = os.path.join(folder, RECORD_FILE)
@@ -221,7 +229,7 @@ def record_run(
                 f"continuing a run recorded by spectraflow_monai {old.get('spectraflow_monai')} with "
                 f"{record['spectraflow_monai']}."
             )
-    if _rank() == 0:
+    if process_rank() == 0:
         if not continuing and latest_checkpoint(folder) is not None:  # resume false: the earlier run, record included
             set_aside(folder, time.strftime("%Y%m%d-%H%M%S"))
         elif old is not None and not continuing:
@@ -230,11 +238,6 @@ def record_run(
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     logger.info(f"run record: {path}")
     return record
-
-
-def model_settings_path(model_file: str | os.PathLike) -> str:
-    """The settings file beside a model file: ``models/model.pt`` -> ``models/model.json``."""
-    return os.path.splitext(os.fspath(model_file))[0] + ".json"
 
 
 def write_model_settings(model_file: str | os.PathLike, settings: ModelSettings | Mapping[str, Any]) -> str:

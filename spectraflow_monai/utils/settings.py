@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "ModelSettings",
     "REFINE_MODES",
     "STAGE1_OBJECTIVES",
+    "SettingsObject",
     "Stage1Settings",
     "Stage2Settings",
     "settings_dict",
@@ -38,8 +40,10 @@ __all__ = [
     "MAX_SEVERITY",
     "PATCH_SIZE",
     "PRECISION_SETTINGS",
+    "as_bool",
     "check_image_size",
     "check_unread_settings",
+    "model_settings_path",
 ]
 
 #: the values of the ``precision`` setting (:func:`spectraflow_monai.utils.resolve_precision` reads them); here, away
@@ -91,6 +95,27 @@ def check_image_size(value: Any, name: str = "image_size", multiple: int = PATCH
     if value <= 0 or value % multiple:
         raise SettingError(f"{name} must be a positive int multiple of {multiple} (e.g. 224), got {value!r}.")
     return int(value)
+
+
+def as_bool(value: Any, name: str) -> bool:
+    """A boolean setting as a ``bool``: ``True`` / ``False``, 1 / 0, or the strings ``true``, ``false``, ``yes``,
+    ``no``, ``1``, ``0`` (any case), as a command line passes them.
+
+    Raises:
+        SettingError: naming the setting and the value.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    raise SettingError(f"{name} must be true or false, got {value!r}.")
+
+
+def model_settings_path(model_file: Any) -> str:
+    """The settings record beside a model file: ``models/model.pt`` -> ``models/model.json``."""
+    return os.path.splitext(os.fspath(model_file))[0] + ".json"
 
 
 def check_unread_settings(given: Mapping[str, Any], instead: Mapping[str, str], command: str) -> list[str]:
@@ -152,7 +177,7 @@ def settings_dict(settings: Any) -> dict[str, Any]:
     return {f.name: _plain_value(getattr(settings, f.name)) for f in dataclasses.fields(settings)}
 
 
-class _Settings:
+class SettingsObject:
     """Shared behaviour of the settings objects: whole-object JSON form and reading it back."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,7 +202,7 @@ class _Settings:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSettings(_Settings):
+class ModelSettings(SettingsObject):
     """What builds a SpectraFlow model and prepares its input (Chen et al., Sec. 4): the record beside every model
     file (``models/model.json``, ``models/encoder_stage1.json``). Evaluation, inference and the MONAI Label app
     build the network and normalise images from it.
@@ -240,7 +265,7 @@ class ModelSettings(_Settings):
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSettings(_Settings):
+class DataSettings(SettingsObject):
     """Which data a run reads: the source and its selection (the bundle README's "Your own data").
 
     Args:
@@ -275,7 +300,7 @@ class DataSettings(_Settings):
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage2Settings(_Settings):
+class Stage2Settings(SettingsObject):
     """How Stage-2 fine-tunes (Chen et al., Sec. 4.2 and 5.2): encoder start, optimisation, the boundary weight.
 
     Args:
@@ -319,7 +344,7 @@ class Stage2Settings(_Settings):
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage1Settings(_Settings):
+class Stage1Settings(SettingsObject):
     """How Stage-1 pretrains (Chen et al., Sec. 4.1 and 5.2): Mixed-Domain MeanFlow + dispersive loss, or the
     mixed-domain MAE of the Table 2 ablation (``stage1_objective: mae``).
 

@@ -94,7 +94,7 @@ def assert_evaluation_skips_encoder_weights(train_config: str, evaluate_config: 
     with the same settings loads them in its ``initialize`` step."""
     from unittest import mock
 
-    from spectraflow_monai.networks import utils
+    from spectraflow_monai.networks import weights as utils
 
     models = root / "models"
     models.mkdir(parents=True, exist_ok=True)

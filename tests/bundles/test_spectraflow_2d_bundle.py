@@ -380,8 +380,8 @@ def test_unreachable_hub_stops_stage1_before_training(tmp_path, monkeypatch):
     with pytest.raises(Exception) as info:  # pretrained_weights: timm, the bundle's default
         _run([TRAIN, STAGE1_CONFIG], bundle_root=str(tmp_path), num_workers=0, progress_bar=False, **NET)
     text = _error_text(info.value)
-    assert "SettingError" in text and "--pretrained_weights /path/dinov2_vits14_pretrain.pth" in text, text
-    assert "--pretrained_weights none" in text, text
+    assert "SettingError" in text and "pretrained_weights: /path/dinov2_vits14_pretrain.pth" in text, text
+    assert "pretrained_weights none" in text, text
     assert not list((tmp_path / "models").rglob("*.pt"))  # nothing trained, nothing exported
 
 

@@ -172,7 +172,7 @@ def weight_settings(conf: dict[str, Any]) -> dict[str, str]:
         ValueError: ``encoder_init`` is not ``stage1`` / ``pretrained`` / ``random``, or ``pretrained_weights`` is
             not a plain string (``timm``, ``none`` or a file path on the server).
     """
-    from spectraflow_monai.networks.utils import ENCODER_INIT_CHOICES
+    from spectraflow_monai.apps.encoder_init import ENCODER_INIT_CHOICES
 
     settings: dict[str, str] = {}
     for key in WEIGHT_SETTINGS:

@@ -205,7 +205,7 @@ class FDConv2d(nn.Conv2d):
         self.dft_scale = float(max(min(in_channels, out_channels) // 2, 1))
         self.freq_size = (n_rows, n_cols)
         # the frequency transforms as real matrix products instead of complex FFTs (for exports: ONNX, TensorRT);
-        # :func:`spectraflow_monai.networks.utils.set_real_dft` switches it on every FDConv2d / FBM of a network
+        # :func:`spectraflow_monai.networks.export.set_real_dft` switches it on every FDConv2d / FBM of a network
         self.real_dft = False
 
         weight = self.weight.detach()

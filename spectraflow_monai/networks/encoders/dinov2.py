@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from spectraflow_monai.networks.utils import interpolate_official_pos_embed, load_dinov2_state_dict
+from spectraflow_monai.networks.weights import interpolate_official_pos_embed, load_dinov2_state_dict
 
 __all__ = ["EncoderFeatures", "DINOv2Encoder", "interpolate_official_pos_embed"]
 
@@ -67,7 +67,7 @@ class DINOv2Encoder(nn.Module):
         model_name: timm model name, one of :attr:`SUPPORTED_MODELS`. Defaults to ``"vit_small_patch14_dinov2"``.
         pretrained: ``None`` (default) builds the architecture with timm's random initialisation and loads nothing.
             Any other value is handed, after the encoder is built, to
-            :func:`spectraflow_monai.networks.utils.load_encoder_weights` (the one place where encoder weights are
+            :func:`spectraflow_monai.networks.weights.load_encoder_weights` (the one place where encoder weights are
             loaded, the call the bundles make in their ``initialize`` step): ``"timm"`` (timm's hub copy of the
             DINOv2 weights, needs network access), a path to a local weight file (official facebookresearch DINOv2
             layout or timm layout, see :meth:`load_weights`), or ``"none"`` (random, logged).
@@ -119,7 +119,7 @@ class DINOv2Encoder(nn.Module):
             if reserved in kwargs:
                 raise ValueError(f"model_kwargs must not contain {reserved!r}; use the encoder's arguments instead.")
 
-        # the architecture only: weights are put in by spectraflow_monai.networks.utils.load_encoder_weights
+        # the architecture only: weights are put in by spectraflow_monai.networks.weights.load_encoder_weights
         self.vit = timm.create_model(model_name, pretrained=False, img_size=img_size, dynamic_img_size=True, **kwargs)
 
         patch = tuple(int(p) for p in self.vit.patch_embed.patch_size)
@@ -146,9 +146,9 @@ class DINOv2Encoder(nn.Module):
         self.trainable_blocks: int | str = 1
         self.set_trainable_blocks(trainable_blocks)
         if pretrained is not None:  # a convenience for Python users: the same call the bundles make in `initialize`
-            from spectraflow_monai.networks import utils  # looked up at call time (tests replace the loader)
+            from spectraflow_monai.networks import weights  # looked up at call time (tests replace the loader)
 
-            utils.load_encoder_weights(self, pretrained)
+            weights.load_encoder_weights(self, pretrained)
 
     # ------------------------------------------------------------------ freezing
     def set_trainable_blocks(self, trainable_blocks: int | str) -> None:

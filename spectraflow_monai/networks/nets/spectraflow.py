@@ -35,10 +35,10 @@ class SpectraFlowNet(nn.Module):
         encoder: timm DINOv2 model name, see :attr:`DINOv2Encoder.SUPPORTED_MODELS`. Defaults to
             ``"vit_small_patch14_dinov2"``.
         pretrained: ``None`` (default): the architecture only, with timm's random initialisation. Other values are
-            a convenience for Python users, handed to :func:`spectraflow_monai.networks.utils.load_encoder_weights`
+            a convenience for Python users, handed to :func:`spectraflow_monai.networks.weights.load_encoder_weights`
             once the encoder is built: ``"timm"`` (timm's hub download), a path to a local checkpoint (official
             DINOv2 / timm keys, or a Stage-1 export of this package) or ``"none"``. The bundles build the network
-            without weights and call :func:`spectraflow_monai.networks.utils.initialize_encoder` in ``initialize``.
+            without weights and call :func:`spectraflow_monai.apps.encoder_init.initialize_encoder` in ``initialize``.
         img_size: the training image size the encoder's position grid is built for; other multiples of 14 are
             accepted at run time. Defaults to 224.
         skip_index: encoder block whose output is the mid-level skip; ``None`` picks ``depth // 2 - 1``.

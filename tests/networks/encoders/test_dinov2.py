@@ -179,12 +179,12 @@ def test_unknown_name_lists_supported():
 
 def test_timm_download_failure_is_explained(monkeypatch):
     # the network is built without weights (timm never downloads); pretrained="timm" goes through
-    # spectraflow_monai.networks.utils.load_encoder_weights, whose download fails here
+    # spectraflow_monai.networks.weights.load_encoder_weights, whose download fails here
     import timm.models
 
     from spectraflow_monai.utils import SettingError
 
-    from spectraflow_monai.networks import utils
+    from spectraflow_monai.networks import weights as utils
 
     def offline(*args, **kwargs):
         raise OSError("no network")

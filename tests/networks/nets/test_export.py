@@ -57,7 +57,7 @@ def test_torchscript_input_check():
 @pytest.mark.parametrize("kwargs", [{}, {"in_channels": 1, "out_channels": 3, "refine": "fdconv_cbam"}])
 def test_real_dft_matches_complex_fft(kwargs):
     """set_real_dft: FDConv's kernels and FBM's bands as real matrix products, within float32 round-off."""
-    from spectraflow_monai.networks.utils import set_real_dft
+    from spectraflow_monai.networks.export import set_real_dft
 
     net = _net(**kwargs)
     for p in net.decoder.parameters():  # move FDConv / FBM away from their identity initialisation
@@ -75,7 +75,7 @@ def test_onnx_export_matches_pytorch(tmp_path):
     """ONNX (dynamo exporter, real DFT) run by onnxruntime: logits within 1e-4 of PyTorch's (about 1e-7 seen)."""
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
-    from spectraflow_monai.networks.utils import export_onnx
+    from spectraflow_monai.networks.export import export_onnx
 
     net = _net()
     path = export_onnx(net, tmp_path / "net.onnx", image_size=28, batch_size=2, verify=True, atol=1e-4)

@@ -1,17 +1,12 @@
-"""Encoder weights: the one place where weights are put into a SpectraFlow encoder before training.
+"""Encoder weights: the one place where weights are put into a SpectraFlow encoder.
 
 The networks (:class:`~spectraflow_monai.networks.DINOv2Encoder`, :class:`~spectraflow_monai.networks.SpectraFlowNet`)
-build the architecture only. Which weights the encoder starts from is decided here, from two explicit settings that
-are logged (``encoder weights: <source> (<file>)``); whether some file happens to exist never decides it:
-
-- ``pretrained_weights``, where Stage-1 (and a Stage-2 run without Stage-1) starts: ``"timm"`` (the DINOv2 weights
-  of the paper, downloaded through timm's Hugging Face hub copy), a local DINOv2 checkpoint file (official
-  facebookresearch keys or timm keys), or ``"none"`` (random initialisation);
-- ``encoder_init``, where Stage-2 starts: ``"stage1"`` (this bundle's Stage-1 export; an error naming the file when
-  it is absent), ``"pretrained"`` (``pretrained_weights``: the paper's "no Stage-1" row) or ``"random"``.
-
-The bundles call :func:`initialize_encoder` in their ``initialize`` step, so a missing file or an unreachable hub
-stops a run before any training; evaluation and inference load ``models/model.pt`` only.
+build the architecture only. :func:`load_encoder_weights` puts the weights of one explicit, logged source into an
+encoder (``encoder weights: <source> (<file>)``): ``"timm"`` (the DINOv2 weights of the paper, downloaded through
+timm's Hugging Face hub copy), a local DINOv2 checkpoint file (official facebookresearch keys with their position
+grid resized as the official code does, or timm keys, or a Stage-1 export), or ``None`` (random initialisation).
+Which source a bundle run starts from is decided above this module
+(:func:`spectraflow_monai.apps.encoder_init.initialize_encoder`).
 """
 
 from __future__ import annotations
@@ -28,24 +23,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.run_record import check_model_settings
 
 __all__ = [
-    "ENCODER_INIT_CHOICES",
-    "export_onnx",
-    "set_real_dft",
-    "initialize_encoder",
+    "HUB_PROBE_TIMEOUT",
     "interpolate_official_pos_embed",
     "load_dinov2_state_dict",
     "load_encoder_weights",
     "normalize_weights_source",
-    "resolve_encoder_init",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: values of the Stage-2 setting ``encoder_init``
-ENCODER_INIT_CHOICES = ("stage1", "pretrained", "random")
 # what a command line gives for "no weights" (``--pretrained_weights none`` / ``null``)
 _NO_WEIGHTS = ("", "none", "null")
 _MAX_LISTED_KEYS = 10
@@ -78,39 +66,6 @@ def normalize_weights_source(source: Any, name: str = "pretrained_weights") -> s
     if source.strip().lower() == "timm":
         return "timm"
     return source
-
-
-def resolve_encoder_init(
-    encoder_init: str, stage1_export: str | os.PathLike | None, pretrained_weights: Any
-) -> str | None:
-    """The weights Stage-2 starts from: the Stage-1 export, ``pretrained_weights`` or ``None`` (random).
-
-    Args:
-        encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``.
-        stage1_export: the Stage-1 encoder export of the bundle (``models/encoder_stage1.pt``).
-        pretrained_weights: ``"timm"``, a DINOv2 checkpoint file or ``None`` / ``"none"``.
-
-    Returns:
-        ``"timm"``, a file path, or ``None`` for random initialisation.
-
-    Raises:
-        SettingError: an unknown ``encoder_init``, or ``"stage1"`` while the export does not exist (the message names
-            the file and the two ways forward).
-    """
-    choice = encoder_init.strip().lower() if isinstance(encoder_init, str) else encoder_init
-    if choice not in ENCODER_INIT_CHOICES:
-        raise SettingError(f"encoder_init must be one of {list(ENCODER_INIT_CHOICES)}, got {encoder_init!r}.")
-    if choice == "random":
-        return None
-    if choice == "pretrained":
-        return normalize_weights_source(pretrained_weights)
-    if stage1_export is None or not Path(os.fspath(stage1_export)).expanduser().is_file():
-        raise SettingError(
-            f"encoder_init='stage1': the Stage-1 encoder export {os.fspath(stage1_export or '<not set>')!r} does "
-            "not exist. Either run Stage-1 first (configs/train.yaml + configs/train_stage1.yaml, which writes it), "
-            "or start Stage-2 without Stage-1 from pretrained_weights with --encoder_init pretrained (the paper's 'no Stage-1' row)."
-        )
-    return os.fspath(stage1_export)
 
 
 def _is_encoder(module: Any) -> bool:
@@ -278,11 +233,11 @@ def _offline_message(model_name: str, location: str, cfg: Mapping[str, Any], exc
         f"pretrained_weights='timm': could not download the DINOv2 weights of {model_name!r} ({location}): "
         f"{type(exc).__name__}: {exc}\n"
         "Nothing was trained. Without access to the hub, either\n"
-        f"  - pass a local weight file: --pretrained_weights /path/{official} (the official facebookresearch "
+        f"  - give a local weight file as pretrained_weights: /path/{official} (the official facebookresearch "
         f"checkpoint{', ' + str(cfg['url']) if cfg.get('url') else ''}, copied from a machine with internet) or a "
-        f"timm state dict of {model_name} (Python: pretrained='/path/file'); or\n"
-        "  - opt into random initialisation: --pretrained_weights none (not the paper's setting; with frozen "
-        "encoder blocks also pass --trainable_blocks all, see README 'Encoder weights').\n"
+        f"timm state dict of {model_name} (in Python: pretrained='/path/file'); or\n"
+        "  - opt into random initialisation: pretrained_weights none (not the paper's setting; with frozen encoder "
+        "blocks also train every block, trainable_blocks all; README 'Encoder weights').\n"
         "Set HF_HUB_OFFLINE=1 to skip the network retries when a machine has no internet."
     )
 
@@ -400,8 +355,8 @@ def load_encoder_weights(encoder: nn.Module, source: Any, label: str | None = No
             logger.warning(
                 f"\n{bar}\n!! RANDOM ENCODER WEIGHTS WITH FROZEN BLOCKS (encoder weights: {label}, trainable_blocks="
                 f"{encoder.trainable_blocks!r}).\n!! The frozen blocks of {encoder.model_name} stay random features "
-                "for the whole run: results are not comparable with the paper.\n!! Pass DINOv2 weights "
-                "(--pretrained_weights timm or a local file) or train every block (--trainable_blocks all).\n"
+                "for the whole run: results are not comparable with the paper.\n!! Give DINOv2 weights "
+                "(pretrained_weights timm or a local file) or train every block (trainable_blocks all).\n"
                 f"{bar}"
             )
         return None
@@ -416,124 +371,3 @@ def load_encoder_weights(encoder: nn.Module, source: Any, label: str | None = No
     return source
 
 
-def initialize_encoder(
-    network: nn.Module,
-    encoder_init: str = "pretrained",
-    pretrained_weights: Any = None,
-    stage1_export: str | os.PathLike | None = None,
-    model_settings: Mapping[str, Any] | None = None,
-) -> str | None:
-    """The bundles' ``initialize`` step: resolve the settings and load the encoder weights of ``network``.
-
-    Stage-1 calls it with ``encoder_init="pretrained"`` (it starts from ``pretrained_weights``); Stage-2 with the
-    bundle's ``encoder_init`` (``"stage1"`` by default). Running it in ``initialize`` means that a missing Stage-1
-    export, a missing file or an unreachable hub stops the run before any training.
-
-    Args:
-        network: a :class:`~spectraflow_monai.networks.SpectraFlowNet` (possibly DDP-wrapped) or a
-            :class:`~spectraflow_monai.networks.DINOv2Encoder`.
-        encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``. Defaults to ``"pretrained"``.
-        pretrained_weights: ``"timm"``, a DINOv2 checkpoint file, or ``None`` / ``"none"``. Defaults to ``None``.
-        stage1_export: the Stage-1 encoder export (needed for ``encoder_init="stage1"``).
-        model_settings: the model settings of this run; when the Stage-1 export has its settings recorded beside it
-            (``encoder_stage1.json``), each one it holds (encoder name and arguments, image size) must agree, else
-            a :class:`SettingError` names both values instead of a raw size mismatch. Defaults to None.
-
-    Returns:
-        the source loaded: ``"timm"``, a file path, or ``None`` (random initialisation).
-
-    Raises:
-        SettingError: see :func:`resolve_encoder_init` and :func:`load_encoder_weights`.
-    """
-    source = resolve_encoder_init(encoder_init, stage1_export, pretrained_weights)
-    choice = encoder_init.strip().lower()
-    if choice == "stage1":
-        label = "stage1"
-        check_model_settings(
-            source,
-            dict(model_settings or {}),
-            what="the Stage-1 export",
-            hint="Run Stage-1 with these settings first, give the export's values, or start Stage-2 from "
-            "pretrained_weights (--encoder_init pretrained).",
-        )
-    elif choice == "random":
-        label = "random (encoder_init)"
-    else:
-        label = f"pretrained_weights={'none' if source is None else source if source == 'timm' else 'file'}"
-    return load_encoder_weights(network, source, label=label)
-
-
-def set_real_dft(network: nn.Module, enabled: bool = True) -> nn.Module:
-    """Switch the frequency transforms of every ``FDConv2d`` and FBM in ``network`` to real matrix products.
-
-    FDConv's kernels (``irfft2`` of the frequency weights) and FBM's low-pass bands (FFTs of the feature map) are
-    computed with complex FFTs by default. ONNX exporters (and TensorRT) do not take complex tensors; with
-    ``enabled`` the same transforms run as products with real DFT matrices (equal within float32 round-off, about
-    1e-6 relative; tested). Returns ``network``.
-    """
-    for module in network.modules():
-        if hasattr(module, "real_dft"):
-            module.real_dft = bool(enabled)
-    return network
-
-
-def export_onnx(
-    network: nn.Module,
-    path: str | os.PathLike,
-    image_size: int | tuple[int, int] = 224,
-    in_channels: int | None = None,
-    batch_size: int = 1,
-    verify: bool = True,
-    atol: float = 1e-4,
-) -> Path:
-    """Export ``network`` (e.g. ``SpectraFlowNet``) to ONNX at a fixed image size, and check it with onnxruntime.
-
-    A copy of the network in ``eval`` mode with :func:`set_real_dft` is exported with ``torch.onnx.export(...,
-    dynamo=True)`` (needs the ``onnx`` and ``onnxscript`` packages: the ``onnx`` extra); input ``image``
-    ``(batch_size, C, H, W)``, output ``logits``. The shapes are static: FDConv convolves every sample with its own
-    kernel as one grouped convolution whose group count is the batch size, and ONNX's ``Conv`` takes the group count
-    as a constant. With ``verify`` and onnxruntime installed, the ONNX model's logits on a random batch must equal
-    the network's own (eager, complex FFTs) within ``atol``.
-
-    Args:
-        network: the network; it is not modified.
-        path: the ``.onnx`` file written.
-        image_size: ``H`` (= ``W``) or ``(H, W)``, multiples of the patch size. Defaults to 224.
-        in_channels: input channels. Defaults to ``network.in_channels`` (or 3).
-        batch_size: the batch size of the exported model, >= 1. Defaults to 1.
-        verify: run the check with onnxruntime (skipped with a log line where it is not installed). Defaults to True.
-        atol: the largest absolute difference of the logits the check accepts. Defaults to 1e-4.
-
-    Returns:
-        the path written.
-
-    Raises:
-        ValueError: ``batch_size`` < 1, or the exported model's logits differ from the network's by more than ``atol``.
-    """
-    import copy
-
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    channels = int(in_channels if in_channels is not None else getattr(network, "in_channels", 3))
-    model = set_real_dft(copy.deepcopy(network).eval())
-    example = torch.randn(batch_size, channels, *size, device=next(network.parameters()).device)
-    path = Path(path)
-    with torch.no_grad():
-        torch.onnx.export(model, (example,), str(path), input_names=["image"], output_names=["logits"], dynamo=True)
-    if not verify:
-        return path
-    try:
-        import onnxruntime
-    except ImportError:
-        logger.info("onnxruntime is not installed: the ONNX export %s was not checked", path)
-        return path
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = torch.from_numpy(session.run(None, {"image": example.cpu().numpy()})[0])
-    with torch.no_grad():
-        want = network.eval()(example).cpu()
-    diff = float((got - want).abs().max())
-    if not diff <= atol:
-        raise ValueError(f"the ONNX export {path} differs from the network by {diff:.3g} (atol={atol}).")
-    logger.info("ONNX export %s: logits within %.3g of the network's", path, diff)
-    return path

@@ -1,4 +1,5 @@
-"""Tests for spectraflow_monai.networks.utils: which weights an encoder starts from, decided by explicit settings.
+"""Tests for spectraflow_monai.networks.weights and spectraflow_monai.apps.encoder_init: which weights an encoder starts
+from, decided by explicit settings.
 
 The weight-selection matrix: the Stage-1 export, a DINOv2 file in the official facebookresearch layout and in timm's
 layout, timm's hub (offline: a message saying how to pass a file or opt into random init; reachable: mocked), random
@@ -16,14 +17,15 @@ import torch
 
 from spectraflow_monai.handlers import save_encoder_export
 from spectraflow_monai.networks import DINOv2Encoder, SpectraFlowNet
-from spectraflow_monai.networks import utils as weights
-from spectraflow_monai.networks.utils import initialize_encoder, load_encoder_weights, resolve_encoder_init
+from spectraflow_monai.networks import weights
+from spectraflow_monai.apps.encoder_init import initialize_encoder, resolve_encoder_init
+from spectraflow_monai.networks.weights import load_encoder_weights
 from spectraflow_monai.utils import SettingError
 from tests.networks.encoders.test_dinov2 import _official_layout, _timm_model
 
 NAME = "vit_small_patch14_dinov2"
 KW = {"img_size": 28, "model_kwargs": {"depth": 2}}
-LOGGER = "spectraflow_monai.networks.utils"
+LOGGER = "spectraflow_monai.networks.weights"
 WARNING = "RANDOM ENCODER WEIGHTS WITH FROZEN BLOCKS"
 
 
@@ -100,7 +102,7 @@ def test_timm_offline_says_how_to_go_on(monkeypatch, tmp_path, failure):
     else:  # the hub client itself fails (the connection probe passed)
         import timm.models
 
-        from spectraflow_monai.networks import utils
+        from spectraflow_monai.networks import weights as utils
 
         def unreachable(*args, **kwargs):
             raise ConnectionError("Name or service not known")
@@ -114,8 +116,8 @@ def test_timm_offline_says_how_to_go_on(monkeypatch, tmp_path, failure):
     text = str(info.value)
     assert f"could not download the DINOv2 weights of '{NAME}'" in text
     assert "timm/vit_small_patch14_dinov2.lvd142m" in text  # where it looked
-    assert "--pretrained_weights /path/dinov2_vits14_pretrain.pth" in text  # how to pass a local file
-    assert "--pretrained_weights none" in text  # how to opt into random initialisation
+    assert "pretrained_weights: /path/dinov2_vits14_pretrain.pth" in text  # how to pass a local file
+    assert "pretrained_weights none" in text  # how to opt into random initialisation
     assert "Nothing was trained" in text
     if failure == "any_error":
         assert "ConnectionError: Name or service not known" in text
@@ -131,7 +133,7 @@ def test_timm_offline_fails_fast_without_the_hub_client(monkeypatch, tmp_path):
     import huggingface_hub.constants
     import timm.models
 
-    from spectraflow_monai.networks import utils
+    from spectraflow_monai.networks import weights as utils
 
     for name in utils._PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -153,7 +155,7 @@ def test_timm_offline_fails_fast_without_the_hub_client(monkeypatch, tmp_path):
     assert len(attempts) == 1 and attempts[0][1] == utils.HUB_PROBE_TIMEOUT
     text = str(info.value)
     assert "could not be reached within 5 s" in text and "Name or service not known" in text
-    assert "--pretrained_weights none" in text and "Nothing was trained" in text
+    assert "pretrained_weights none" in text and "Nothing was trained" in text
 
 
 def test_timm_hub_probe_skipped_behind_a_proxy(monkeypatch):
@@ -161,7 +163,7 @@ def test_timm_hub_probe_skipped_behind_a_proxy(monkeypatch):
 
     import huggingface_hub.constants
 
-    from spectraflow_monai.networks import utils
+    from spectraflow_monai.networks import weights as utils
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False, raising=False)
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("no direct probe behind a proxy"))
@@ -172,7 +174,7 @@ def test_timm_hub_probe_skipped_behind_a_proxy(monkeypatch):
 def test_timm_hub_weights_are_loaded_when_reachable(monkeypatch, caplog):
     import timm.models
 
-    from spectraflow_monai.networks import utils
+    from spectraflow_monai.networks import weights as utils
 
     monkeypatch.setattr(utils, "_hub_unreachable", lambda *a, **k: None)  # this machine may have no internet
 
@@ -205,7 +207,7 @@ def test_random_init_with_frozen_blocks_warns(caplog, encoder_init, pretrained_w
     assert info.startswith("encoder weights: ") and "random initialisation" in info
     (warning,) = _messages(caplog, logging.WARNING)
     assert WARNING in warning and "trainable_blocks=1" in warning and "random features" in warning
-    assert "--trainable_blocks all" in warning
+    assert "trainable_blocks all" in warning
 
 
 def test_random_init_of_a_fully_trained_encoder_does_not_warn(caplog):
