@@ -217,7 +217,9 @@ class BinarizeLabeld(MapTransform):
     Args:
         keys: keys of the label images to binarise.
         threshold: fixed threshold; ``None`` reads it from ``data[threshold_key]`` (as written by the datalists of
-            :mod:`spectraflow_monai.apps.seg2d.presets`). Defaults to ``None``.
+            :mod:`spectraflow_monai.apps.seg2d.presets`); an entry without one (e.g. MONAI Label's datastore pairs)
+            is binarised by its values when ``check_values`` is on (0/1 masks at 1, 0/255 masks at 128, other
+            values an error naming the file). Defaults to ``None``.
         threshold_key: key of the per-sample threshold. Defaults to ``"label_threshold"``.
         channel_reduction: see :class:`BinarizeLabel`. Defaults to ``"mean"``.
         dtype: output dtype. Defaults to ``torch.float32``.
@@ -254,13 +256,13 @@ class BinarizeLabeld(MapTransform):
     def __call__(self, data: Mapping[Hashable, NdarrayOrTensor]) -> dict[Hashable, NdarrayOrTensor]:
         d = dict(data)
         threshold = None
-        if not self.fixed:
-            if self.threshold_key not in d:
-                raise ValueError(
-                    f"BinarizeLabeld: no threshold given and the data has no {self.threshold_key!r} entry; "
-                    "pass threshold= (e.g. 128 for 0/255 masks, 1 for label maps)."
-                )
+        if not self.fixed and self.threshold_key in d:
             threshold = _check_threshold(d[self.threshold_key], f"data[{self.threshold_key!r}]")
+        elif not self.fixed and not self.binarizer.check_values:  # with check_values the values decide (above)
+            raise ValueError(
+                f"BinarizeLabeld: no threshold given and the data has no {self.threshold_key!r} entry; "
+                "pass threshold= (e.g. 128 for 0/255 masks, 1 for label maps)."
+            )
         for key in self.key_iterator(d):
             d[key] = self.binarizer(d[key], threshold=threshold)
         return d

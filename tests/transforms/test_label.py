@@ -126,3 +126,19 @@ def test_jpeg_saved_0_1_mask_names_label_threshold(tmp_path):
     noisy[8:24, 8:24] += 1  # ... and around 1: values 0, 1, 2
     with pytest.raises(DataError, match="label_threshold': 1"):
         binary_mask_threshold(noisy, tmp_path / "m.jpg")
+
+
+@pytest.mark.parametrize("scale", [1, 255])
+def test_binarize_without_a_threshold_entry_reads_the_values(scale):
+    """An entry without ``label_threshold`` (e.g. MONAI Label's datastore pairs): with ``check_values`` the mask's
+    values decide (0/1 or 0/255); without it the missing entry is an error."""
+    import torch
+
+    from spectraflow_monai.transforms.label import BinarizeLabeld
+
+    mask = torch.zeros(1, 4, 4)
+    mask[0, 1:3, 1:3] = scale
+    out = BinarizeLabeld("label", check_values=True)({"label": mask})["label"]
+    assert out.sum() == 4 and set(out.unique().tolist()) == {0.0, 1.0}
+    with pytest.raises(ValueError, match="label_threshold"):
+        BinarizeLabeld("label")({"label": mask})

@@ -1,0 +1,116 @@
+"""The bundles under MONAI Label's own bundle tasks, as its ``monaibundle`` sample app serves model-zoo bundles
+(``--conf models <name>`` with the bundle folder in the app's ``model/``): ``monailabel.tasks.infer.bundle.BundleInferTask``
+and ``monailabel.tasks.train.bundle.BundleTrainTask``, unmodified. They read ``configs/inference.yaml`` and
+``configs/train.yaml`` alone, run ``train.yaml``'s ``run`` list without ``initialize``, and write the inference
+output as the input's format (a PNG needs an integer label map)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("monailabel", reason="MONAI Label is an optional extra (pip install -e '.[label]')")
+
+import nibabel as nib  # noqa: E402
+import torch  # noqa: E402
+from monai.bundle import ConfigParser  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
+from spectraflow_monai.apps.synapse import synthetic_ct_volume  # noqa: E402
+from spectraflow_monai.utils.bundles import bundle_path  # noqa: E402
+from spectraflow_monai.utils.run_record import write_model_settings  # noqa: E402
+from spectraflow_monai.utils.settings import ModelSettings  # noqa: E402
+
+NAME_2D, NAME_3D = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"
+# what a user of the sample app edits in a bundle's configs/train.yaml for a CPU machine without the hub
+TINY_TRAIN = {
+    "image_size": 28, "encoder_kwargs": {"depth": 2}, "pretrained_weights": "none", "encoder_init": "random",
+    "num_workers": 0, "progress_bar": False, "batch_size": 2, "val_batch_size": 2, "precision": "fp32",
+}  # fmt: skip
+MODEL = {NAME_2D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}),
+         NAME_3D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=9, num_classes=9)}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads, path = torch.get_num_threads(), list(sys.path)
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    sys.path[:] = path  # MONAI Label's bundle tasks edit sys.path
+
+
+def _served_bundle(root: Path, name: str) -> Path:
+    """The bundle folder in the app's model/ folder, with a model.pt and its record (the sample app's layout)."""
+    folder = root / "model" / name
+    shutil.copytree(bundle_path(name), folder, ignore=shutil.ignore_patterns("models", "data", "cache", "logs"))
+    (folder / "models").mkdir()
+    write_model_settings(folder / "models" / "model.pt", MODEL[name])
+    parser = ConfigParser()
+    parser.read_config(str(folder / "configs" / "inference.yaml"))
+    parser.update({"bundle_root": str(folder)})
+    torch.manual_seed(0)
+    torch.save(parser.get_parsed_content("network_def").state_dict(), folder / "models" / "model.pt")
+    return folder
+
+
+def test_stock_infer_task_answers_a_png_with_an_integer_label_map(tmp_path):
+    from monailabel.tasks.infer.bundle import BundleInferTask
+
+    folder = _served_bundle(tmp_path, NAME_2D)
+    image, _ = synthesize_pair(np.random.default_rng(0), 64)
+    Image.fromarray(image[:50, :60]).save(tmp_path / "case.png")
+    task = BundleInferTask(str(folder), conf={})
+    assert task.is_valid()
+    result, _ = task({"image": str(tmp_path / "case.png"), "device": "cpu"})
+    label = np.asarray(Image.open(result))
+    assert label.dtype == np.uint8 and label.shape == (50, 60)
+    assert set(np.unique(label)) <= {0, 1}
+
+
+def test_stock_infer_task_answers_a_volume_with_nifti(tmp_path):
+    from monailabel.tasks.infer.bundle import BundleInferTask
+
+    folder = _served_bundle(tmp_path, NAME_3D)
+    volume, _ = synthetic_ct_volume(1, shape=(32, 30, 4))
+    affine = np.diag([0.8, 0.8, 2.5, 1.0])
+    nib.save(nib.Nifti1Image(volume, affine), str(tmp_path / "ct.nii.gz"))
+    task = BundleInferTask(str(folder), conf={})
+    result, _ = task({"image": str(tmp_path / "ct.nii.gz"), "device": "cpu"})
+    assert str(result).endswith(".nii.gz")
+    label = nib.load(result)
+    assert label.shape[:3] == (32, 30, 4) and np.allclose(label.affine, affine)
+    assert set(np.unique(np.asarray(label.dataobj)).tolist()) <= set(range(9))
+
+
+def test_stock_train_task_trains_the_bundle_on_datastore_labels(tmp_path):
+    from monailabel.datastore.local import LocalDatastore
+    from monailabel.tasks.train.bundle import BundleTrainTask
+
+    folder = _served_bundle(tmp_path, NAME_2D)
+    config = ConfigParser.load_config_file(str(folder / "configs" / "train.yaml"))
+    config.update(TINY_TRAIN)
+    ConfigParser.export_config_file(config, str(folder / "configs" / "train.yaml"), fmt="yaml")
+    studies = tmp_path / "studies"
+    (studies / "labels" / "final").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(6):
+        image, mask = synthesize_pair(rng, 56)
+        Image.fromarray(image).save(studies / f"s{i}.png")
+        Image.fromarray((mask > 0).astype(np.uint8)).save(studies / "labels" / "final" / f"s{i}.png")
+    datastore = LocalDatastore(str(studies), extensions=("*.png",), auto_reload=False)
+    before = (folder / "models" / "model.pt").read_bytes()
+    task = BundleTrainTask(str(folder), conf={})
+    assert task.is_valid()
+    task({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "val_split": 0.5, "multi_gpu": False}, datastore)
+    assert (folder / "models" / "stage2" / "run_record.json").is_file()  # the run list ran whole
+    assert (folder / "models" / "model.pt").read_bytes() != before
+    record = ModelSettings.from_dict(
+        __import__("json").loads((folder / "models" / "model.json").read_text())["model"]
+    )
+    assert record.image_size == 28 and record.encoder_kwargs == {"depth": 2}
