@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from ignite.engine import Engine
-from monai.data import CacheDataset, DataLoader, DistributedSampler
+from monai.data import DistributedSampler
 from monai.handlers import LrScheduleHandler, StatsHandler, TensorBoardStatsHandler, from_engine
 from monai.handlers import stopping_fn_from_metric
 from monai.transforms import Compose, Identity
@@ -36,6 +36,8 @@ from spectraflow_monai.apps.workflow import (
     start_training,
     total_iterations,
     trainable_parameters,
+    training_dataset,
+    training_loader,
 )
 from spectraflow_monai.engines import MAEPretrainer, MeanFlowPretrainer
 from spectraflow_monai.handlers import (
@@ -53,7 +55,7 @@ from spectraflow_monai.losses import DispersiveLoss, MAELoss, MeanFlowLoss
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder, MeanFlowHead
 from spectraflow_monai.apps.encoder_init import initialize_encoder
 from spectraflow_monai.optimizers import linear_lr_schedule
-from spectraflow_monai.transforms import MixedDomainCollate
+from spectraflow_monai.transforms import MixedDomainCollate, RandMixedDomainBatchd
 from spectraflow_monai.utils.checkpoint import resume_checkpoint
 from spectraflow_monai.utils.precision import Precision
 from spectraflow_monai.utils.run_record import record_run
@@ -193,6 +195,7 @@ def run_stage2(
         "random_state": RandomStateHandler(transforms=[preprocessing]),
         "trainer": trainer,
     }
+    _checkpoint_loader_state(trainer, checkpoint)
     saver = SafeCheckpointSaver(
         save_dir=os.fspath(run_dir), save_dict=checkpoint, save_interval=1, n_saved=checkpoints_kept
     )
@@ -204,6 +207,15 @@ def run_stage2(
         early_stop=validation.early_stop,
         map_location=device,
     )
+
+
+def _checkpoint_loader_state(trainer: Engine, checkpoint: dict[str, Any]) -> None:
+    """A loader with a state (the device data path's order and augmentation generator) joins the checkpoint and
+    follows the trainer's epochs, so that a resumed run continues the same data sequence."""
+    loader = getattr(trainer, "data_loader", None)
+    if hasattr(loader, "state_dict") and hasattr(loader, "attach"):
+        loader.attach(trainer)
+        checkpoint["data_loader"] = loader
 
 
 class Stage1Program:
@@ -240,6 +252,8 @@ class Stage1Program:
         checkpoints_kept: checkpoints kept while the run goes on. Defaults to 2.
         num_workers: data loading processes. Defaults to 2.
         cache_rate: share of the data cached. Defaults to 1.0.
+        cache_device: with ``data.data_path`` ``device``: where the cache lives (``auto``, ``cpu``, ``cuda``).
+            Defaults to ``"auto"``.
         progress_bar: show progress bars. Defaults to True.
         data_source, label_setup: recorded by ``repr`` (what the data are). Defaults to None.
         not_compared: further values recorded but free to change between restarts. Defaults to None.
@@ -268,6 +282,7 @@ class Stage1Program:
         checkpoints_kept: int = 2,
         num_workers: int = 2,
         cache_rate: float = 1.0,
+        cache_device: str = "auto",
         progress_bar: bool = True,
         data_source: Any = None,
         label_setup: Any = None,
@@ -290,6 +305,7 @@ class Stage1Program:
         self.resume, self.resume_from = resume, resume_from
         self.checkpoint_interval, self.checkpoints_kept = checkpoint_interval, checkpoints_kept
         self.num_workers, self.cache_rate, self.progress_bar = num_workers, cache_rate, progress_bar
+        self.cache_device = cache_device
         self.data_source, self.label_setup = data_source, label_setup
         self.not_compared = dict(not_compared or {})
         self.prune_on_completion = prune_on_completion
@@ -314,8 +330,11 @@ class Stage1Program:
     def mixed_domain_collate(self) -> MixedDomainCollate:
         """The collate that forms Stage-1's mini-batches: exactly round(mask_ratio * B) masks in each, shown as
         3-channel images normalised like the images (label maps merged into one foreground)."""
+        return MixedDomainCollate(**self._mixed_domain_args())
+
+    def _mixed_domain_args(self) -> dict[str, Any]:
         s = self.settings
-        return MixedDomainCollate(
+        return dict(
             mask_ratio=s.mask_ratio,
             views=s.stage1_views,
             keys="image",
@@ -326,27 +345,31 @@ class Stage1Program:
             binarize=True,  # label maps (Synapse organs, 2D label_classes) -> one foreground mask
         )
 
-    def _data_loader(self) -> DataLoader:
+    def _data_loader(self) -> Any:
+        """The Stage-1 loader of ``data.data_path`` (:func:`~spectraflow_monai.apps.workflow.training_loader`): MONAI's
+        loader with the mixed-domain collate, or the device cache with the batched augmentation and the device
+        mixed-domain rendering."""
         s = self.settings
-        self.dataset = CacheDataset(
-            data=list(self.datalist),
-            transform=self.preprocessing,
-            cache_rate=self.cache_rate,
-            num_workers=self.num_workers,
-            progress=self.progress_bar,
-        )
-        if dist.is_available() and dist.is_initialized():  # torchrun: each process reads its own shard
-            sampler: Any = DistributedSampler(self.dataset, even_divisible=True, shuffle=True)
+        device_path = self.data.data_path == "device"
+        self.dataset = training_dataset(
+            list(self.datalist), self.preprocessing, self.data.data_path, self.cache_rate, self.num_workers,
+            self.progress_bar,
+        )  # fmt: skip
+        self.mixed_domain = self.mixed_domain_collate()
+        if device_path:
+            sampler = None
+        elif dist.is_available() and dist.is_initialized():  # torchrun: each process reads its own shard
+            sampler = DistributedSampler(self.dataset, even_divisible=True, shuffle=True)
         else:
             sampler = RandomSampler(self.dataset)
-        self.mixed_domain = self.mixed_domain_collate()
-        # drop_last: the dispersive loss needs >= 2 samples per batch
-        return DataLoader(
-            self.dataset, batch_size=s.stage1_batch_size, sampler=sampler, drop_last=True, num_workers=self.num_workers,
-            collate_fn=self.mixed_domain,
-        )
+        return training_loader(
+            self.dataset, s.stage1_batch_size, self.data.data_path, sampler=sampler, num_workers=self.num_workers,
+            cache_device=self.cache_device, device=self.device, seed=self.data.data_seed,
+            extra_transforms=[RandMixedDomainBatchd(**self._mixed_domain_args())] if device_path else (),
+            collate_fn=None if device_path else self.mixed_domain,
+        )  # fmt: skip
 
-    def _trainer(self, loader: DataLoader, encoder: nn.Module, ema: nn.Module, head: nn.Module, optimizer: Any,
+    def _trainer(self, loader: Any, encoder: nn.Module, ema: nn.Module, head: nn.Module, optimizer: Any,
                  handlers: list) -> Any:
         s = self.settings
         self.dispersive_loss = dispersive = self.custom_dispersive_loss or DispersiveLoss(
@@ -451,6 +474,7 @@ class Stage1Program:
             self.trainer.checkpoint_dict(self.lr_scheduler),
             random_state=RandomStateHandler(transforms=[self.preprocessing]),
         )
+        _checkpoint_loader_state(self.trainer, self.checkpoint)
         return self.trainer
 
     def run(self) -> None:

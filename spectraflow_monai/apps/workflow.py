@@ -13,6 +13,8 @@ be chains of config expressions lives here, once for both bundles:
 - :func:`pretrainer_checkpoint`: what a Stage-1 checkpoint holds;
 - :func:`recorded_network`: the network of a model file, built from the settings recorded beside it;
 - :func:`stage1_export_settings`: what the Stage-1 export depends on (checked when Stage-2 starts from it);
+- :func:`training_dataset`, :func:`training_loader`: the training data path of ``data_path`` (MONAI's per-sample
+  loader, or the cache on the training device with batched augmentation);
 - :func:`start_training`: the ``run`` of both stages (early stopping bound to the trainer, the resume decision,
   checkpoints).
 """
@@ -27,13 +29,17 @@ import monai
 import torch
 import torch.nn as nn
 from ignite.engine import Engine
+from monai.data import CacheDataset, DataLoader, Dataset
 from monai.handlers import CheckpointLoader, HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
-from monai.transforms import Compose
+from monai.transforms import Compose, Randomizable
 
+from spectraflow_monai.data.device_cache import DeviceCache, DeviceCacheLoader
 from spectraflow_monai.data.validation import check_foreground
 from spectraflow_monai.handlers import HD95EmptyAsDiagonal
 from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
-from spectraflow_monai.utils.settings import ModelSettings, check_image_size
+from spectraflow_monai.transforms.batched import BatchCompose, batched_twins
+from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.settings import DATA_PATHS, ModelSettings, check_image_size
 
 __all__ = [
     "datalist",
@@ -44,6 +50,8 @@ __all__ = [
     "segmentation_metrics",
     "stage1_export_settings",
     "start_training",
+    "training_dataset",
+    "training_loader",
     "total_iterations",
     "trainable_parameters",
 ]
@@ -212,3 +220,71 @@ def start_training(
         CheckpointLoader(load_path=resume_path, load_dict=checkpoint, map_location=map_location).attach(trainer)
     checkpoint_saver.attach(trainer)
     trainer.run()
+
+
+def _check_data_path(data_path: Any) -> str:
+    if data_path not in DATA_PATHS:
+        raise SettingError(f"data_path must be one of {list(DATA_PATHS)}, got {data_path!r}.")
+    return data_path
+
+
+def split_at_random(transform: Compose) -> tuple[Compose, list[Any]]:
+    """``transform``'s deterministic prefix (what ``CacheDataset`` caches: up to the first random transform) and the
+    transforms after it."""
+    transforms = list(transform.transforms) if isinstance(transform, Compose) else [transform]
+    first = next((i for i, t in enumerate(transforms) if isinstance(t, Randomizable)), len(transforms))
+    return Compose(transforms[:first]), transforms[first:]
+
+
+def training_dataset(
+    data: Sequence[dict],
+    transform: Compose,
+    data_path: str = "monai",
+    cache_rate: float = 1.0,
+    num_workers: int = 0,
+    progress: bool = True,
+) -> Dataset:
+    """The training dataset of ``data_path``: MONAI's ``CacheDataset`` of ``transform`` (``"monai"``), or a plain
+    ``Dataset`` (``"device"``: :func:`training_loader` caches the deterministic part on the training device itself,
+    so nothing is cached twice). MONAI Label and ``check_properties`` see it as ``train#dataset`` either way."""
+    if _check_data_path(data_path) == "device":
+        return Dataset(data=data, transform=transform)
+    return CacheDataset(data=data, transform=transform, cache_rate=cache_rate, num_workers=num_workers, progress=progress)
+
+
+def training_loader(
+    dataset: Dataset,
+    batch_size: int,
+    data_path: str = "monai",
+    sampler: Any = None,
+    num_workers: int = 0,
+    cache_device: str = "auto",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    extra_transforms: Sequence[Any] = (),
+    collate_fn: Any = None,
+) -> Any:
+    """The training loader of ``data_path`` (the bundle README's "Data path"), ``drop_last`` in both.
+
+    - ``"monai"``: MONAI's ``DataLoader`` of ``dataset`` with ``sampler`` and ``num_workers`` worker processes
+      (the random transforms run per sample in the workers);
+    - ``"device"``: MONAI's fast-training recipe. The deterministic part of ``dataset.transform`` (loading,
+      resizing) runs once into a :class:`~spectraflow_monai.data.DeviceCache` on ``cache_device`` (``auto``: the
+      training device when the cache fits in half its free memory); every batch is gathered there and its random
+      transforms run as one batched call each on the training device (:func:`spectraflow_monai.transforms.
+      batched_twins` of the same MONAI transforms, seeded with ``seed``), followed by ``extra_transforms`` (Stage-1's
+      device mixed-domain rendering). No worker processes, no per-sample work in the trainer process.
+
+    The per-sample and the batched paths draw different random numbers (the same distributions): a run records its
+    ``data_path``.
+    """
+    if _check_data_path(data_path) == "monai":
+        return DataLoader(
+            dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=num_workers,
+            collate_fn=collate_fn,
+        )  # fmt: skip
+    deterministic, random = split_at_random(dataset.transform)
+    cache = DeviceCache(dataset.data, deterministic, cache_device=cache_device, device=device)
+    augment = BatchCompose([*batched_twins(random), *extra_transforms]).set_random_state(seed)
+    return DeviceCacheLoader(cache, batch_size=batch_size, shuffle=True, drop_last=True, transform=augment,
+                             device=device, seed=seed)  # fmt: skip

@@ -19,6 +19,7 @@ from .mixed_domain import (
 )
 from .batched import (
     BatchCompose,
+    batched_twins,
     BatchRandomizable,
     NormalizeIntensityBatch,
     NormalizeIntensityBatchd,
@@ -58,7 +59,7 @@ __all__ += ["BatchCompose", "BatchRandomizable", "NormalizeIntensityBatch", "Nor
 __all__ += ["RandAdjustContrastBatch", "RandAdjustContrastBatchd", "RandAffineBatch", "RandAffineBatchd"]
 __all__ += ["RandFlipBatch", "RandFlipBatchd", "RandGaussianSmoothBatch", "RandGaussianSmoothBatchd"]
 __all__ += ["RandRotate90Batch", "RandRotate90Batchd", "RandScaleIntensityBatch", "RandScaleIntensityBatchd"]
-__all__ += ["RandShiftIntensityBatch", "RandShiftIntensityBatchd"]
+__all__ += ["RandShiftIntensityBatch", "RandShiftIntensityBatchd", "batched_twins"]
 
 from .corruptions import (
     CORRUPTION_KINDS,

@@ -32,6 +32,7 @@ from monai.utils import ensure_tuple, ensure_tuple_rep
 
 __all__ = [
     "BatchCompose",
+    "batched_twins",
     "BatchRandomizable",
     "NormalizeIntensityBatch",
     "NormalizeIntensityBatchd",
@@ -49,6 +50,7 @@ __all__ = [
     "RandScaleIntensityBatchd",
     "RandShiftIntensityBatch",
     "RandShiftIntensityBatchd",
+    "RepeatChannelBatchd",
 ]
 
 
@@ -583,3 +585,102 @@ class BatchCompose(BatchRandomizable):
         for t in self.transforms:
             d = t(d)
         return d
+
+
+class RepeatChannelBatchd:
+    """Repeat the channels of ``keys`` ``repeats`` times in a (B, C, H, W) batch (MONAI's ``RepeatChanneld``, per
+    batch: a CT slice shown to DINOv2 as 3 channels)."""
+
+    def __init__(self, keys: KeysCollection, repeats: int) -> None:
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"repeats must be a positive int, got {repeats!r}.")
+        self.keys, self.repeats = ensure_tuple(keys), repeats
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.keys:
+            d[key] = d[key].repeat_interleave(self.repeats, dim=1)
+        return d
+
+
+def _affine_twin(t: Any) -> RandAffineBatchd:
+    grid = t.rand_affine.rand_affine_grid
+    for name in ("shear_range", "translate_range"):
+        if any(v not in (None, 0, 0.0) for v in ensure_tuple(getattr(grid, name))):
+            raise ValueError(f"RandAffined with {name} has no batched twin (rotation and scaling only).")
+    padding = set(ensure_tuple(t.padding_mode))
+    if len(padding) != 1:
+        raise ValueError(f"RandAffined with one padding mode per key has no batched twin, got {t.padding_mode!r}.")
+    rotate = [v for v in ensure_tuple(grid.rotate_range) if v is not None]
+    scale = [v for v in ensure_tuple(grid.scale_range) if v is not None]
+    return RandAffineBatchd(
+        t.keys, prob=t.prob, rotate_range=rotate[0] if rotate else 0.0, scale_range=scale or 0.0,
+        mode=list(ensure_tuple(t.mode)), padding_mode=padding.pop(),
+    )  # fmt: skip
+
+
+def batched_twins(transforms: Sequence[Any]) -> list[Any]:
+    """The batch transforms of this module that do what MONAI's dictionary transforms ``transforms`` do to one
+    sample, with the same arguments (probabilities, ranges, keys): ``RandFlipd``, ``RandRotate90d`` (spatial axes
+    (0, 1)), ``RandAffined`` (rotation and scaling), ``RandAdjustContrastd``, ``RandScaleIntensityd``,
+    ``RandShiftIntensityd``, ``RandGaussianSmoothd``, ``RepeatChanneld`` and ``NormalizeIntensityd`` (given
+    ``subtrahend`` / ``divisor``); ``EnsureTyped`` and ``Identityd`` are left out (the batches are float tensors already). A
+    ``Compose`` is flattened. So a bundle writes its augmentation once, as MONAI transforms, and runs it either per
+    sample (MONAI's data loader) or per batch on the training device.
+
+    Raises:
+        ValueError: a transform without a batched twin, naming it (e.g. a shear, a random crop).
+    """
+    from monai.transforms import (
+        Compose,
+        EnsureTyped,
+        Identityd,
+        NormalizeIntensityd,
+        RandAdjustContrastd,
+        RandAffined,
+        RandFlipd,
+        RandGaussianSmoothd,
+        RandRotate90d,
+        RandScaleIntensityd,
+        RandShiftIntensityd,
+        RepeatChanneld,
+    )
+
+    out: list[Any] = []
+    for t in transforms:
+        if isinstance(t, Compose):
+            out += batched_twins(t.transforms)
+        elif isinstance(t, (EnsureTyped, Identityd)):
+            continue
+        elif isinstance(t, RandFlipd):
+            out.append(RandFlipBatchd(t.keys, prob=t.prob, spatial_axis=t.flipper.spatial_axis))
+        elif isinstance(t, RandRotate90d):
+            if tuple(t.spatial_axes) != (0, 1):
+                raise ValueError(f"RandRotate90d with spatial_axes {t.spatial_axes} has no batched twin (0, 1 only).")
+            out.append(RandRotate90Batchd(t.keys, prob=t.prob, max_k=t.max_k))
+        elif isinstance(t, RandAffined):
+            out.append(_affine_twin(t))
+        elif isinstance(t, RandAdjustContrastd):
+            out.append(RandAdjustContrastBatchd(t.keys, prob=t.prob, gamma=tuple(t.adjuster.gamma)))
+        elif isinstance(t, RandScaleIntensityd):
+            out.append(RandScaleIntensityBatchd(t.keys, prob=t.prob, factors=tuple(t.scaler.factors)))
+        elif isinstance(t, RandShiftIntensityd):
+            out.append(RandShiftIntensityBatchd(
+                t.keys, prob=t.prob, offsets=tuple(t.shifter.offsets), channel_wise=t.shifter.channel_wise
+            ))  # fmt: skip
+        elif isinstance(t, RandGaussianSmoothd):
+            smooth = t.rand_smooth
+            out.append(RandGaussianSmoothBatchd(t.keys, prob=t.prob, sigma_x=smooth.sigma_x, sigma_y=smooth.sigma_y))
+        elif isinstance(t, RepeatChanneld):
+            out.append(RepeatChannelBatchd(t.keys, repeats=t.repeater.repeats))
+        elif isinstance(t, NormalizeIntensityd):
+            norm = t.normalizer
+            if norm.subtrahend is None or norm.divisor is None:
+                raise ValueError("NormalizeIntensityd without subtrahend and divisor has no batched twin.")
+            out.append(NormalizeIntensityBatchd(t.keys, norm.subtrahend, norm.divisor))
+        else:
+            raise ValueError(
+                f"{type(t).__name__} has no batched twin: the device data path (data_path: device) runs the random "
+                "transforms per batch; use data_path: monai, or one of the transforms batched_twins lists."
+            )
+    return out

@@ -24,6 +24,7 @@ from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
     "CORRUPTION_KINDS",
+    "DATA_PATHS",
     "DataSettings",
     "ENCODER_INITS",
     "FUSION_MODES",
@@ -73,6 +74,8 @@ IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
 FUSION_MODES: tuple[str, ...] = ("daf", "concat", "add")
 #: refinement of the decoder (paper Table 3: FDConv, a standard convolution; CBAM variants)
 REFINE_MODES: tuple[str, ...] = ("fdconv", "standard", "cbam", "fdconv_cbam")
+#: the training data path: MONAI's per-sample loader, or the cache on the training device with batched augmentation
+DATA_PATHS: tuple[str, ...] = ("monai", "device")
 #: where Stage-2's encoder starts
 ENCODER_INITS: tuple[str, ...] = ("stage1", "pretrained", "random")
 #: the Stage-1 objective: the paper's Mixed-Domain MeanFlow, or the mixed-domain MAE of the Table 2 ablation
@@ -277,6 +280,8 @@ class DataSettings(SettingsObject):
         data_seed: the seed of the data selection and of the run's determinism.
         data_options: the bundle's own data settings (reader options, label map, case lists), recorded whole.
         allow_empty_masks: train on masks that are all background (a warning instead of an error).
+        data_path: ``monai`` (per-sample augmentation in worker processes) or ``device`` (the cache on the training
+            device, batched augmentation there); the two draw different random numbers, so a run records it.
     """
 
     dataset: str = "synthetic"
@@ -286,6 +291,7 @@ class DataSettings(SettingsObject):
     data_seed: int = 0
     data_options: Any = None
     allow_empty_masks: bool = False
+    data_path: str = "monai"
 
     def __post_init__(self) -> None:
         _number("data_fraction", self.data_fraction, 0.0, 1.0, low_open=True)
@@ -295,6 +301,7 @@ class DataSettings(SettingsObject):
         if self.data_list_file_path is not None:
             object.__setattr__(self, "data_list_file_path", str(self.data_list_file_path))
         object.__setattr__(self, "data_options", _plain_value(dict(self.data_options or {})))
+        _choice("data_path", self.data_path, DATA_PATHS)
         if not isinstance(self.allow_empty_masks, bool):
             raise SettingError(f"allow_empty_masks must be true or false, got {self.allow_empty_masks!r}.")
 
