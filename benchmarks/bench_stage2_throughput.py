@@ -100,7 +100,8 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     for i in range(len(parser["run"]) - 1):  # the run's steps before training (setup, record, encoder weights)
         parser.get_parsed_content(f"run#{i}")
     trainer = parser.get_parsed_content("train#trainer")
-    return trainer, parser.get_parsed_content("train#dataloader").dataset
+    loader = parser.get_parsed_content("train#dataloader")  # data_path device: the loader holds its own cache
+    return trainer, getattr(loader, "dataset", None)
 
 
 def timed_run(trainer, warmup: int, iters: int, batch_size: int) -> tuple[float, float, list[str]]:
