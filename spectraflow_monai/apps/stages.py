@@ -36,7 +36,7 @@ from spectraflow_monai.apps.workflow import (
     start_training,
     total_iterations,
     trainable_parameters,
-    training_dataset,
+    bundle_dataset,
     training_loader,
 )
 from spectraflow_monai.engines import MAEPretrainer, MeanFlowPretrainer
@@ -351,7 +351,7 @@ class Stage1Program:
         mixed-domain rendering."""
         s = self.settings
         device_path = self.data.data_path == "device"
-        self.dataset = training_dataset(
+        self.dataset = bundle_dataset(
             list(self.datalist), self.preprocessing, self.data.data_path, self.cache_rate, self.num_workers,
             self.progress_bar,
         )  # fmt: skip

@@ -13,8 +13,8 @@ be chains of config expressions lives here, once for both bundles:
 - :func:`pretrainer_checkpoint`: what a Stage-1 checkpoint holds;
 - :func:`recorded_network`: the network of a model file, built from the settings recorded beside it;
 - :func:`stage1_export_settings`: what the Stage-1 export depends on (checked when Stage-2 starts from it);
-- :func:`training_dataset`, :func:`training_loader`: the training data path of ``data_path`` (MONAI's per-sample
-  loader, or the cache on the training device with batched augmentation);
+- :func:`bundle_dataset`, :func:`training_loader`: the datasets and the training data path of ``data_path``
+  (MONAI's per-sample loader, or the cache on the training device with batched augmentation);
 - :func:`start_training`: the ``run`` of both stages (early stopping bound to the trainer, the resume decision,
   checkpoints).
 """
@@ -50,7 +50,7 @@ __all__ = [
     "segmentation_metrics",
     "stage1_export_settings",
     "start_training",
-    "training_dataset",
+    "bundle_dataset",
     "training_loader",
     "total_iterations",
     "trainable_parameters",
@@ -236,17 +236,25 @@ def split_at_random(transform: Compose) -> tuple[Compose, list[Any]]:
     return Compose(transforms[:first]), transforms[first:]
 
 
-def training_dataset(
+def bundle_dataset(
     data: Sequence[dict],
     transform: Compose,
     data_path: str = "monai",
     cache_rate: float = 1.0,
     num_workers: int = 0,
     progress: bool = True,
+    prepare: Callable[[Sequence[dict]], Sequence[dict]] | None = None,
 ) -> Dataset:
-    """The training dataset of ``data_path``: MONAI's ``CacheDataset`` of ``transform`` (``"monai"``), or a plain
-    ``Dataset`` (``"device"``: :func:`training_loader` caches the deterministic part on the training device itself,
-    so nothing is cached twice). MONAI Label and ``check_properties`` see it as ``train#dataset`` either way."""
+    """A bundle's training or validation dataset: MONAI's ``CacheDataset`` of ``transform`` (``data_path``
+    ``"monai"``), or a plain ``Dataset`` (``"device"``, training: :func:`training_loader` caches the deterministic
+    part on the training device itself, so nothing is cached twice). MONAI Label and ``check_properties`` see it as
+    ``train#dataset`` / ``validate#dataset`` either way, and MONAI Label's bundle trainer replaces its ``data``.
+
+    Args:
+        prepare: turns the entries into what ``transform`` reads, before anything is cached (the Synapse bundle:
+            whole volumes, e.g. from MONAI Label's datastore, into cached axial slices). Defaults to None.
+    """
+    data = list(data) if prepare is None else list(prepare(data))
     if _check_data_path(data_path) == "device":
         return Dataset(data=data, transform=transform)
     return CacheDataset(data=data, transform=transform, cache_rate=cache_rate, num_workers=num_workers, progress=progress)

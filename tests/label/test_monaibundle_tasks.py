@@ -88,29 +88,55 @@ def test_stock_infer_task_answers_a_volume_with_nifti(tmp_path):
     assert set(np.unique(np.asarray(label.dataobj)).tolist()) <= set(range(9))
 
 
-def test_stock_train_task_trains_the_bundle_on_datastore_labels(tmp_path):
+def _write_studies(studies: Path, name: str) -> str:
+    """Six labelled images (2D: PNG pairs; Synapse: NIfTI volumes with class maps 0..8); returns the glob."""
+    (studies / "labels" / "final").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(6):
+        if name == NAME_2D:
+            image, mask = synthesize_pair(rng, 56)
+            Image.fromarray(image).save(studies / f"s{i}.png")
+            Image.fromarray((mask > 0).astype(np.uint8)).save(studies / "labels" / "final" / f"s{i}.png")
+            continue
+        volume, label = synthetic_ct_volume(i + 1, shape=(32, 32, 3))
+        labels = np.clip(label, 0, 8).astype(np.uint8)  # the datastore holds the 9 classes
+        nib.save(nib.Nifti1Image(volume, np.eye(4)), str(studies / f"ct{i}.nii.gz"))
+        nib.save(nib.Nifti1Image(labels, np.eye(4)), str(studies / "labels" / "final" / f"ct{i}.nii.gz"))
+    return "*.png" if name == NAME_2D else "*.nii.gz"
+
+
+@pytest.mark.parametrize("name", [NAME_2D, NAME_3D])
+def test_stock_train_task_trains_the_bundle_on_datastore_labels(tmp_path, name):
     from monailabel.datastore.local import LocalDatastore
     from monailabel.tasks.train.bundle import BundleTrainTask
 
-    folder = _served_bundle(tmp_path, NAME_2D)
+    folder = _served_bundle(tmp_path, name)
     config = ConfigParser.load_config_file(str(folder / "configs" / "train.yaml"))
     config.update(TINY_TRAIN)
     ConfigParser.export_config_file(config, str(folder / "configs" / "train.yaml"), fmt="yaml")
     studies = tmp_path / "studies"
-    (studies / "labels" / "final").mkdir(parents=True)
-    rng = np.random.default_rng(1)
-    for i in range(6):
-        image, mask = synthesize_pair(rng, 56)
-        Image.fromarray(image).save(studies / f"s{i}.png")
-        Image.fromarray((mask > 0).astype(np.uint8)).save(studies / "labels" / "final" / f"s{i}.png")
-    datastore = LocalDatastore(str(studies), extensions=("*.png",), auto_reload=False)
+    datastore = LocalDatastore(str(studies), extensions=(_write_studies(studies, name),), auto_reload=False)
     before = (folder / "models" / "model.pt").read_bytes()
     task = BundleTrainTask(str(folder), conf={})
     assert task.is_valid()
-    task({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "val_split": 0.5, "multi_gpu": False}, datastore)
+    task({"model": name, "max_epochs": 1, "device": "cpu", "val_split": 0.5, "multi_gpu": False}, datastore)
     assert (folder / "models" / "stage2" / "run_record.json").is_file()  # the run list ran whole
     assert (folder / "models" / "model.pt").read_bytes() != before
     record = ModelSettings.from_dict(
         __import__("json").loads((folder / "models" / "model.json").read_text())["model"]
     )
     assert record.image_size == 28 and record.encoder_kwargs == {"depth": 2}
+
+
+def test_a_model_trained_with_its_own_normalisation_is_served_with_it(tmp_path):
+    """model.json's image_mean / image_std reach MONAI Label's preprocessing (the stock task and this app's)."""
+    from monai.transforms import NormalizeIntensityd
+    from monailabel.tasks.infer.bundle import BundleInferTask
+
+    folder = _served_bundle(tmp_path, NAME_2D)
+    mean, std = [0.5, 0.4, 0.3], [0.25, 0.2, 0.3]
+    write_model_settings(folder / "models" / "model.pt", MODEL[NAME_2D].replace(image_mean=mean, image_std=std))
+    task = BundleInferTask(str(folder), conf={})
+    (norm,) = [t for t in task.pre_transforms({"device": "cpu"}) if isinstance(t, NormalizeIntensityd)]
+    assert np.allclose(np.asarray(norm.normalizer.subtrahend, dtype=float), mean)
+    assert np.allclose(np.asarray(norm.normalizer.divisor, dtype=float), std)

@@ -39,7 +39,7 @@ from spectraflow_monai._lazy import lazy_exports
 _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".source": ("SynapseDataSource",),
     ".settings": (
-        "LAYOUTS", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
+        "LAYOUTS", "SynapseDataSettings", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
         "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
         "slice_nonfinite_value", "volume_spacing",
     ),
@@ -55,7 +55,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "load_synapse_h5", "map_btcv_labels",
     ),
     ".layouts": ("case_list", "synapse_datalist"),
-    ".cache": ("extract_slices", "slice_cache_dir"),
+    ".cache": ("extract_slices", "slice_cache_dir", "slice_with_settings"),
     ".transforms": (
         "CTWindow", "CTWindowd", "MapBTCVLabels", "MapBTCVLabelsd", "LoadSynapseSliced", "LoadSynapseH5d",
         "load_slice_npz",
@@ -69,7 +69,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "decathlon_synapse_datalist", "synapse_inference_datalist",
     ),
     ".bundle": (
-        "build_synapse_datalist", "check_synapse_settings", "prediction_writer", "volume_loading",
+        "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_synapse_settings", "prediction_writer", "volume_loading",
         "volume_metrics_handler", "volume_postprocessing",
     ),
 }

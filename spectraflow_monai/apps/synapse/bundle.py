@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from monai.transforms import Compose
 
-from spectraflow_monai.apps.synapse.cache import extract_slices
+from spectraflow_monai.apps.synapse.cache import slice_with_settings
 from spectraflow_monai.apps.synapse.constants import (
     ORGAN_DISPLAY_NAMES,
     PAPER_ORGAN_ORDER,
@@ -40,10 +40,12 @@ from spectraflow_monai.apps.synapse.phantom import PHANTOM_MANIFEST, generate_sy
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
 from spectraflow_monai.apps.synapse.settings import (
     LAYOUTS,
+    SynapseDataSettings,
     check_own_data_settings,
     resolve_label_map,
     volume_spacing,
 )
+from spectraflow_monai.data.label_map import identity_label_map
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
 from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args
@@ -52,7 +54,9 @@ from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size
 
 __all__ = [
+    "VolumeSlices",
     "build_synapse_datalist",
+    "synapse_split",
     "check_synapse_settings",
     "prediction_writer",
     "volume_loading",
@@ -262,73 +266,81 @@ def build_synapse_datalist(
         DatasetError: a missing root or case (the message names the case and the expected path), a 2D file where a
             volume is expected, or a label volume whose shape or affine differs from its image.
     """
-    args = (dataset, root, split, cases, exclude_cases, slices, cache_dir, spatial_size, window, generate)
-    kwargs = {
-        "nonfinite": nonfinite,
-        "nonfinite_value": nonfinite_value,
-        "data_list_file_path": data_list_file_path,
-        "label_map": label_map,
-        "num_classes": 9 if num_classes is None else num_classes,
-        "unmapped_labels": unmapped_labels,
-        "val_fraction": val_fraction,
-        "fraction": fraction,
-        "seed": seed,
-    }
+    if spatial_size is not None and (len(spatial_size) != 2 or spatial_size[0] != spatial_size[1]):
+        raise ValueError(f"spatial_size must be a square (H, H) of the cached slices, got {spatial_size!r}.")
+    settings = SynapseDataSettings(
+        dataset=dataset,
+        dataset_dir=root,
+        cache_dir=cache_dir,
+        image_size=None if spatial_size is None else int(spatial_size[0]),
+        hu_window=window,
+        data_list_file_path=data_list_file_path,
+        label_map=label_map,
+        num_classes=9 if num_classes is None else num_classes,
+        unmapped_labels=unmapped_labels,
+        val_fraction=val_fraction,
+        data_fraction=fraction,
+        data_seed=seed,
+        synthetic_size=generate,
+        nonfinite=nonfinite,
+        nonfinite_value=nonfinite_value,
+        progress=progress,
+    )
+    return synapse_split(settings, split, cases=cases, exclude_cases=exclude_cases, slices=slices)
+
+
+def synapse_split(
+    settings: SynapseDataSettings,
+    split: str = "train",
+    cases: Sequence[int | str] | None = None,
+    exclude_cases: Sequence[int | str] | None = None,
+    slices: bool = False,
+) -> list[dict[str, Any]]:
+    """One split of the run whose data ``settings`` describe (:class:`SynapseDataSettings`, handed whole): the data
+    sets, contract, checks and errors of :func:`build_synapse_datalist`.
+
+    In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
+    slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
+    must call this function the same number of times (a bundle config resolves each datalist once per process).
+    """
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return _build_synapse_datalist(*args, progress=progress, **kwargs)
+        return _synapse_split(settings, split, cases, exclude_cases, slices)
     if torch.distributed.get_rank() == 0:
         try:
-            out = _build_synapse_datalist(*args, progress=progress, **kwargs)
+            out = _synapse_split(settings, split, cases, exclude_cases, slices)
         finally:  # the other ranks must not wait for a rank that failed; they fail on their own build
             torch.distributed.barrier()
         return out
     torch.distributed.barrier()
-    return _build_synapse_datalist(*args, progress=False, **kwargs)
+    return _synapse_split(settings.replace(progress=False), split, cases, exclude_cases, slices)
 
 
-def _build_synapse_datalist(
-    dataset: str,
-    root: str | os.PathLike,
+def _synapse_split(
+    settings: SynapseDataSettings,
     split: str,
     cases: Sequence[int | str] | None,
     exclude_cases: Sequence[int | str] | None,
     slices: bool,
-    cache_dir: str | os.PathLike | None,
-    spatial_size: Sequence[int] | None,
-    window: Sequence[float],
-    generate: Mapping[str, Any] | None,
-    progress: bool,
-    nonfinite: str,
-    nonfinite_value: float | None,
-    data_list_file_path: str | os.PathLike | None,
-    label_map: Mapping[int, int] | None,
-    num_classes: int,
-    unmapped_labels: str,
-    val_fraction: float,
-    fraction: float,
-    seed: int,
 ) -> list[dict[str, Any]]:
-
-    if data_list_file_path:
+    s = settings
+    dataset, root = s.dataset, s.dataset_dir
+    if s.data_list_file_path:
         logger.info(
             "data source: the datalist %s (paths relative to %s); the dataset setting %r is not used",
-            data_list_file_path, root or os.path.dirname(os.fspath(data_list_file_path)), dataset,
+            s.data_list_file_path, root or os.path.dirname(os.fspath(s.data_list_file_path)), dataset,
         )  # fmt: skip
-        return decathlon_synapse_datalist(
-            data_list_file_path, root or None, split, cases, exclude_cases, slices, cache_dir, spatial_size, window,
-            progress, nonfinite, nonfinite_value, label_map, num_classes, unmapped_labels, val_fraction, fraction,
-            seed,
-        )  # fmt: skip
+        return decathlon_synapse_datalist(s, split, cases, exclude_cases, slices)
     key = str(dataset).lower()
     if key not in SYNAPSE_BUNDLE_DATASETS:
         raise ValueError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}.")
-    if label_map is not None and key == "transunet":
+    if s.label_map is not None and key == "transunet":
         raise SettingError("label_map does not apply to dataset 'transunet' (its files hold the 9 classes already).")
-    mapping = resolve_label_map(label_map, None, num_classes)
-    train_fraction = fraction if split == "train" else 1.0
+    mapping = resolve_label_map(s.label_map, None, s.num_classes)
+    train_fraction = s.data_fraction if split == "train" else 1.0
     split = "train" if split == "val" else split  # the presets' validation cases are training cases
+    generate = s.synthetic_size
     if generate is not None and not isinstance(generate, Mapping):
         raise ValueError(f"generate must be None or a mapping of generate_synthetic_ct arguments, got {generate!r}.")
     root = Path(root)
@@ -354,7 +366,7 @@ def _build_synapse_datalist(
             )
     layout = "transunet" if key == "transunet" else "raw"
     listed = synapse_datalist(root, split=split, layout=layout, cases=cases)
-    entries = case_fraction(listed, train_fraction, seed)
+    entries = case_fraction(listed, train_fraction, s.data_seed)
     if layout == "transunet" and split == "train":
         if not slices:
             raise ValueError(
@@ -367,22 +379,45 @@ def _build_synapse_datalist(
             for e in entries:
                 check_volume_pair(e["image"], e["label"], case=e["case"])
         return entries
-    if cache_dir is None:
+    if s.cache_dir is None:
         raise ValueError(f"cache_dir is required to slice the {split} volumes of {dataset!r} (slices=True).")
-    return extract_slices(
-        entries,
-        cache_dir,
-        window=window,
-        spatial_size=spatial_size,
-        progress=progress,
-        nonfinite=nonfinite,
-        nonfinite_value=nonfinite_value,
-        label_map=mapping,
-        unmapped_labels=unmapped_labels,
-    )
+    return slice_with_settings(entries, s, mapping)
 
 
 # ---------------------------------------------------------------- config entry points: one component each
+
+
+class VolumeSlices:
+    """Whole CT volumes given as training or validation entries (MONAI Label's bundle trainer replaces
+    ``train#dataset#data`` / ``validate#dataset#data`` with its datastore's image-label pairs) as cached axial
+    slices, extracted once as the run's own cases are (windowed with ``hu_window``, resized to ``image_size``);
+    entries that are slices already pass unchanged. The labels of such volumes are taken as the run's classes
+    ``0..num_classes-1`` (a MONAI Label datastore holds them so), not mapped: a value outside stops the run naming the
+    file.
+
+    Args:
+        source: the run's :class:`~spectraflow_monai.apps.synapse.SynapseDataSource` (or its settings).
+    """
+
+    def __init__(self, source: Any) -> None:
+        self.settings: SynapseDataSettings = getattr(source, "settings", source)
+        if not isinstance(self.settings, SynapseDataSettings):
+            raise ValueError(f"source must be a SynapseDataSource or SynapseDataSettings, got {type(source).__name__}.")
+
+    def __call__(self, data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        entries = [dict(e) for e in data]
+        volumes = [e for e in entries if "slice" not in e]
+        if not volumes:
+            return entries
+        s = self.settings
+        if s.cache_dir is None:
+            raise SettingError("cache_dir is required to slice the volumes given as training data.")
+        for e in volumes:
+            e.setdefault("case", os.path.basename(str(e["image"])).split(".")[0])
+        # the classes themselves (another value: an error naming the file)
+        sliced = slice_with_settings(volumes, s, identity_label_map(s.num_classes), "error", f"{s.cache_dir}_volumes")
+        return [e for e in entries if "slice" in e] + sliced
+
 
 
 def volume_loading(loading: Mapping[str, Sequence[Any]], layout: Any) -> Any:

@@ -28,7 +28,7 @@ from spectraflow_monai.transforms.finite import check_nonfinite_args
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 
-__all__ = ["extract_slices", "slice_cache_dir"]
+__all__ = ["extract_slices", "slice_cache_dir", "slice_with_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -360,3 +360,24 @@ def extract_slices(
     return out
 
 
+def slice_with_settings(
+    entries: Sequence[Mapping[str, Any]],
+    settings: Any,
+    label_map: Mapping[int, int] | None,
+    unmapped_labels: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`extract_slices` of ``entries`` with a run's
+    :class:`~spectraflow_monai.apps.synapse.SynapseDataSettings` (its window, slice size, non-finite handling and
+    progress bar), into ``cache_dir`` (default: the settings' ``cache_dir``), labels mapped with ``label_map``."""
+    return extract_slices(
+        entries,
+        settings.cache_dir if cache_dir is None else cache_dir,
+        window=settings.hu_window,
+        spatial_size=settings.spatial_size,
+        progress=settings.progress,
+        nonfinite=settings.nonfinite,
+        nonfinite_value=settings.nonfinite_value,
+        label_map=label_map,
+        unmapped_labels=settings.unmapped_labels if unmapped_labels is None else unmapped_labels,
+    )

@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spectraflow_monai.apps.synapse.cache import extract_slices
+from spectraflow_monai.apps.synapse.cache import slice_with_settings
 from spectraflow_monai.apps.synapse.constants import format_case_id
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
-from spectraflow_monai.apps.synapse.settings import check_datalist_base, resolve_label_map
+from spectraflow_monai.apps.synapse.settings import SynapseDataSettings, check_datalist_base, resolve_label_map
 from spectraflow_monai.data.label_map import (
     LABEL_MAP_UNMAPPED,
 )
@@ -266,30 +266,20 @@ def _split(
 
 
 def decathlon_synapse_datalist(
-    data_list_file_path: str | os.PathLike,
-    dataset_dir: str | os.PathLike | None = None,
+    settings: SynapseDataSettings,
     split: str = "train",
     cases: Sequence[int | str] | None = None,
     exclude_cases: Sequence[int | str] | None = None,
     slices: bool = False,
-    cache_dir: str | os.PathLike | None = None,
-    spatial_size: Sequence[int] | None = None,
-    window: Sequence[float] = (-125.0, 275.0),
-    progress: bool = True,
-    nonfinite: str = "error",
-    nonfinite_value: float | None = None,
-    label_map: Mapping[int, int] | None = None,
-    num_classes: int = 9,
-    unmapped_labels: str = "error",
-    val_fraction: float = 0.2,
-    fraction: float = 1.0,
-    seed: int = 0,
 ) -> list[dict[str, Any]]:
     """The datalist of one split of a Decathlon JSON of NIfTI volumes (the ``datalist`` source of the Synapse bundle).
 
     Args:
-        data_list_file_path: the datalist JSON (see the module docstring).
-        dataset_dir: base of the JSON's relative paths; None: the JSON's folder. Defaults to None.
+        settings: the run's :class:`~spectraflow_monai.apps.synapse.SynapseDataSettings`: its
+            ``data_list_file_path`` (see the module docstring) with ``dataset_dir`` as the base of the relative paths
+            (None: the JSON's folder); for ``slices``, ``cache_dir``, ``image_size``, ``hu_window``, ``nonfinite``
+            and its value, ``label_map`` (None: the identity over ``0..num_classes-1``) and ``unmapped_labels``;
+            ``val_fraction``, ``data_fraction`` and ``data_seed`` for the splits.
         split: ``"train"``, ``"val"`` or ``"test"`` (see the module docstring). Defaults to ``"train"``.
         cases: case ids (file names without ``.nii.gz``) to keep from the split. For ``"val"``: the training
             volumes to validate on (held out of ``"train"`` by passing them as ``exclude_cases`` there), instead of
@@ -297,22 +287,8 @@ def decathlon_synapse_datalist(
         exclude_cases: training case ids held out of ``"train"`` (instead of the ``validation`` list / the seeded
             hold-out). Defaults to None.
         slices: True: one entry per cached axial slice (:func:`spectraflow_monai.apps.synapse.extract_slices`, windowed,
-            labels mapped with ``label_map``, resized to ``spatial_size``); False: volumes, header-checked (3D, label
+            labels mapped with ``label_map``, resized to ``image_size``); False: volumes, header-checked (3D, label
             shape and affine equal to the image's). Defaults to False.
-        cache_dir: the slice cache folder (``slices=True``). Defaults to None.
-        spatial_size: ``(H, W)`` of the cached slices; None keeps the native size. Defaults to None.
-        window: intensity window mapped to [0, 1] (HU for CT). Defaults to ``(-125, 275)``.
-        progress: progress bar while slicing. Defaults to True.
-        nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to ``"error"``.
-        nonfinite_value: replacement of ``nonfinite="replace"``; None: ``window[0]``. Defaults to None.
-        label_map: ``{source label value: class}``; None: the identity over ``0..num_classes-1``. Defaults to None.
-        num_classes: number of classes including background. Defaults to 9.
-        unmapped_labels: label values outside ``label_map``: ``"error"`` (named with the file) or ``"background"``.
-            Defaults to ``"error"``.
-        val_fraction: share of ``training`` held out for validation when the JSON has no ``validation`` list.
-            Defaults to 0.2.
-        fraction: share of the training *cases* kept (``"train"`` only; seeded, nested). Defaults to 1.0.
-        seed: seed of the hold-out and of ``fraction``. Defaults to 0.
 
     Raises:
         SettingError: bad arguments (``split``, ``label_map``, ``val_fraction``, ...).
@@ -320,36 +296,26 @@ def decathlon_synapse_datalist(
             image / label shape or affine mismatch, a 2D or unreadable volume, non-finite voxels, label values the
             map does not list (``slices=True``); the message names the file and the problem.
     """
-
+    s = settings
     if split not in ("train", "val", "test"):
         raise SettingError(f"split must be 'train', 'val' or 'test', got {split!r}.")
-    if unmapped_labels not in LABEL_MAP_UNMAPPED:
-        raise SettingError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {unmapped_labels!r}.")
-    mapping = resolve_label_map(label_map, True, num_classes)
-    lists = read_decathlon_datalist(data_list_file_path, dataset_dir)
-    path = Path(data_list_file_path)
-    entries = _split(lists, split, path, cases, exclude_cases, val_fraction, seed)
+    if s.unmapped_labels not in LABEL_MAP_UNMAPPED:
+        raise SettingError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {s.unmapped_labels!r}.")
+    mapping = resolve_label_map(s.label_map, True, s.num_classes)
+    lists = read_decathlon_datalist(s.data_list_file_path, s.dataset_dir or None)
+    path = Path(s.data_list_file_path)
+    entries = _split(lists, split, path, cases, exclude_cases, s.val_fraction, s.data_seed)
     if split == "train":
-        entries = case_fraction(entries, fraction, seed)
+        entries = case_fraction(entries, s.data_fraction, s.data_seed)
     if not entries:
         raise DatasetError(f"datalist {str(path)!r}: the {split} split is empty.")
     for e in entries:  # headers of every volume before any file is written
         check_volume_pair(e["image"], e.get("label"), case=e["case"])
     if not slices:
         return entries
-    if cache_dir is None:
+    if s.cache_dir is None:
         raise SettingError(f"cache_dir is required to slice the {split} volumes of {str(path)!r} (slices=True).")
-    return extract_slices(
-        entries,
-        cache_dir,
-        window=window,
-        spatial_size=spatial_size,
-        progress=progress,
-        nonfinite=nonfinite,
-        nonfinite_value=nonfinite_value,
-        label_map=mapping,
-        unmapped_labels=unmapped_labels,
-    )
+    return slice_with_settings(entries, s, mapping)
 
 
 def synapse_inference_datalist(

@@ -7,6 +7,7 @@ Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
     "LAYOUTS",
+    "SynapseDataSettings",
     "check_datalist_base",
     "check_own_data_settings",
     "default_val_cases",
@@ -41,6 +43,68 @@ __all__ = [
 #: the on-disk layouts of the Synapse data (:func:`synapse_layout`): the BTCV NIfTI release (and one's own NIfTI
 #: volumes) and TransUNet's preprocessed files
 LAYOUTS: tuple[str, ...] = ("raw", "transunet")
+@dataclasses.dataclass(frozen=True)
+class SynapseDataSettings:
+    """The data settings of one Synapse run, under the bundle's own names, handed whole to the pipeline that lists,
+    maps and slices its volumes (:class:`~spectraflow_monai.apps.synapse.SynapseDataSource`,
+    :func:`~spectraflow_monai.apps.synapse.build_synapse_datalist`,
+    :func:`~spectraflow_monai.apps.synapse.decathlon_synapse_datalist`). The bundle checks the values first
+    (:func:`~spectraflow_monai.apps.synapse.check_synapse_settings`).
+
+    Args:
+        dataset: ``"synthetic"`` (the phantom, generated into ``dataset_dir`` on first use with ``synthetic_size``),
+            ``"btcv"`` or ``"transunet"``; not used when ``data_list_file_path`` is given.
+        dataset_dir: the data folder (with a datalist JSON: the base of its relative paths; None: the JSON's folder).
+        cache_dir: the slice cache (needed where volumes are sliced). Defaults to None.
+        image_size: side of the cached slices; None keeps the native size. Defaults to None.
+        hu_window: the CT window ``(low, high)`` in HU mapped to [0, 1]. Defaults to ``(-125, 275)`` (TransUNet).
+        data_list_file_path: a Decathlon datalist JSON of one's own volumes. Defaults to None.
+        label_map: source label -> class (None: the BTCV map of the presets, the identity for a JSON).
+        num_classes: classes of the network, background included. Defaults to 9.
+        unmapped_labels: ``"error"`` or ``"background"`` for source labels the map does not name.
+        val_fraction: share of a JSON's training cases held out when it has no validation list. Defaults to 0.2.
+        data_fraction: kept share of the training cases (low-data runs; other splits whole). Defaults to 1.0.
+        data_seed: seed of the hold-out and of ``data_fraction``. Defaults to 0.
+        synthetic_size: ``generate_synthetic_ct`` arguments of the phantom (``dataset="synthetic"`` only; None:
+            never generated). Defaults to None.
+        nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
+        progress: show the slice-extraction progress bar. Defaults to True.
+    """
+
+    dataset: str = "synthetic"
+    dataset_dir: Any = None
+    cache_dir: Any = None
+    image_size: Any = None
+    hu_window: Any = (-125.0, 275.0)
+    data_list_file_path: Any = None
+    label_map: Any = None
+    num_classes: int = 9
+    unmapped_labels: str = "error"
+    val_fraction: float = 0.2
+    data_fraction: float = 1.0
+    data_seed: int = 0
+    synthetic_size: Any = None
+    nonfinite: str = "error"
+    nonfinite_value: Any = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_classes is None:
+            object.__setattr__(self, "num_classes", 9)
+        object.__setattr__(self, "hu_window", tuple(float(v) for v in self.hu_window))
+        if self.synthetic_size is not None:
+            object.__setattr__(self, "synthetic_size", dict(self.synthetic_size))
+
+    @property
+    def spatial_size(self) -> list[int] | None:
+        """``(H, W)`` of the cached slices (``image_size`` square), or None for the native size."""
+        return None if self.image_size is None else [int(self.image_size), int(self.image_size)]
+
+    def replace(self, **changes: Any) -> SynapseDataSettings:
+        """A copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+
 #: the bundle's default validation cases (:func:`default_val_cases`): TransUNet training cases held out of training
 _VAL_CASES: dict[str, list[int]] = {"synthetic": [40], "btcv": [39, 40], "transunet": [39, 40]}
 

@@ -9,15 +9,18 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spectraflow_monai.apps.synapse.bundle import build_synapse_datalist
+from spectraflow_monai.apps.synapse.bundle import synapse_split
+from spectraflow_monai.apps.synapse.settings import SynapseDataSettings
 
 __all__ = ["SynapseDataSource"]
 
 
 class SynapseDataSource:
-    """The data settings of a Synapse bundle run, gathered once, so that its configs name a split and its cases
-    instead of repeating every setting (``{_target_: spectraflow_monai.apps.workflow.datalist, source: '@data_source',
-    split: train, cases: '@train_cases', exclude_cases: '@val_cases'}``).
+    """The data settings of a Synapse bundle run, gathered once into one
+    :class:`~spectraflow_monai.apps.synapse.SynapseDataSettings` (``.settings``, the bundle's names kept), so that its
+    configs name a split and its cases instead of repeating every setting (``{_target_:
+    spectraflow_monai.apps.workflow.datalist, source: '@data_source', split: train, cases: '@train_cases',
+    exclude_cases: '@val_cases'}``).
 
     Args:
         dataset: ``"synthetic"`` (the phantom, generated into ``dataset_dir`` on first use with
@@ -31,8 +34,8 @@ class SynapseDataSource:
         num_classes: classes of the network (background included). Defaults to None (9).
         unmapped_labels: ``"error"`` or ``"background"`` for source labels the map does not name.
         val_fraction: share of a JSON's training cases held out when it has no validation list. Defaults to 0.2.
-        fraction: kept fraction of the training cases (low-data runs); other splits are whole. Defaults to 1.0.
-        seed: seed of the hold-out and of ``fraction``. Defaults to 0.
+        data_fraction: kept fraction of the training cases (low-data runs); other splits are whole. Defaults to 1.0.
+        data_seed: seed of the hold-out and of ``data_fraction``. Defaults to 0.
         synthetic_size: ``generate_synthetic_ct`` arguments of the phantom (``dataset="synthetic"`` only).
         progress: show the slice-extraction progress bar. Defaults to True.
         nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
@@ -52,30 +55,32 @@ class SynapseDataSource:
         num_classes: int | None = None,
         unmapped_labels: str = "error",
         val_fraction: float = 0.2,
-        fraction: float = 1.0,
-        seed: int = 0,
+        data_fraction: float = 1.0,
+        data_seed: int = 0,
         synthetic_size: Mapping[str, Any] | None = None,
         progress: bool = True,
         nonfinite: str = "error",
         nonfinite_value: float | None = None,
     ) -> None:
-        self.dataset, self.dataset_dir, self.cache_dir = dataset, dataset_dir, cache_dir
-        self.fraction = fraction
         generate = synthetic_size if dataset == "synthetic" and not data_list_file_path else None
-        self.common: dict[str, Any] = {
-            "spatial_size": [image_size, image_size],
-            "window": hu_window,
-            "progress": progress,
-            "nonfinite": nonfinite,
-            "nonfinite_value": nonfinite_value,
-            "data_list_file_path": data_list_file_path,
-            "label_map": label_map,
-            "num_classes": num_classes,
-            "unmapped_labels": unmapped_labels,
-            "val_fraction": val_fraction,
-            "seed": seed,
-            "generate": None if generate is None else dict(generate),
-        }
+        self.settings = SynapseDataSettings(
+            dataset=dataset,
+            dataset_dir=dataset_dir,
+            cache_dir=cache_dir,
+            image_size=image_size,
+            hu_window=hu_window,
+            data_list_file_path=data_list_file_path,
+            label_map=label_map,
+            num_classes=num_classes,
+            unmapped_labels=unmapped_labels,
+            val_fraction=val_fraction,
+            data_fraction=data_fraction,
+            data_seed=data_seed,
+            synthetic_size=generate,
+            nonfinite=nonfinite,
+            nonfinite_value=nonfinite_value,
+            progress=progress,
+        )
 
     def datalist(
         self,
@@ -85,14 +90,4 @@ class SynapseDataSource:
         slices: bool = True,
     ) -> list[dict[str, Any]]:
         """The entries of ``split``: cached axial slices (``slices=True``) or whole volumes (evaluation)."""
-        return build_synapse_datalist(
-            self.dataset,
-            self.dataset_dir,
-            split,
-            cases=cases,
-            exclude_cases=exclude_cases,
-            slices=slices,
-            cache_dir=self.cache_dir if slices else None,
-            fraction=self.fraction if split == "train" else 1.0,
-            **self.common,
-        )
+        return synapse_split(self.settings, split, cases=cases, exclude_cases=exclude_cases, slices=slices)
