@@ -57,3 +57,21 @@ def test_both_stages_run_on_the_device_data_path(bundle, tmp_path):
     assert (tmp_path / "models" / "model.pt").is_file()
     checkpoint = load_weights(next(Path(tmp_path / "models" / "stage2").glob("checkpoint_epoch=*.pt")))
     assert checkpoint["data_loader"]["epoch"] == 0 and "transform" in checkpoint["data_loader"]
+
+
+def test_log_every_reads_the_loss_at_intervals(tmp_path):
+    """``log_every``: the loss is read on the host every N iterations (TensorBoard points, the non-finite check),
+    the Stage-1 trainer keeps its outputs on the device, and the epoch summaries stay exact."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    configs = bundle_path(TWO_D) / "configs"
+    settings = {"bundle_root": str(tmp_path), **COMMON, **TINY[TWO_D], "log_every": 2,
+                "synthetic_size": {"num_train": 8, "num_val": 2}}  # fmt: skip
+    meta = str(configs / "metadata.json")
+    run_bundle([str(configs / "train.yaml"), str(configs / "train_stage1.yaml")], meta, stage1_epochs=1, **settings)
+    parser = parse_config([str(configs / "train.yaml"), str(configs / "train_stage1.yaml")], **settings)
+    assert parser.get_parsed_content("stage1").build(load_weights=False).output_on_device
+    run_bundle(str(configs / "train.yaml"), meta, max_epochs=1, **settings)
+    acc = EventAccumulator(str(tmp_path / "logs"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train_loss")] == [2, 4]  # 4 iterations, read every 2
