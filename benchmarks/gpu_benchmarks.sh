@@ -31,6 +31,8 @@
 # and the next part starts. The default limits add up to about 11 minutes: where one command may run 10 minutes, run
 # it twice with the same <output dir>, e.g. PARTS="tests inference stage2 stage1" then PARTS="boundary host kvasir"
 # (each run ends by collecting every part file present in <output dir>).
+# Data path: DATA_PATH (default device: the cache on the GPU, batched augmentation; monai for the per-sample path) and
+# LOG_EVERY (default 50: the loss read back every 50 steps) for the Stage-2 part and the Kvasir protocol.
 # Encoder weights: random throughout (no model hub on a GPU machine without internet; the weights do not change the
 # throughput). The Kvasir protocol's Dice is therefore that of a random-initialised encoder, not the paper's setup.
 set -uo pipefail
@@ -65,6 +67,7 @@ kvasir_protocol() {  # Stage-1 (E1 epochs) -> Stage-2 (up to E2 epochs) -> evalu
     cd "$REPO/bundles/spectraflow_2d_segmentation" || return 1
     local common=(--bundle_root "$RUN_DIR" --dataset kvasir --dataset_dir "$DATA" --precision bf16
         --num_workers "$WORKERS" --progress_bar False --pretrained_weights none
+        --data_path "${DATA_PATH:-device}" --log_every "${LOG_EVERY:-50}"
         --meta_file configs/metadata.json --logging_file configs/logging.conf $EXTRA)
     local t0=$SECONDS
     $PY -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${common[@]}" \
@@ -108,7 +111,7 @@ part inference "${T_INFER:-60}" $PY "$HERE/bench_inference.py" --device cuda --b
     --precision fp32 bf16
 part stage2 "${T_STAGE2:-120}" $PY "$HERE/bench_stage2_throughput.py" --device cuda --dataset kvasir \
     --dataset-dir "$DATA" --num-workers "$WORKERS" --iters 40 --warmup 5 --precision bf16 \
-    --models spectraflow unet unetpp
+    --models spectraflow unet unetpp --override "data_path=${DATA_PATH:-device}" --override "log_every=${LOG_EVERY:-50}"
 part stage1 "${T_STAGE1:-45}" $PY "$HERE/bench_stage1.py" --device cuda --batch 32 --rounds 5 --iters 5 \
     --precision bf16 --no-breakdown
 part boundary "${T_BOUNDARY:-30}" $PY "$HERE/bench_boundary_loss.py" --device cuda --batch 8 --size 224 --classes 1 9 \
