@@ -59,7 +59,8 @@ def resolve_encoder_init(
         raise SettingError(
             f"encoder_init='stage1': the Stage-1 encoder export {os.fspath(stage1_export or '<not set>')!r} does "
             "not exist. Either run Stage-1 first (configs/train.yaml + configs/train_stage1.yaml, which writes it), "
-            "or start Stage-2 without Stage-1 from pretrained_weights with --encoder_init pretrained (the paper's 'no Stage-1' row)."
+            "or start Stage-2 without Stage-1 from pretrained_weights with --encoder_init pretrained (the paper's "
+            "'no Stage-1' row)."
         )
     return os.fspath(stage1_export)
 

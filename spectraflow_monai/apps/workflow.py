@@ -257,7 +257,9 @@ def bundle_dataset(
     data = list(data) if prepare is None else list(prepare(data))
     if _check_data_path(data_path) == "device":
         return Dataset(data=data, transform=transform)
-    return CacheDataset(data=data, transform=transform, cache_rate=cache_rate, num_workers=num_workers, progress=progress)
+    return CacheDataset(
+        data=data, transform=transform, cache_rate=cache_rate, num_workers=num_workers, progress=progress
+    )
 
 
 def training_loader(

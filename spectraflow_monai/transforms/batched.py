@@ -624,8 +624,8 @@ def batched_twins(transforms: Sequence[Any]) -> list[Any]:
     sample, with the same arguments (probabilities, ranges, keys): ``RandFlipd``, ``RandRotate90d`` (spatial axes
     (0, 1)), ``RandAffined`` (rotation and scaling), ``RandAdjustContrastd``, ``RandScaleIntensityd``,
     ``RandShiftIntensityd``, ``RandGaussianSmoothd``, ``RepeatChanneld`` and ``NormalizeIntensityd`` (given
-    ``subtrahend`` / ``divisor``); ``EnsureTyped`` and ``Identityd`` are left out (the batches are float tensors already). A
-    ``Compose`` is flattened. So a bundle writes its augmentation once, as MONAI transforms, and runs it either per
+    ``subtrahend`` / ``divisor``); ``EnsureTyped`` and ``Identityd`` are left out (the batches are float tensors
+    already). A ``Compose`` is flattened. So a bundle writes its augmentation once, as MONAI transforms, and runs it either per
     sample (MONAI's data loader) or per batch on the training device.
 
     Raises:

@@ -252,8 +252,10 @@ class ModelSettings(SettingsObject):
         _number("out_channels", self.out_channels, 1, integer=True)
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
-            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != self.in_channels:
-                raise SettingError(f"{name} must be a list of {self.in_channels} numbers (one per channel), got {value!r}.")
+            if not isinstance(value, (list, tuple)) or len(value) != self.in_channels:
+                raise SettingError(
+                    f"{name} must be a list of {self.in_channels} numbers (one per channel), got {value!r}."
+                )
             numbers = tuple(_number(name, v, -math.inf if name == "image_mean" else 0.0, low_open=name == "image_std")
                             for v in value)
             object.__setattr__(self, name, numbers)

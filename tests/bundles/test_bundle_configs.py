@@ -22,7 +22,8 @@ TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentatio
 RUNS = {
     TWO_D: [
         ["train.yaml"], ["train.yaml", "train_stage1.yaml"], ["train.yaml", "evaluate.yaml"],
-        ["train.yaml", "unet_baseline.yaml"], ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"], ["train.yaml", "unetpp_monai_baseline.yaml"],
+        ["train.yaml", "unet_baseline.yaml"], ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"],
+        ["train.yaml", "unetpp_monai_baseline.yaml"],
         ["train.yaml", "multi_gpu_train.yaml"], ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
         ["inference.yaml"],
     ],
@@ -98,7 +99,8 @@ def test_each_settings_object_takes_every_field_from_the_config(bundle, key, kin
     with open(BUNDLES / bundle / "configs" / "train.yaml") as f:
         config = yaml.safe_load(f)
     given = set(config[key]) - {"_target_"}
-    assert given == {f.name for f in dataclasses.fields(kind)}, sorted(given ^ {f.name for f in dataclasses.fields(kind)})
+    fields = {f.name for f in dataclasses.fields(kind)}
+    assert given == fields, sorted(given ^ fields)
     parser = ConfigParser(config)
     parser.update({"encoder_kwargs": {"depth": 2}, "image_size": 28})
     built = parser.get_parsed_content(key)

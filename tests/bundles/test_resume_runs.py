@@ -148,7 +148,9 @@ def test_stage2_nan_loss_exits_nonzero_and_keeps_model_pt(tmp_path, data_dir):
 def test_stage1_nan_loss_exits_nonzero_and_keeps_the_export(tmp_path, data_dir):
     iterations = NUM_TRAIN // 2
     patch = tmp_path / "nan_loss.yaml"
-    imports = "imports: ['$import spectraflow_monai.utils.excepthook', '$from spectraflow_monai.losses import DispersiveLoss']"
+    imports = (
+        "imports: ['$import spectraflow_monai.utils.excepthook', '$from spectraflow_monai.losses import DispersiveLoss']"
+    )
     loss = "DispersiveLoss(normalize='dim')"  # the bundle's default dispersive loss, as a replacement that turns NaN
     patch.write_text(f'{imports}\nstage1#dispersive_loss: "{_nan_after(iterations, loss, "x")}"\n')
     rc, out = _run([TRAIN, STAGE1, str(patch)], _settings(tmp_path, data_dir, **STAGE1_ARGS), tmp_path, "nan")
