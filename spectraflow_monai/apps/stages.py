@@ -25,18 +25,24 @@ import torch.distributed as dist
 import torch.nn as nn
 from ignite.engine import Engine
 from monai.data import DistributedSampler
-from monai.handlers import LrScheduleHandler, StatsHandler, TensorBoardStatsHandler, from_engine
-from monai.handlers import stopping_fn_from_metric
+from monai.handlers import (
+    LrScheduleHandler,
+    StatsHandler,
+    TensorBoardStatsHandler,
+    from_engine,
+    stopping_fn_from_metric,
+)
 from monai.transforms import Compose, Identity
 from torch.utils.data import RandomSampler
 
+from spectraflow_monai.apps.encoder_init import initialize_encoder
 from spectraflow_monai.apps.workflow import (
+    bundle_dataset,
     prepare_run,
     stage1_export_settings,
     start_training,
     total_iterations,
     trainable_parameters,
-    bundle_dataset,
     training_loader,
 )
 from spectraflow_monai.engines import MAEPretrainer, MeanFlowPretrainer
@@ -53,7 +59,6 @@ from spectraflow_monai.handlers import (
 )
 from spectraflow_monai.losses import DispersiveLoss, MAELoss, MeanFlowLoss
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder, MeanFlowHead
-from spectraflow_monai.apps.encoder_init import initialize_encoder
 from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.transforms import MixedDomainCollate, RandMixedDomainBatchd
 from spectraflow_monai.utils.checkpoint import resume_checkpoint
@@ -73,6 +78,7 @@ class _HandlerGroup:
     handlers: list[Any]
 
     def attach(self, engine: Engine) -> None:
+        """Attach every handler of the group to ``engine``, in order."""
         for handler in self.handlers:
             handler.attach(engine)
 

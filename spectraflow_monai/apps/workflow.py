@@ -42,6 +42,7 @@ from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import DATA_PATHS, ModelSettings, check_image_size
 
 __all__ = [
+    "bundle_dataset",
     "datalist",
     "flat_compose",
     "prepare_run",
@@ -50,10 +51,9 @@ __all__ = [
     "segmentation_metrics",
     "stage1_export_settings",
     "start_training",
-    "bundle_dataset",
-    "training_loader",
     "total_iterations",
     "trainable_parameters",
+    "training_loader",
 ]
 
 
