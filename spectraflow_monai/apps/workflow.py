@@ -49,6 +49,7 @@ __all__ = [
     "pretrainer_checkpoint",
     "recorded_network",
     "segmentation_metrics",
+    "split_at_random",
     "stage1_export_settings",
     "start_training",
     "total_iterations",
