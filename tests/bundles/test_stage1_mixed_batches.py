@@ -38,13 +38,15 @@ def test_2d_bundle_stage1_batches_hold_exact_mask_count(tmp_path, mask_ratio, ba
 
 
 @pytest.mark.parametrize("bundle", ["spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"])
-def test_stage1_views_both_shows_every_pair_as_image_and_mask(bundle):
+def test_stage1_views_both_shows_every_pair_as_image_and_mask(bundle, tmp_path):
     """``stage1_views: both``: a mini-batch of B pairs holds their B images and their B masks."""
     configs = CONFIGS.parent.parent / bundle / "configs"
-    parser = parse_config([str(configs / "train.yaml"), str(configs / "train_stage1.yaml")], stage1_views="both")
+    files = [str(configs / "train.yaml"), str(configs / "train_stage1.yaml")]
+    root = {"bundle_root": str(tmp_path)}  # the Stage-1 program lists its data (generated there, not in the clone)
+    parser = parse_config(files, stage1_views="both", **root)
     collate = parser.get_parsed_content("stage1").mixed_domain_collate()
     assert collate.views == "both" and collate.mask_ratio == 0.5
-    default = parse_config([str(configs / "train.yaml"), str(configs / "train_stage1.yaml")])
+    default = parse_config(files, **root)
     assert default.get_parsed_content("stage1").mixed_domain_collate().views == "either"
 
 

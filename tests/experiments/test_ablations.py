@@ -213,11 +213,11 @@ def test_bad_decoder_is_named(tmp_path, ablation, decoder):
 
 
 @pytest.mark.parametrize("arm,all_unequal", [("paper_literal", True), ("mixed_meanflow_dispersive", False)])
-def test_literal_arm_samples_t_greater_than_s_in_every_row(arm, all_unequal):
+def test_literal_arm_samples_t_greater_than_s_in_every_row(arm, all_unequal, tmp_path):
     """Eq. 3 is an expectation over t > s: the paper-literal Stage-1 loss (built from the bundle with the arm's
     overrides) draws s < t in every row; the default keeps MeanFlow's s = t in 75 % of the rows."""
     parser = bundle_parser(bundle_path("spectraflow_2d_segmentation"), list(STAGE1_ARMS[arm].stage1),
-                           {**DATA, **STAGE1_ARMS[arm].stage1_overrides})  # fmt: skip
+                           {**DATA, **STAGE1_ARMS[arm].stage1_overrides, "bundle_root": str(tmp_path)})  # fmt: skip
     loss = parser.get_parsed_content("stage1").meanflow_loss()
     t, s = loss.sample_times(256, generator=torch.Generator().manual_seed(0))
     assert bool((t > s).all()) == all_unequal and bool((s <= t).all())
