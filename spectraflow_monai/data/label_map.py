@@ -27,6 +27,8 @@ from spectraflow_monai.utils.errors import DataError, SettingError
 
 __all__ = [
     "LABEL_MAP_UNMAPPED",
+    "MAX_CLASSES",
+    "as_label_int",
     "check_label_map",
     "identity_label_map",
     "apply_label_map",
@@ -36,10 +38,12 @@ __all__ = [
 
 #: what :func:`apply_label_map` does with a value the map does not list: stop naming it, or make it background 0.
 LABEL_MAP_UNMAPPED: tuple[str, ...] = ("error", "background")
-_MAX_CLASSES = 256  # the slice cache stores labels as uint8
+#: the most classes a label map may have (the slice cache stores labels as uint8)
+MAX_CLASSES = 256
 
 
-def _as_int(value: Any) -> int | None:
+def as_label_int(value: Any) -> int | None:
+    """``value`` as an ``int`` label value (ints, integral floats, numeric strings), else None (booleans included)."""
     if isinstance(value, (bool, np.bool_)):
         return None
     if isinstance(value, (int, np.integer)):
@@ -53,9 +57,9 @@ def _as_int(value: Any) -> int | None:
 
 def _check_num_classes(num_classes: Any, name: str = "num_classes") -> int:
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
-        raise SettingError(f"{name} must be an int in 2..{_MAX_CLASSES}, got {num_classes!r}.")
-    if not 2 <= num_classes <= _MAX_CLASSES:
-        raise SettingError(f"{name} must be an int in 2..{_MAX_CLASSES}, got {num_classes!r}.")
+        raise SettingError(f"{name} must be an int in 2..{MAX_CLASSES}, got {num_classes!r}.")
+    if not 2 <= num_classes <= MAX_CLASSES:
+        raise SettingError(f"{name} must be an int in 2..{MAX_CLASSES}, got {num_classes!r}.")
     return int(num_classes)
 
 
@@ -88,7 +92,7 @@ def check_label_map(label_map: Any, num_classes: int, name: str = "label_map") -
         )
     out: dict[int, int] = {}
     for key, value in items:
-        src, dst = _as_int(key), _as_int(value)
+        src, dst = as_label_int(key), as_label_int(value)
         if src is None:
             raise SettingError(f"{name} keys must be integer label values, got {key!r} (in {label_map!r}).")
         if dst is None or not 0 <= dst < num_classes:

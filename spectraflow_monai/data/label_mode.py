@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
-from spectraflow_monai.data.label_map import _MAX_CLASSES, _as_int
+from spectraflow_monai.data.label_map import MAX_CLASSES, as_label_int
 from spectraflow_monai.utils.errors import DataError, SettingError
 
 __all__ = ["LabelMode", "label_mode"]
@@ -44,12 +44,12 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
         names = [str(n) for n in label_classes]
         mapping = {i: i for i in range(len(names))}
     elif isinstance(label_classes, Mapping) and label_classes:
-        keys = [_as_int(k) for k in label_classes]
+        keys = [as_label_int(k) for k in label_classes]
         if all(k is not None for k in keys):  # {source value: class index}
             mapping = {}
             for k, v in zip(keys, label_classes.values()):
-                c = _as_int(v)
-                if c is None or not 0 <= c < _MAX_CLASSES:
+                c = as_label_int(v)
+                if c is None or not 0 <= c < MAX_CLASSES:
                     raise SettingError(f"label_classes maps the value {k} to {v!r}: class indices are ints >= 0.")
                 mapping[int(k)] = c  # type: ignore[index]
             n = max(mapping.values()) + 1
@@ -61,7 +61,7 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
             mapping, names = {}, []
             for index, (name, values) in enumerate(label_classes.items()):
                 vals = list(values) if isinstance(values, (list, tuple)) else [values]
-                ints = [_as_int(v) for v in vals]
+                ints = [as_label_int(v) for v in vals]
                 if not vals or any(v is None for v in ints):
                     raise SettingError(
                         f"label_classes: class {name!r} must list integer source values, got {values!r}."
@@ -73,9 +73,9 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
                 names.append(str(name))
     else:
         raise bad
-    if not 2 <= len(names) <= _MAX_CLASSES:
+    if not 2 <= len(names) <= MAX_CLASSES:
         raise SettingError(
-            f"label_classes must name 2..{_MAX_CLASSES} classes (background first), got {label_classes!r}."
+            f"label_classes must name 2..{MAX_CLASSES} classes (background first), got {label_classes!r}."
         )
     if len(set(names)) != len(names) or not all(n.strip() for n in names):
         raise SettingError(f"label_classes names must be distinct and non-empty, got {names!r}.")
@@ -123,7 +123,7 @@ class LabelMode:
     def default_threshold(self, label_threshold: Any = None) -> int:
         """``label_threshold`` of the datalist entries: 128 (0/1 or 0/255 masks, checked) unless 1 is given; 1 for
         label maps (not used by their transform)."""
-        if label_threshold is not None and (_as_int(label_threshold) != 1):
+        if label_threshold is not None and (as_label_int(label_threshold) != 1):
             raise SettingError(
                 f"label_threshold must be null (0/1 or 0/255 masks) or 1 (every non-zero value is foreground), "
                 f"got {label_threshold!r}."

@@ -32,6 +32,10 @@ __all__ = [
     "RandMixedDomaind",
     "RandMixedDomainD",
     "RandMixedDomainDict",
+    "check_mixing_keys",
+    "drop_mask",
+    "mask_renderer",
+    "mix_image_or_mask",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -199,14 +203,16 @@ class MaskToImage(Transform):
         return out
 
 
-def _check_mixing_keys(keys: tuple, mask_key: Hashable, domain_key: Hashable) -> None:
+def check_mixing_keys(keys: tuple, mask_key: Hashable, domain_key: Hashable) -> None:
+    """Raise ``ValueError`` unless the image ``keys``, the ``mask_key`` and the ``domain_key`` of a mixed-domain
+    transform are all different (the mask must never be read as an image or a target)."""
     if mask_key in keys:
         raise ValueError(f"mask_key {mask_key!r} must not be one of keys {keys}.")
     if domain_key in keys or domain_key == mask_key:
         raise ValueError(f"domain_key {domain_key!r} must differ from keys {keys} and mask_key {mask_key!r}.")
 
 
-def _renderer(
+def mask_renderer(
     mean: float | Sequence[float] | None,
     std: float | Sequence[float] | None,
     foreground_value: float,
@@ -225,7 +231,7 @@ def _renderer(
     )
 
 
-def _drop_mask(d: dict, mask_key: Hashable) -> None:
+def drop_mask(d: dict, mask_key: Hashable) -> None:
     """Remove the mask (and its legacy meta entries) so that it can never be used as a target."""
     for k in (mask_key, f"{mask_key}_meta_dict", f"{mask_key}_transforms"):
         d.pop(k, None)
@@ -265,7 +271,7 @@ class RandMixedDomain(RandomizableTransform):
             raise ValueError(f"mask_ratio must be in [0, 1], got {mask_ratio!r}.")
         RandomizableTransform.__init__(self, prob=float(mask_ratio))
         self.mask_ratio = float(mask_ratio)
-        self.mask_to_image = _renderer(mean, std, foreground_value, binarize, max_label)
+        self.mask_to_image = mask_renderer(mean, std, foreground_value, binarize, max_label)
 
     def __call__(
         self, img: NdarrayOrTensor, mask: NdarrayOrTensor, randomize: bool = True
@@ -278,11 +284,13 @@ class RandMixedDomain(RandomizableTransform):
         """
         if randomize:
             self.randomize(None)
-        out = _mix(self.mask_to_image, img, mask, self._do_transform, "img", "mask")
+        out = mix_image_or_mask(self.mask_to_image, img, mask, self._do_transform, "img", "mask")
         return out, _domain_like(img, self._do_transform)
 
 
-def _mix(m2i: MaskToImage, img: Any, mask: Any, use_mask: bool, img_name: str, mask_name: str) -> Any:
+def mix_image_or_mask(m2i: MaskToImage, img: Any, mask: Any, use_mask: bool, img_name: str, mask_name: str) -> Any:
+    """``img``, or with ``use_mask`` the ``mask`` rendered by ``m2i`` on ``img``'s grid and type (shapes checked,
+    named by ``img_name`` / ``mask_name``): one sample of a mixed-domain batch."""
     if not hasattr(img, "shape") or len(img.shape) < 3:
         raise ValueError(
             f"{img_name} must be a channel-first array (C, H, W[, D]), got {getattr(img, 'shape', type(img))}."
@@ -366,12 +374,12 @@ class RandMixedDomaind(RandomizableTransform, MapTransform):
         if isinstance(mask_ratio, bool) or not 0.0 <= float(mask_ratio) <= 1.0:
             raise ValueError(f"mask_ratio must be in [0, 1], got {mask_ratio!r}.")
         RandomizableTransform.__init__(self, prob=float(mask_ratio))
-        _check_mixing_keys(self.keys, mask_key, domain_key)
+        check_mixing_keys(self.keys, mask_key, domain_key)
         self.mask_key = mask_key
         self.mask_ratio = float(mask_ratio)
         self.domain_key = domain_key
         self.drop_mask = drop_mask
-        self.mask_to_image = _renderer(mean, std, foreground_value, binarize, max_label)
+        self.mask_to_image = mask_renderer(mean, std, foreground_value, binarize, max_label)
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
         d = dict(data)
@@ -388,12 +396,12 @@ class RandMixedDomaind(RandomizableTransform, MapTransform):
         domain: Any = None
         for key in self.key_iterator(d):
             if self.mask_key in d:
-                d[key] = _mix(self.mask_to_image, d[key], d[self.mask_key], use_mask, repr(key), repr(self.mask_key))
+                d[key] = mix_image_or_mask(self.mask_to_image, d[key], d[self.mask_key], use_mask, repr(key), repr(self.mask_key))
             if domain is None:
                 domain = _domain_like(d[key], use_mask)
         d[self.domain_key] = domain if domain is not None else np.int64(DOMAIN_MASK if use_mask else DOMAIN_IMAGE)
         if self.drop_mask:
-            _drop_mask(d, self.mask_key)
+            drop_mask(d, self.mask_key)
         return d
 
 

@@ -42,10 +42,10 @@ from spectraflow_monai.transforms.mixed_domain import (
     DOMAIN_MASK,
     IMAGENET_MEAN,
     IMAGENET_STD,
-    _check_mixing_keys,
-    _drop_mask,
-    _mix,
-    _renderer,
+    check_mixing_keys,
+    drop_mask,
+    mix_image_or_mask,
+    mask_renderer,
 )
 
 __all__ = ["MIXED_DOMAIN_VIEWS", "MixedDomainCollate", "RandMixedDomainBatchd", "num_masks"]
@@ -124,12 +124,12 @@ class MixedDomainCollate:
         self.keys = ensure_tuple(keys)
         if not self.keys:
             raise ValueError(f"keys must name at least one image key, got {keys!r}.")
-        _check_mixing_keys(self.keys, mask_key, domain_key)
+        check_mixing_keys(self.keys, mask_key, domain_key)
         self.mask_ratio = float(mask_ratio)
         self.mask_key = mask_key
         self.domain_key = domain_key
         self.drop_mask = drop_mask
-        self.mask_to_image = _renderer(mean, std, foreground_value, binarize, max_label)
+        self.mask_to_image = mask_renderer(mean, std, foreground_value, binarize, max_label)
 
     def choose(self, batch_size: int) -> torch.Tensor:
         """A bool vector of length ``batch_size`` with exactly :func:`num_masks` True entries at random rows."""
@@ -166,12 +166,12 @@ class MixedDomainCollate:
                     )
             else:
                 for key in self.keys:
-                    d[key] = _mix(
+                    d[key] = mix_image_or_mask(
                         self.mask_to_image, d[key], d[self.mask_key], use_mask, repr(key), repr(self.mask_key)
                     )
             d[self.domain_key] = torch.tensor(DOMAIN_MASK if use_mask else DOMAIN_IMAGE, dtype=torch.int64)
             if self.drop_mask:
-                _drop_mask(d, self.mask_key)
+                drop_mask(d, self.mask_key)
             mixed.append(d)
         return list_data_collate(mixed)
 

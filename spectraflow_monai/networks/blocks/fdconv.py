@@ -19,10 +19,10 @@ from torch.nn.modules.utils import _pair
 
 from spectraflow_monai.networks.blocks.frequency import (
     FrequencyBandModulation,
-    _check_k_list,
-    _fft_dtype,
     c2r_matrices,
+    check_k_list,
     dft_matrices,
+    fft_dtype,
     rfft2_band_index,
 )
 from spectraflow_monai.networks.blocks.kernel_modulation import KernelSpatialModulationGlobal, KernelSpatialModulationLocal
@@ -173,7 +173,7 @@ class FDConv2d(nn.Conv2d):
         for name, value in (("kernel_temperature", kernel_temperature), ("temperature", temperature)):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}.")
-        k_list = _check_k_list(fbm_k_list)
+        k_list = check_k_list(fbm_k_list)
         if padding is None:
             padding = tuple(d * (k // 2) for d in _pair(dilation))
 
@@ -243,12 +243,12 @@ class FDConv2d(nn.Conv2d):
         n_rows, n_cols = self.freq_size
         matrix = weight.detach().permute(0, 2, 1, 3).reshape(n_rows, n_cols)
         with torch.autocast(device_type=matrix.device.type, enabled=False):
-            spectrum = torch.fft.rfft2(matrix.to(_fft_dtype(matrix.dtype)))
+            spectrum = torch.fft.rfft2(matrix.to(fft_dtype(matrix.dtype)))
             return (torch.view_as_real(spectrum) / self.dft_scale).to(weight.dtype)
 
     def _spectrum(self) -> torch.Tensor:
         """Complex ``W~`` of shape ``(Cout*k, Cin*k//2+1)`` (float32/float64 precision)."""
-        dft = self.dft_weight.to(_fft_dtype(self.dft_weight.dtype)) * self.dft_scale
+        dft = self.dft_weight.to(fft_dtype(self.dft_weight.dtype)) * self.dft_scale
         return torch.complex(dft[..., 0], dft[..., 1])
 
     def _spectrum_to_kernel(self, spectrum: torch.Tensor) -> torch.Tensor:
@@ -259,7 +259,7 @@ class FDConv2d(nn.Conv2d):
 
     def _mixed_kernels_real(self, kernel_att: Optional[torch.Tensor]) -> torch.Tensor:
         """:meth:`_mixed_kernels` in real arithmetic (``real_dft``): the inverse transform as matrix products."""
-        dft = self.dft_weight.to(_fft_dtype(self.dft_weight.dtype)) * self.dft_scale
+        dft = self.dft_weight.to(fft_dtype(self.dft_weight.dtype)) * self.dft_scale
         re, im = dft[..., 0].unsqueeze(0), dft[..., 1].unsqueeze(0)
         band_index = self.band_index
         if kernel_att is not None and band_index is not None:

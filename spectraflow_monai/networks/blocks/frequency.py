@@ -21,18 +21,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["FrequencyBandModulation", "fbm_lowpass_masks", "rfft2_band_index", "rfft2_frequency_order"]
+__all__ = [
+    "FrequencyBandModulation", "c2r_matrices", "check_k_list", "dft_matrices", "fbm_lowpass_masks", "fft_dtype",
+    "rfft2_band_index", "rfft2_frequency_order",
+]
 
 #: rfft grid on which the official FBM masks are computed before being resized to the input (``max_size``)
 FBM_MASK_SIZE = (64, 64)
 
 
-def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
+def fft_dtype(dtype: torch.dtype) -> torch.dtype:
     """Real dtype the FFTs run in: float64 stays float64, everything else (bf16/fp16/fp32) runs in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check_k_list(k_list: Sequence[float]) -> list[float]:
+def check_k_list(k_list: Sequence[float]) -> list[float]:
     """Validate the FBM low-pass divisors: a non-empty, strictly increasing sequence of positive numbers."""
     try:
         values = [float(v) for v in k_list]
@@ -181,7 +184,7 @@ class FrequencyBandModulation(nn.Module):
         mask_size: Sequence[int] = FBM_MASK_SIZE,
     ) -> None:
         super().__init__()
-        self.k_list = _check_k_list(k_list)
+        self.k_list = check_k_list(k_list)
         if len(mask_size) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in mask_size):
             raise ValueError(f"mask_size must be two positive ints, got {mask_size!r}.")
         base = fbm_lowpass_masks(self.k_list, mask_size)
@@ -227,7 +230,7 @@ class FrequencyBandModulation(nn.Module):
     def _modulate(self, x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
         """FBM in float32 (float64 for double input), transforming along the height only the kept rfft columns."""
         height, width = x.shape[-2], x.shape[-1]
-        work = x.to(_fft_dtype(x.dtype))
+        work = x.to(fft_dtype(x.dtype))
         masks = self.masks(height, width).to(device=x.device, dtype=work.dtype)
         if torch.jit.is_scripting():  # the boxes are prefixes of the columns
             n_keep = int(masks.amax(dim=1).amax(dim=0).gt(0).sum())
