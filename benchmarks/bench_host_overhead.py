@@ -52,16 +52,7 @@ from monai.transforms import (
 from spectraflow_monai.data import DeviceCache, DeviceCacheLoader
 from spectraflow_monai.handlers import EpochSummaryHandler, LossTermsHandler, StopOnNonFiniteLoss
 from spectraflow_monai.losses import DiceBCEBoundaryLoss
-from spectraflow_monai.transforms import (
-    BatchCompose,
-    NormalizeIntensityBatchd,
-    RandAdjustContrastBatchd,
-    RandAffineBatchd,
-    RandFlipBatchd,
-    RandGaussianSmoothBatchd,
-    RandRotate90Batchd,
-    RandScaleIntensityBatchd,
-)
+from spectraflow_monai.transforms import BatchCompose, batched_twins
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 KEYS = ["image", "label"]
@@ -97,19 +88,9 @@ def classic_transforms() -> Compose:
 
 
 def batch_transforms(seed: int = 0) -> BatchCompose:
-    """The same augmentation as batched transforms on the batch's device."""
-    return BatchCompose(
-        [
-            RandFlipBatchd(KEYS, prob=0.5, spatial_axis=0),
-            RandFlipBatchd(KEYS, prob=0.5, spatial_axis=1),
-            RandRotate90Batchd(KEYS, prob=0.5),
-            RandAffineBatchd(KEYS, prob=0.3, rotate_range=0.6, scale_range=0.1, mode=["bilinear", "nearest"]),
-            RandAdjustContrastBatchd("image", prob=0.3, gamma=(0.7, 1.5)),
-            RandScaleIntensityBatchd("image", prob=0.3, factors=0.15),
-            RandGaussianSmoothBatchd("image", prob=0.1, sigma_x=(0.25, 1.0), sigma_y=(0.25, 1.0)),
-            NormalizeIntensityBatchd("image", MEAN, STD),
-        ]
-    ).set_random_state(seed)
+    """The same augmentation as batched transforms on the batch's device (the twins the bundles' device data path
+    runs: :func:`spectraflow_monai.transforms.batched_twins`)."""
+    return BatchCompose(batched_twins(classic_transforms().transforms)).set_random_state(seed)
 
 
 def _sync(device: torch.device) -> None:

@@ -31,7 +31,7 @@ import torch.nn as nn
 from ignite.engine import Engine
 from monai.data import CacheDataset, DataLoader, Dataset
 from monai.handlers import CheckpointLoader, HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
-from monai.transforms import Compose, Randomizable
+from monai.transforms import Compose, RandomizableTrait, Transform
 
 from spectraflow_monai.data.device_cache import DeviceCache, DeviceCacheLoader
 from spectraflow_monai.data.validation import check_foreground
@@ -230,11 +230,12 @@ def _check_data_path(data_path: Any) -> str:
 
 
 def split_at_random(transform: Compose) -> tuple[Compose, list[Any]]:
-    """``transform``'s deterministic prefix (what ``CacheDataset`` caches: up to the first random transform) and the
-    transforms after it."""
-    transforms = list(transform.transforms) if isinstance(transform, Compose) else [transform]
-    first = next((i for i, t in enumerate(transforms) if isinstance(t, Randomizable)), len(transforms))
-    return Compose(transforms[:first]), transforms[first:]
+    """``transform``'s deterministic prefix and the transforms after it, split where MONAI's ``CacheDataset`` splits
+    (its ``get_index_of_first`` rule: the first random transform, or the first that is not a MONAI ``Transform``)."""
+    compose = transform if isinstance(transform, Compose) else Compose([transform])
+    first = compose.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
+    first = len(compose.transforms) if first is None else first
+    return Compose(compose.transforms[:first]), list(compose.transforms[first:])
 
 
 def bundle_dataset(
