@@ -6,10 +6,10 @@ Usage::
     OMP_NUM_THREADS=2 python benchmarks/bench_stage2_throughput.py --dataset kvasir \\
         --dataset-dir ../shared/data/kvasir-seg --threads 2 --iters 30 --precision fp32 bf16
 
-Both trainers are the ``train#trainer`` of ``bundles/spectraflow_2d_segmentation/configs/train.yaml`` layered over
-``bundles/common/train.yaml`` (for the UNet with the bundle's ``configs/unet_baseline.yaml`` on top, as
-``kvasir_protocol.sh`` trains it, for U-Net++ with ``configs/unetpp_baseline.yaml``): the same
-``CacheDataset`` + ``DataLoader`` (augmentation, ``num_workers``), Dice + BCE + boundary loss, AdamW and the train
+Both trainers are the ``train#trainer`` of ``bundles/spectraflow_2d_segmentation/configs/train.yaml`` (for the UNet
+with the bundle's ``configs/unet_baseline.yaml`` on top, as ``kvasir_protocol.sh`` trains it, for U-Net++ with
+``configs/unetpp_baseline.yaml``): the same data path (``data_path``: ``CacheDataset`` + ``DataLoader``, or the device
+cache with batched augmentation), Dice + BCE + boundary loss, AdamW and the train
 metric; only the validation / logging handlers are left out. Each trainer runs ``--warmup`` + ``--iters`` real
 iterations per precision (one epoch of that length); the time from the end of the last warm-up iteration to the
 end of the last iteration, data loading included, gives images/s. Models and precisions alternate within a round,

@@ -15,8 +15,7 @@ default ``<app>/model``), and serves and trains that copy:
   (:func:`replace_served_model`); ``DELETE /model/<name>`` moves the served model there
   (:func:`set_aside_served_model`).
 
-The configs both bundles share are links in each installed ``configs/`` (to ``bundles/common``); the copy holds
-their contents, so that it stands alone.
+Each bundle folder stands alone (its ``configs/`` are plain files), and so does its served copy.
 
 The model folder must not overlap the studies folder (the only folder requests write to).
 """
