@@ -402,14 +402,14 @@ def test_session_clean_up_removes_only_the_apps_sessions(http, caplog):
     r = client.put("/session/", files={"files": ("i.png", _image_bytes())})
     assert r.status_code == 200, r.text
     session = r.json()["session_id"]
-    assert client.get("/session/user_home").status_code == 404
-    assert client.delete("/session/studies_copy").status_code == 404
     info = app.sessions().get_session(session)
     info.last_access_ts = info.create_ts = int(time.time()) - 10 * app.sessions().expiry  # expired
     app.sessions()._write_meta_info(session, info)
     with caplog.at_level(logging.INFO):
         assert app.sessions().remove_expired() == 1
     assert not (store / session).exists() and f"session {session}: expired, removed" in caplog.text
+    assert client.get("/session/user_home").status_code == 404
+    assert client.delete("/session/studies_copy").status_code == 404
     for name, file in foreign.items():
         assert (store / name / file).read_bytes() == b"kept", name
     assert sorted(os.listdir(store)) == sorted(foreign)
@@ -598,20 +598,23 @@ def test_training_answers_show_no_server_folder(http, monkeypatch):
 
 # ---------------------------------------------------------------- 13. issue 36: runs, batch sizes and model backups
 def test_a_run_of_another_pid_namespace_is_kept_while_its_heartbeat_lasts(tmp_path):
+    import socket
     import time
 
     studies, bundles = _studies_and_bundles(tmp_path)
     runs = bundles / "monailabel_app" / "model" / NAME_2D / "runs"
     trainers = sys.modules[app_main.SpectraFlowTrainTask.__module__]
-    elsewhere = {**trainers.run_owner(999999), "pid_namespace": "pid:[1]"}  # a container: its PID means nothing here
+    # a server in a container: its PID means nothing here (no process 999999 here)
+    elsewhere = {"host": socket.gethostname(), "pid_namespace": "pid:[1]", "pid": 999999}
     running = _run_folder(runs, 999999, 0, elsewhere)
     (running / "alive").write_text("")
     stopped = _run_folder(runs, 999999, 1, {**elsewhere, "host": "another-host"})
     (stopped / "alive").write_text("")
-    old = time.time() - trainers.RUN_STALE_AFTER - 60
+    old = time.time() - 24 * 3600  # a heartbeat a day old
     os.utime(stopped / "alive", (old, old))
     app = _app(bundles, studies, models=NAME_2D)
     assert running.is_dir() and not stopped.exists()
+    assert trainers.RUN_STALE_AFTER < 24 * 3600
     run_dir = app._trainers[NAME_2D].new_run({})
     trainers.end_run(run_dir)
     assert running.is_dir()
@@ -640,7 +643,7 @@ def test_model_backups_are_bounded(tmp_path):
 
 
 def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
-    """The default batch size (8) with three training pairs once trained on no batch and answered a bare 500; the
+    """The default batch size (8) with fewer training pairs once trained on no batch and answered a bare 500; the
     batch is now as large as the pairs there are (logged). A split that leaves no validation pair or fewer than two
     training pairs is a 422 naming it. The run's end prunes the model backups (two kept by default)."""
     import logging
@@ -653,14 +656,12 @@ def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
     for i in range(3):
         _labelled_upload(client, f"few_{i}", seed=10 + i)
     pairs = len(app.datastore().datalist())
-    for body, named in [({"val_split": 0.0}, "no validation pair"), ({"val_split": 0.99}, "training pair(s)")]:
-        r = client.post(f"/train/{NAME_2D}", params={"run_sync": "true"}, json={"max_epochs": 1, **body})
-        assert r.status_code == 422 and named in r.json()["detail"], r.text
     models = Path(app.bundles[NAME_2D]) / "models"
     for stamp in ("20260101-000000", "20260102-000000", "20260103-000000"):
         (models / f"model.pt.bak-{stamp}").write_bytes(b"x")
     served = _sha(models / "model.pt")
-    val_split = 1.0 / pairs  # one validation pair, the others (3 to 7, fewer than 8) train
+    assert 3 <= pairs - 1 < 8
+    val_split = 1.0 / pairs  # one validation pair, the others (fewer than the batch size 8) train
     lines, log = _Lines(), logging.getLogger("spectraflow_monai.apps.workflow")
     log.addHandler(lines)
     try:
@@ -673,3 +674,6 @@ def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
     assert _sha(models / "model.pt") != served  # the run trained and its best model serves
     assert sorted(p.name for p in models.glob("model.pt.bak-*")) == [
         "model.pt.bak-20260102-000000", "model.pt.bak-20260103-000000"]  # fmt: skip
+    for body, named in [({"val_split": 0.0}, "no validation pair"), ({"val_split": 0.99}, "training pair(s)")]:
+        r = client.post(f"/train/{NAME_2D}", params={"run_sync": "true"}, json={"max_epochs": 1, **body})
+        assert r.status_code == 422 and named in r.json()["detail"], r.text
