@@ -39,6 +39,8 @@ Settings (``--conf KEY VALUE``):
 - ``allow_empty_masks``: ``true`` to train on datastore labels that are all background (with a warning) instead of
   answering the training request with 422.
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
+- ``kept_model_backups``: model backups (``models/<file>.bak-<date>-<time>``) the served copy keeps per file
+  (default 2; an integer >= 0): older ones are removed at start and after each training run (``lib/served.py``).
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
 without it is served for training only (an inference request is answered with HTTP 404 and the reason) until a
@@ -48,10 +50,14 @@ one and the log says so (``lib/trainers.py``).
 Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id or label: 404, a
 file that cannot be read as an image or has no image extension: 415, an upload over ``max_upload_mb``: 413, a 2D
 image sent to a volume model or the reverse: 422, a training or inference option that is not accepted: 422, weights
-that do not fit the served network: 422) and the server keeps serving. Every upload's temporary file is removed
+that do not fit the served network or cannot serve (sparse, meta, quantized, NaN, all zero): 422, a label map of
+another size than its image: 422, ``params`` / ``info`` with NaN, Infinity or nesting deeper than 32: 422, a split
+that leaves no validation pair or too few training pairs: 422, an unknown active learning strategy, scoring method
+or batch inference model: 404) and the server keeps serving. Every upload's temporary file is removed
 whatever the answer (``lib/uploads.py``); an uploaded model replaces the served one atomically once it is checked,
 the previous one kept as ``models/model.pt.previous``; the folders of stopped training runs are removed at start and
-before each run; sessions live at most a day (``lib/sessions.py``).
+before each run (a run of another host or PID namespace once its heartbeat is 15 minutes old); sessions live at most
+a day, and only the session folders the app created (marked) are ever removed (``lib/sessions.py``).
 
 What a client may send (``lib/checks.py``): an image is the id of a datastore image, a file uploaded with the
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
@@ -282,7 +288,10 @@ def _tensor_problem(checkpoint: dict[str, torch.Tensor], expected: dict[str, tor
             kinds.setdefault("holding NaN or infinite values", []).append(key)
         elif tensor.dtype.is_floating_point and bool(tensor.any()):
             nonzero = True
-    parts = [f"{len(keys)} tensor(s) {kind}: {keys[:3]}{' ...' if len(keys) > 3 else ''}" for kind, keys in kinds.items()]
+    parts = [
+        f"{len(keys)} tensor(s) {kind}: {keys[:3]}{' ...' if len(keys) > 3 else ''}"
+        for kind, keys in kinds.items()
+    ]
     if parts:
         return f"it cannot be served ({'; '.join(parts)})"
     if not nonzero and any(t.dtype.is_floating_point for t in expected.values()):
@@ -444,7 +453,8 @@ class SpectraFlowApp(MONAILabelApp):
             check_apart(path, f"bundle {name!r}", studies)
         self.kept_backups = kept_backups(conf)
         self.bundles = {
-            m: served_copy(path, os.path.join(self.model_dir, m), self.kept_backups) for m, path in self.installed.items()
+            m: served_copy(path, os.path.join(self.model_dir, m), self.kept_backups)
+            for m, path in self.installed.items()
         }
         self.overrides = {m: parse_overrides(conf, m) for m in self.bundles}
         self.weight_settings = weight_settings(conf)

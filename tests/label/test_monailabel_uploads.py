@@ -468,8 +468,9 @@ def test_upload_params_hold_finite_shallow_json_only(http, params):
     r = client.put("/datastore/image", params={"image": "rec_a"},
                    files={"file": ("a.png", _image_bytes()), "params": (None, params)})  # fmt: skip
     assert r.status_code == 422 and "params" in r.json()["detail"], r.text
+    label = _png(np.zeros((70, 90), np.uint8))
     r = client.put("/datastore/label", params={"image": "img_a"},
-                   files={"label": ("l.png", _png(np.zeros((70, 90), np.uint8))), "params": (None, params)})  # fmt: skip
+                   files={"label": ("l.png", label), "params": (None, params)})  # fmt: skip
     assert r.status_code == 422 and "params" in r.json()["detail"], r.text
     r = client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files={"params": (None, params)})
     assert r.status_code == 422 and "params" in r.json()["detail"], r.text
@@ -665,8 +666,8 @@ def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
     lines, log = _Lines(), logging.getLogger("spectraflow_monai.apps.workflow")
     log.addHandler(lines)
     try:
-        r = client.post(f"/train/{NAME_2D}", params={"run_sync": "true"},
-                        json={"max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": val_split})  # fmt: skip
+        body = {"max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": val_split}
+        r = client.post(f"/train/{NAME_2D}", params={"run_sync": "true"}, json=body)
     finally:
         log.removeHandler(lines)
     assert r.status_code == 200, r.text

@@ -100,7 +100,7 @@ def prune_backups(folder: str, keep: int) -> list[str]:
                 os.remove(path)
             removed.append(entry)
     if removed:
-        logger.info(f"{folder}: removed {len(removed)} older model backup(s), keeping {keep} of each: {sorted(removed)}")
+        logger.info(f"{folder}: removed {len(removed)} older model backup(s), {keep} of each kept: {sorted(removed)}")
     return sorted(removed)
 
 
