@@ -723,18 +723,18 @@ class SpectraFlowApp(MONAILabelApp):
         if not isinstance(request, dict):
             raise HTTPException(status_code=422, detail="the batch inference options must be a JSON object")
         self.require_infer_model(request.get("model"))
+        images = request.get("images", "all")
         try:
-            request = check_infer_options(request)
+            checked = check_infer_options({k: v for k, v in request.items() if k != "images"})
         except ValueError as e:
             raise HTTPException(status_code=422, detail=str(e)) from None
-        images = request.get("images", "all")
         if not (images in ("all", "labeled", "unlabeled") or isinstance(images, list)):
             raise HTTPException(status_code=422, detail="images must be 'all', 'labeled', 'unlabeled' or a list of ids")
         store = self.datastore()
         if isinstance(images, list) and hasattr(store, "require_image"):
             for image in images:
                 store.require_image(check_id(image))
-        return request
+        return {**checked, "images": images}
 
     def batch_infer(self, request: dict[str, Any], datastore: Datastore | None = None) -> Any:
         """MONAI Label's batch inference, checked first (:meth:`check_batch_infer_request`); on a server without a

@@ -332,7 +332,8 @@ class SpectraFlowTrainTask(BundleTrainTask):
     def new_run(self, request: dict[str, Any]) -> str:
         """Prepare a new run: its own folder ``runs/<time>-<pid>-<n>/`` for the resumable checkpoints and the best
         model, nothing resumed (an earlier request's run, its optimizer, early stopping and best score are never
-        continued), and the bundle's own training handlers (MONAI Label inserts its checkpoint loader into them).
+        continued), and the bundle's own training handlers (MONAI Label inserts its checkpoint loader into them). The
+        folder records its owner and gets a heartbeat (:func:`remove_stale_runs`) until :func:`end_run`.
 
         Returns:
             the run folder.
@@ -341,10 +342,10 @@ class SpectraFlowTrainTask(BundleTrainTask):
         remove_stale_runs(self.bundle_path)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_RUNS)}"
         run_dir = os.path.join(self.bundle_path, "runs", run_id)
-        os.makedirs(run_dir)
-        _start_run(run_dir)
         log_dir = os.path.join(self.bundle_path, "logs", run_id)
         _prune_logs(os.path.dirname(log_dir), KEPT_RUN_LOGS - 1)
+        os.makedirs(run_dir)
+        _start_run(run_dir)
         self._request_overrides.update(
             {
                 "stage2_dir": os.path.join(run_dir, "checkpoints"),  # a new folder: nothing to resume
