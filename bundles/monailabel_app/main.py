@@ -322,7 +322,11 @@ class _CheckedLocalDatastore(LocalDatastore):
     of the datastore (415), or MONAI cannot read it (415). Every datastore route of MONAI Label (upload, save label,
     download, info, delete; image and label) goes through these methods."""
 
-    def _upload_problem(self, filename: str, what: str) -> tuple[int, ...]:
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._image_shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # path -> (file version, size)
+        super().__init__(*args, **kwargs)
+
+    def _read_upload(self, filename: str, what: str) -> tuple[int, ...]:
         """The spatial size of the uploaded image or label map at ``filename``; HTTP 415 when MONAI cannot read it."""
         try:
             image = LoadImage(image_only=True)(filename)
@@ -335,11 +339,11 @@ class _CheckedLocalDatastore(LocalDatastore):
         """The spatial size of datastore image ``image_id`` (read once per version of its file)."""
         path = self.get_image_uri(image_id)
         stat = os.stat(path)
-        key = (path, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-        cache = self.__dict__.setdefault("_image_shapes", {})
-        if key not in cache:
-            cache[key] = _spatial_shape(LoadImage(image_only=True)(path))
-        return cache[key]
+        version = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+        cached = self._image_shapes.get(path)
+        if cached is None or cached[0] != version:
+            cached = self._image_shapes[path] = (version, _spatial_shape(LoadImage(image_only=True)(path)))
+        return cached[1]
 
     def _new_file(self, image_id: str, filename: str, allowed: tuple[str, ...], what: str) -> str:
         """The checked id of a new datastore file from ``filename`` (its extension, as the datastore takes it)."""
@@ -359,7 +363,7 @@ class _CheckedLocalDatastore(LocalDatastore):
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
         image_id = self._new_file(image_id, image_filename, IMAGE_EXTENSIONS, "image")
         check_json_value(image_info, "params")
-        self._upload_problem(image_filename, "image")
+        self._read_upload(image_filename, "image")
         return super().add_image(image_id, image_filename, image_info)
 
     def remove_image(self, image_id: str) -> None:
@@ -371,7 +375,7 @@ class _CheckedLocalDatastore(LocalDatastore):
         self.require_image(check_id(image_id))
         self._new_file(image_id, label_filename, LABEL_EXTENSIONS, "label map")
         check_json_value(label_info, "params")
-        shape = self._upload_problem(label_filename, "label map")
+        shape = self._read_upload(label_filename, "label map")
         expected = self.image_shape(image_id)
         if shape != expected:
             raise HTTPException(
@@ -797,8 +801,8 @@ class SpectraFlowApp(MONAILabelApp):
             raise HTTPException(
                 status_code=422,
                 detail=f"this run would have {len(train)} training pair(s) ({counts}validate); it needs at least "
-                f"{minimum} (a batch of batch_size samples, batch normalisation needs two): label more images or "
-                "lower val_split",
+                f"{minimum}{' (batch normalisation needs two samples a batch)' if minimum > 1 else ''}: label more "
+                "images or lower val_split",
             )
 
     def train(self, request: dict[str, Any]) -> Any:

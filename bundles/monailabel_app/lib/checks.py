@@ -25,9 +25,11 @@ background process whose failure the client never sees as an HTTP status. :func:
 the app once the server runs it, ``server_mode(True)``) therefore wraps MONAI Label 0.8.5 endpoint helpers:
 the upload routes are replaced by those of :mod:`lib.uploads` (checked before the upload is copied, the temporary
 file always removed; ``run_inference`` records what the request carries, :func:`client_request`), the
-``AsyncTask`` of ``monailabel.endpoints.train`` checks the training options with the app first, its ``status``
-answers without server paths, and the helpers of ``monailabel.endpoints.session`` check session ids (the app's
-datastore checks ids and tags again, for every route).
+``AsyncTask`` of ``monailabel.endpoints.train``, ``.batch_infer`` and ``.scoring`` has the app check the request first
+(unknown models and methods: 404), their answers and those of ``status`` and ``stop`` show no server path, the info
+routes and the dataset download of ``monailabel.endpoints.datastore`` are those of :mod:`lib.uploads`, and the helpers
+of ``monailabel.endpoints.session`` check session ids (the app's datastore checks ids and tags again, for every
+route).
 """
 
 from __future__ import annotations

@@ -510,9 +510,35 @@ def _pid_namespace() -> str:
         return ""
 
 
+def _boot_id() -> str:
+    # differs between hosts (and boots) whose host names or namespace numbers agree
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def run_owner(pid: int | None = None) -> dict[str, Any]:
-    """Who runs a run folder: this host, this PID namespace and ``pid`` (default: this process)."""
-    return {"host": socket.gethostname(), "pid_namespace": _pid_namespace(), "pid": os.getpid() if pid is None else pid}
+    """Who runs a run folder: this host (its name and boot id), this PID namespace and ``pid`` (default: this
+    process)."""
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "pid_namespace": _pid_namespace(),
+        "pid": os.getpid() if pid is None else pid,
+    }
+
+
+def _last_activity(path: str) -> float:
+    """The newest modification time of run folder ``path``, its entries and theirs (checkpoints are written there)."""
+    newest = os.path.getmtime(path)
+    for entry in os.scandir(path):
+        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+        if entry.is_dir(follow_symlinks=False):
+            for inner in os.scandir(entry.path):
+                newest = max(newest, inner.stat(follow_symlinks=False).st_mtime)
+    return newest
 
 
 def _beat(path: str, stop: threading.Event) -> None:
@@ -549,8 +575,8 @@ def end_run(run_dir: str) -> None:
 def _stopped(path: str, name: str, pid: int) -> bool:
     """Whether the run of folder ``path`` has stopped. Its process is checked where it can be (this host and PID
     namespace); a run of another host or PID namespace (a container, a server on shared storage), or of a folder
-    without an owner record, has stopped when its heartbeat (else the folder) is older than :data:`RUN_STALE_AFTER`
-    seconds."""
+    without an owner record, has stopped when its heartbeat (else the newest file of the folder) is older than
+    :data:`RUN_STALE_AFTER` seconds."""
     try:
         with open(os.path.join(path, RUN_OWNER_FILE)) as f:
             owner = json.load(f)
@@ -558,11 +584,12 @@ def _stopped(path: str, name: str, pid: int) -> bool:
         owner = None
     heartbeat = os.path.join(path, _HEARTBEAT_FILE)
     try:
-        silent = time.time() - os.path.getmtime(heartbeat if os.path.isfile(heartbeat) else path) > RUN_STALE_AFTER
-    except OSError:
+        last = os.path.getmtime(heartbeat) if os.path.isfile(heartbeat) else _last_activity(path)
+    except OSError:  # (removed meanwhile, or unreadable: left as it is)
         return False
+    silent = time.time() - last > RUN_STALE_AFTER
     here = run_owner(pid)
-    if isinstance(owner, dict) and all(owner.get(k) == here[k] for k in ("host", "pid_namespace", "pid")):
+    if isinstance(owner, dict) and all(owner.get(k) == v for k, v in here.items()):
         if pid == os.getpid():
             return name not in _ACTIVE_RUNS
         return not _pid_alive(pid) or silent  # (a live PID with a silent heartbeat: the PID was reused)
