@@ -5,6 +5,7 @@ from .deep_supervision import FinalHeadHandler
 from .nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
 from .progress import ProgressBarHandler
 from .random_state import RandomStateHandler
+from .stats import RunStatsHandler
 from .training_log import BoundaryWeightRamp, EpochSummaryHandler, LossTermsHandler
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "ProgressBarHandler",
     "RandomStateHandler",
     "ResumableEarlyStopHandler",
+    "RunStatsHandler",
     "SafeCheckpointSaver",
     "StopOnNonFiniteLoss",
 ]

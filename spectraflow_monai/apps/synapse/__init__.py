@@ -66,7 +66,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ),
     ".datalist": (
         "DECATHLON_LISTS", "nifti_case_id", "read_decathlon_datalist", "holdout_split", "case_fraction",
-        "decathlon_synapse_datalist", "synapse_inference_datalist",
+        "decathlon_synapse_datalist", "synapse_inference_datalist", "volume_input_check",
     ),
     ".bundle": (
         "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_synapse_settings", "prediction_writer", "volume_loading",
