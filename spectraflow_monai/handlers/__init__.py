@@ -29,9 +29,9 @@ from .encoder_export import EncoderExportHandler, encoder_export_state_dict, sav
 __all__ += ["EncoderExportHandler", "encoder_export_state_dict", "save_encoder_export"]
 
 from .frequency import FrequencyBandErrorHandler  # noqa: E402
-from .hd95 import HD95EmptyAsDiagonal  # noqa: E402
+from .hd95 import HD95, HD95EmptyAsDiagonal  # noqa: E402
 from .metric_suite import MetricSuiteHandler, name_from_path  # noqa: E402
 from .volume_metrics import VolumeMetricsHandler, spacing_from_affine  # noqa: E402
 
-__all__ += ["FrequencyBandErrorHandler", "HD95EmptyAsDiagonal", "MetricSuiteHandler", "VolumeMetricsHandler"]
+__all__ += ["FrequencyBandErrorHandler", "HD95", "HD95EmptyAsDiagonal", "MetricSuiteHandler", "VolumeMetricsHandler"]
 __all__ += ["name_from_path", "spacing_from_affine"]
