@@ -75,7 +75,7 @@ def _listing(paths: Sequence[str], total: int | None = None) -> str:
 
 
 def check_folder(path: str | os.PathLike, preset: str, layout: str) -> str:
-    """Raise :class:`DatasetError` when the folder ``path`` does not exist.
+    """Raise :class:`DatasetError` when the folder ``path`` does not exist, or is a file (not a folder).
 
     Args:
         path: the expected folder.
@@ -86,6 +86,11 @@ def check_folder(path: str | os.PathLike, preset: str, layout: str) -> str:
         ``path`` as a string.
     """
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DatasetError(
+            f"{preset}: {path!r} is not a folder (it is a file): give the folder that holds the data set "
+            f"(dataset_dir). Expected layout: {layout}"
+        )
     if not os.path.isdir(path):
         raise DatasetError(f"{preset}: dataset folder not found: {path!r}. Expected layout: {layout}")
     return path
@@ -202,8 +207,9 @@ def validate_datalist(
 ) -> None:
     """Run the per-file checks on a datalist (entries with ``image``, ``label`` and ``label_threshold``).
 
-    All files are checked and the problems are reported together (the first few named). With ``check_masks``, an
-    entry whose mask turns out to be a 0/1 mask (``label_threshold`` above 1 but every value 0 or 1) gets
+    All files are checked and the problems are reported together, one line each (the one-line report of a bundle
+    run, :func:`~spectraflow_monai.utils.errors.error_summary`, names the first few and the count). With
+    ``check_masks``, an entry whose mask turns out to be a 0/1 mask (``label_threshold`` above 1 but every value 0 or 1) gets
     ``label_threshold`` 1, so that its foreground is not read as background.
 
     Args:
@@ -239,9 +245,8 @@ def validate_datalist(
                 )
         except DatasetError as e:
             problems.append(str(e))
-    if problems:
-        more = f" (and {len(problems) - _MAX_LISTED} more problems)" if len(problems) > _MAX_LISTED else ""
-        raise DatasetError(f"{what}: {len(problems)} bad file(s){more}:\n  " + "\n  ".join(problems[:_MAX_LISTED]))
+    if problems:  # every one listed: the run's one-line report names the first few and the count
+        raise DatasetError(f"{what}: {len(problems)} bad file(s):\n  " + "\n  ".join(problems))
 
 
 def _mask_array(path: str) -> np.ndarray | None:
@@ -394,12 +399,10 @@ class InputCheck:
 
     def raise_failures(self) -> None:
         """Raise :class:`DatasetError` listing the files that failed the check (nothing when all passed)."""
-        if self.failures:
-            n = len(self.failures)
-            more = f" (and {n - _MAX_LISTED} more)" if n > _MAX_LISTED else ""
+        if self.failures:  # every one listed: the run's one-line report names the first few and the count
             raise DatasetError(
-                f"{n} of {len(self.paths)} {self.noun} could not be read{more}; the outputs of the other "
-                f"{len(self.good)} were written:\n  " + "\n  ".join(self.failures[:_MAX_LISTED])
+                f"{len(self.failures)} of {len(self.paths)} {self.noun} could not be read; the outputs of the other "
+                f"{len(self.good)} were written:\n  " + "\n  ".join(self.failures)
             )
 
 

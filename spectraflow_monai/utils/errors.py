@@ -22,6 +22,7 @@ from typing import Any
 __all__ = [
     "DatasetError",
     "DataError",
+    "SUMMARY_ITEMS",
     "SettingError",
     "TrainingError",
     "error_summary",
@@ -65,13 +66,25 @@ def find_input_error(exc: BaseException | None) -> BaseException | None:
     return None
 
 
+#: the listed items (message lines indented by two spaces, e.g. one bad file each) :func:`error_summary` names
+SUMMARY_ITEMS = 3
+
+
 def error_summary(exc: BaseException | None) -> str | None:
     """One line ``"error: <message>"`` for the :class:`DataError` / :class:`SettingError` in the chain of ``exc``
-    (line breaks of the message become ``"; "``), or ``None`` when the chain holds neither."""
+    (line breaks of the message become ``"; "``), or ``None`` when the chain holds neither. A message listing many
+    items (lines indented by two spaces, e.g. one bad file each) names the first :data:`SUMMARY_ITEMS` and the
+    count of the others, which the full message (in the traceback file) lists."""
     found = find_input_error(exc)
     if found is None:
         return None
-    parts = [p.strip() for p in str(found).splitlines() if p.strip()]
+    lines = [p for p in str(found).splitlines() if p.strip()]
+    items = [i for i, p in enumerate(lines) if p.startswith("  ")]
+    if len(items) > SUMMARY_ITEMS + 1:
+        dropped = set(items[SUMMARY_ITEMS:])
+        lines = [p for i, p in enumerate(lines) if i not in dropped]
+        lines.insert(items[SUMMARY_ITEMS], f"and {len(dropped)} more (the full message lists every one)")
+    parts = [p.strip() for p in lines]
     text = "; ".join(parts) if parts else type(found).__name__
     return f"error: {text.replace(':; ', ': ')}"
 
