@@ -204,3 +204,26 @@ def test_evaluation_of_a_volume_with_nan_voxels_ends_in_one_line_naming_it(tmp_p
                 "num_workers": 0, "progress_bar": False, **NET}  # fmt: skip
     rc, out, err = _bundle_cli(["configs/train.yaml", "configs/evaluate.yaml"], override, CONFIGS.parent)
     _assert_one_error_line(rc, out, err, root / "logs", bad, "non-finite voxel(s)")
+
+
+def test_a_broken_test_volume_is_named_before_training(tmp_path, caplog):
+    """TransUNet test volumes: one h5 file with other dataset names, one fine; train.yaml's check_test_volumes
+    names the broken one (a warning: training does not read it) before any training."""
+    import h5py
+
+    folder = tmp_path / "tu" / "test_vol_h5"
+    folder.mkdir(parents=True)
+    with h5py.File(folder / "case0001.npy.h5", "w") as f:
+        f["image"], f["label"] = np.zeros((4, 8, 8), np.float32), np.zeros((4, 8, 8), np.uint8)
+    with h5py.File(folder / "case0002.npy.h5", "w") as f:
+        f["img"], f["seg"] = np.zeros((4, 8, 8), np.float32), np.zeros((4, 8, 8), np.uint8)
+    parser = parse_config(TRAIN, bundle_root=str(tmp_path / "b"), dataset="transunet", dataset_dir=str(tmp_path / "tu"),
+                          test_cases=[1, 2], **NET)  # fmt: skip
+    run = [str(step) for step in parser["run"]]
+    assert run.index("@check_test_volumes") < run.index("@train#run"), run
+    with caplog.at_level(logging.WARNING, logger="spectraflow_monai.apps.synapse.source"):
+        problems = parser.get_parsed_content("check_test_volumes")
+    bad = str(folder / "case0002.npy.h5")
+    assert len(problems) == 1 and bad in problems[0] and "lacks dataset(s) ['image', 'label']" in problems[0]
+    assert f"the test volumes (configs/evaluate.yaml) will not evaluate: TransUNet volume {bad!r}" in caplog.text
+    assert not (tmp_path / "b").exists()  # headers only: nothing written
