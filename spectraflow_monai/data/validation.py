@@ -209,8 +209,8 @@ def validate_datalist(
 
     All files are checked and the problems are reported together, one line each (the one-line report of a bundle
     run, :func:`~spectraflow_monai.utils.errors.error_summary`, names the first few and the count). With
-    ``check_masks``, an entry whose mask turns out to be a 0/1 mask (``label_threshold`` above 1 but every value 0 or 1) gets
-    ``label_threshold`` 1, so that its foreground is not read as background.
+    ``check_masks``, an entry whose mask turns out to be a 0/1 mask (``label_threshold`` above 1 but every value 0
+    or 1) gets ``label_threshold`` 1, so that its foreground is not read as background.
 
     Args:
         datalist: entries as produced by the builders of :mod:`spectraflow_monai.apps.seg2d.presets` (updated in place).

@@ -9,6 +9,7 @@ diagonal for such images, either HD95 definition) to an ignite engine, for a bun
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from monai.handlers.ignite_metric import IgniteMetricHandler
 from monai.utils import MetricReduction
@@ -56,18 +57,14 @@ class HD95(IgniteMetricHandler):
     reports 0 then, the best possible value, for a model that segments nothing; evaluation reports NaN.
 
     Args:
-        include_background: whether channel 0 is scored. Defaults to ``False``.
-        reduction: MONAI reduction over the non-NaN values. Defaults to ``"mean"``.
         output_transform: maps ``engine.state.output`` to ``(y_pred, y)``. Defaults to identity.
         save_details: whether the per-image values go to ``engine.state.metric_details``. Defaults to ``True``.
+        metric_kwargs: of MONAI's ``HausdorffDistanceMetric`` but ``percentile`` (``include_background``, default
+            ``False``; ``reduction``, default ``"mean"``; ...).
     """
 
     def __init__(
-        self,
-        include_background: bool = False,
-        reduction: MetricReduction | str = MetricReduction.MEAN,
-        output_transform: Callable = lambda x: x,
-        save_details: bool = True,
+        self, output_transform: Callable = lambda x: x, save_details: bool = True, **metric_kwargs: Any
     ) -> None:
-        metric_fn = HD95Metric(include_background=include_background, reduction=reduction)
+        metric_fn = HD95Metric(**metric_kwargs)
         super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)

@@ -290,7 +290,7 @@ def test_degenerate_predictions_warned_in_the_summary(case):
     if case == "fine":
         assert s["warnings"] == [] and "Warning" not in md
     else:
-        words = {"empty": "4 of 4 prediction(s) are empty", "full": "foreground over >= 90 % of the scored pixels"}[case]
+        words = {"empty": "4 of 4 prediction(s) are empty", "full": "foreground over >= 90 % of the scored"}[case]
         assert len(s["warnings"]) == 1 and words in s["warnings"][0] and f"**Warning:** {s['warnings'][0]}" in md
     if case == "full":
         assert s["mDSC"] > 0.8  # the misleading score the warning is about
