@@ -196,14 +196,16 @@ def test_a_model_file_that_is_not_weights_ends_in_one_line_naming_it(tmp_path, c
     assert "configs/train.yaml" in last, last
 
 
-def test_evaluation_of_a_volume_with_nan_voxels_ends_in_one_line_naming_it(tmp_path):
+@pytest.mark.parametrize("num_workers", [0, 2])  # 2: the error comes back from a DataLoader worker, as text
+def test_evaluation_of_a_volume_with_nan_voxels_ends_in_one_line_naming_it(tmp_path, num_workers):
     data, root = tmp_path / "data", tmp_path / "b"
     bad = _raw_case(data, 1, nan_patch=True)
     _random_model([TRAIN, EVALUATE], root, dataset="btcv")
     override = {"bundle_root": str(root), "dataset": "btcv", "dataset_dir": str(data), "test_cases": [1],
-                "num_workers": 0, "progress_bar": False, **NET}  # fmt: skip
+                "num_workers": num_workers, "progress_bar": False, **NET}  # fmt: skip
     rc, out, err = _bundle_cli(["configs/train.yaml", "configs/evaluate.yaml"], override, CONFIGS.parent)
     _assert_one_error_line(rc, out, err, root / "logs", bad, "non-finite voxel(s)")
+    assert len((out + err).splitlines()) < 40, out + err
 
 
 def test_a_broken_test_volume_is_named_before_training(tmp_path, caplog):
