@@ -347,10 +347,11 @@ class InputCheck:
     """Check every inference input up front; keep the usable ones, list the others at the end of the run.
 
     A folder of inputs with one bad file must not stop the others: the bundles' ``inference.yaml`` run on
-    :attr:`datalist` (the files that passed the check), or on :meth:`dataset`, which also skips (and records) an
-    input whose loading fails with a :class:`~spectraflow_monai.utils.errors.DataError` (a CT volume with NaN
-    voxels, found only when it is read whole), and call :meth:`raise_failures` at the end, which raises a
-    :class:`DatasetError` listing the failed files, so the run exits non-zero after writing every other output.
+    :attr:`datalist` (the files that passed the check), or on a :class:`SkippingDataset` of it, which also skips
+    (and records) an input whose loading fails with a :class:`~spectraflow_monai.utils.errors.DataError` (a CT
+    volume with NaN voxels, found only when it is read whole), and call :meth:`raise_failures` at the end, which
+    raises a :class:`DatasetError` listing the failed files, so the run exits non-zero after writing every other
+    output.
     Each failure is also logged as a warning when found.
 
     Args:
@@ -358,8 +359,9 @@ class InputCheck:
         key: the datalist key of the input. Defaults to ``"image"``.
         require_readable: raise :meth:`raise_failures`' error at once when no input at all passes the check
             (nothing would be segmented). Defaults to False.
-        check: called with each path; raises :class:`DatasetError` for an unusable file. Defaults to None:
-            :func:`check_image_readable` (2D images, fully decoded).
+        check: called with each path; raises a :class:`~spectraflow_monai.utils.errors.DataError` (e.g.
+            :class:`DatasetError`) for an unusable file. Defaults to None: :func:`check_image_readable` (2D images,
+            fully decoded).
         noun: what the inputs are, in the final message. Defaults to ``"input image(s)"``.
     """
 
@@ -379,7 +381,7 @@ class InputCheck:
             try:
                 (check or check_image_readable)(path)
                 self.good.append(path)
-            except DatasetError as e:
+            except DataError as e:
                 self.fail(path, e)
         self.datalist = [{key: p} for p in self.good]
         if require_readable and not self.good:
@@ -391,11 +393,6 @@ class InputCheck:
         if path in self.good:
             self.good.remove(path)
         self.failures.append(str(error))
-
-    def dataset(self, transform: Callable | None = None) -> SkippingDataset:
-        """:attr:`datalist` loaded with ``transform``, skipping (and recording with :meth:`fail`) an input whose
-        loading raises a :class:`~spectraflow_monai.utils.errors.DataError`; see :class:`SkippingDataset`."""
-        return SkippingDataset(self, transform)
 
     def raise_failures(self) -> None:
         """Raise :class:`DatasetError` listing the files that failed the check (nothing when all passed)."""
