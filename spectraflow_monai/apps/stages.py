@@ -27,7 +27,6 @@ from ignite.engine import Engine
 from monai.data import DistributedSampler
 from monai.handlers import (
     LrScheduleHandler,
-    StatsHandler,
     TensorBoardStatsHandler,
     from_engine,
     stopping_fn_from_metric,
@@ -54,6 +53,7 @@ from spectraflow_monai.handlers import (
     ProgressBarHandler,
     RandomStateHandler,
     ResumableEarlyStopHandler,
+    RunStatsHandler,
     SafeCheckpointSaver,
     StopOnNonFiniteLoss,
 )
@@ -113,7 +113,7 @@ class Stage2TrainHandlers(_HandlerGroup):
         self.handlers = [
             StopOnNonFiniteLoss(every=log_every),
             LossTermsHandler(loss=loss),
-            StatsHandler(iteration_log=False, epoch_log=False, tag_name="train_loss", output_transform=loss_value),
+            RunStatsHandler(iteration_log=False, epoch_log=False, tag_name="train_loss", output_transform=loss_value),
             TensorBoardStatsHandler(
                 log_dir=os.fspath(log_dir), tag_name="train_loss", output_transform=loss_value,
                 iteration_log=log_every,
@@ -170,7 +170,7 @@ class Stage2ValidationHandlers(_HandlerGroup):
             model_settings=model,
         )
         self.handlers = [
-            StatsHandler(iteration_log=False, epoch_log=False),
+            RunStatsHandler(iteration_log=False, epoch_log=False),
             TensorBoardStatsHandler(log_dir=os.fspath(log_dir), iteration_log=False),
             LrScheduleHandler(lr_scheduler=self.lr_scheduler, step_transform=score, print_lr=False),
             self.early_stop,
@@ -482,7 +482,7 @@ class Stage1Program:
         handlers = [
             StopOnNonFiniteLoss(every=self.log_every),
             LrScheduleHandler(lr_scheduler=self.lr_scheduler, epoch_level=False, print_lr=False),
-            StatsHandler(name="stage1", iteration_log=False, output_transform=Identity()),
+            RunStatsHandler(name="stage1", iteration_log=False, output_transform=Identity()),
             TensorBoardStatsHandler(
                 log_dir=os.path.join(self.log_dir, "stage1"), output_transform=Identity(),
                 iteration_log=self.log_every,

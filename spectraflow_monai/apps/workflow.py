@@ -31,12 +31,12 @@ import torch
 import torch.nn as nn
 from ignite.engine import Engine
 from monai.data import CacheDataset, DataLoader, Dataset
-from monai.handlers import CheckpointLoader, HausdorffDistance, MeanDice, MeanIoUHandler, from_engine
+from monai.handlers import CheckpointLoader, MeanDice, MeanIoUHandler, from_engine
 from monai.transforms import Compose, RandomizableTrait, Transform
 
 from spectraflow_monai.data.device_cache import DeviceCache, DeviceCacheLoader
 from spectraflow_monai.data.validation import check_foreground
-from spectraflow_monai.handlers import HD95EmptyAsDiagonal
+from spectraflow_monai.handlers import HD95, HD95EmptyAsDiagonal
 from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
 from spectraflow_monai.transforms.batched import BatchCompose, batched_twins
 from spectraflow_monai.utils.errors import SettingError
@@ -84,7 +84,8 @@ def segmentation_metrics(
     Args:
         prefix: ``"train"`` or ``"val"``.
         which: ``"key"``: ``{<prefix>_mean_dice: MeanDice}``; ``"additional"``: mean IoU, HD95 (MONAI's definition,
-            unless ``hd95`` is False) and HD95 with a missed structure scored as the image diagonal.
+            unless ``hd95`` is False; nan when every prediction is empty, :class:`~spectraflow_monai.handlers.HD95`)
+            and HD95 with a missed structure scored as the image diagonal.
         include_background: of every handler (True for a single binary channel). Defaults to False.
         output_transform: maps ``engine.state.output`` to ``(pred, label)``. Defaults to
             ``from_engine(["pred", "label"])``.
@@ -101,9 +102,8 @@ def segmentation_metrics(
         raise ValueError(f"which must be 'key' or 'additional', got {which!r}.")
     metrics = {f"{prefix}_mean_iou": MeanIoUHandler(include_background=include_background, output_transform=transform)}
     if hd95:
-        metrics[f"{prefix}_hd95"] = HausdorffDistance(
-            include_background=include_background, percentile=95, output_transform=transform
-        )
+        # MONAI's HD95; nan (as evaluation reports it), not 0, when every prediction is empty
+        metrics[f"{prefix}_hd95"] = HD95(include_background=include_background, output_transform=transform)
     # a missed lesion (organ) scores the image (slice) diagonal instead of leaving the mean
     metrics[f"{prefix}_hd95_empty_as_diagonal"] = HD95EmptyAsDiagonal(
         include_background=include_background, output_transform=transform

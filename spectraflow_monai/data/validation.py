@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
+from torch.utils.data import IterableDataset
 
 from spectraflow_monai.data.readers import check_finite, check_image_readable, decode_image, tiff_fallback
 from spectraflow_monai.transforms.label import binary_mask_threshold
-from spectraflow_monai.utils.errors import DatasetError
+from spectraflow_monai.utils.errors import DataError, DatasetError, find_input_error
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ __all__ = [
     "DatasetError",
     "IMAGE_EXTENSIONS",
     "InputCheck",
+    "SkippingDataset",
     "binary_mask_threshold",
     "check_binary_mask",
     "check_finite",
@@ -73,7 +75,7 @@ def _listing(paths: Sequence[str], total: int | None = None) -> str:
 
 
 def check_folder(path: str | os.PathLike, preset: str, layout: str) -> str:
-    """Raise :class:`DatasetError` when the folder ``path`` does not exist.
+    """Raise :class:`DatasetError` when the folder ``path`` does not exist, or is a file (not a folder).
 
     Args:
         path: the expected folder.
@@ -84,6 +86,11 @@ def check_folder(path: str | os.PathLike, preset: str, layout: str) -> str:
         ``path`` as a string.
     """
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DatasetError(
+            f"{preset}: {path!r} is not a folder (it is a file): give the folder that holds the data set "
+            f"(dataset_dir). Expected layout: {layout}"
+        )
     if not os.path.isdir(path):
         raise DatasetError(f"{preset}: dataset folder not found: {path!r}. Expected layout: {layout}")
     return path
@@ -200,9 +207,10 @@ def validate_datalist(
 ) -> None:
     """Run the per-file checks on a datalist (entries with ``image``, ``label`` and ``label_threshold``).
 
-    All files are checked and the problems are reported together (the first few named). With ``check_masks``, an
-    entry whose mask turns out to be a 0/1 mask (``label_threshold`` above 1 but every value 0 or 1) gets
-    ``label_threshold`` 1, so that its foreground is not read as background.
+    All files are checked and the problems are reported together, one line each (the one-line report of a bundle
+    run, :func:`~spectraflow_monai.utils.errors.error_summary`, names the first few and the count). With
+    ``check_masks``, an entry whose mask turns out to be a 0/1 mask (``label_threshold`` above 1 but every value 0
+    or 1) gets ``label_threshold`` 1, so that its foreground is not read as background.
 
     Args:
         datalist: entries as produced by the builders of :mod:`spectraflow_monai.apps.seg2d.presets` (updated in place).
@@ -237,9 +245,8 @@ def validate_datalist(
                 )
         except DatasetError as e:
             problems.append(str(e))
-    if problems:
-        more = f" (and {len(problems) - _MAX_LISTED} more problems)" if len(problems) > _MAX_LISTED else ""
-        raise DatasetError(f"{what}: {len(problems)} bad file(s){more}:\n  " + "\n  ".join(problems[:_MAX_LISTED]))
+    if problems:  # every one listed: the run's one-line report names the first few and the count
+        raise DatasetError(f"{what}: {len(problems)} bad file(s):\n  " + "\n  ".join(problems))
 
 
 def _mask_array(path: str) -> np.ndarray | None:
@@ -337,41 +344,87 @@ def check_foreground(
 
 
 class InputCheck:
-    """Check every inference input up front (fully decoded, finite pixels); keep the readable ones.
+    """Check every inference input up front; keep the usable ones, list the others at the end of the run.
 
-    A folder of inputs with one bad file must not stop the others: the bundle's ``inference.yaml`` runs on
-    :attr:`datalist` (the readable files) and calls :meth:`raise_failures` at the end, which raises a
-    :class:`DatasetError` listing the failed files, so the run exits non-zero after writing every other output.
+    A folder of inputs with one bad file must not stop the others: the bundles' ``inference.yaml`` run on
+    :attr:`datalist` (the files that passed the check), or on a :class:`SkippingDataset` of it, which also skips
+    (and records) an input whose loading fails with a :class:`~spectraflow_monai.utils.errors.DataError` (a CT
+    volume with NaN voxels, found only when it is read whole), and call :meth:`raise_failures` at the end, which
+    raises a :class:`DatasetError` listing the failed files, so the run exits non-zero after writing every other
+    output.
     Each failure is also logged as a warning when found.
 
     Args:
-        paths: the input image files.
-        key: the datalist key of the image. Defaults to ``"image"``.
-        require_readable: raise :meth:`raise_failures`' error at once when no input at all is readable (nothing
-            would be segmented). Defaults to False.
+        paths: the input files, or datalist entries holding them under ``key``.
+        key: the datalist key of the input. Defaults to ``"image"``.
+        require_readable: raise :meth:`raise_failures`' error at once when no input at all passes the check
+            (nothing would be segmented). Defaults to False.
+        check: called with each path; raises a :class:`~spectraflow_monai.utils.errors.DataError` (e.g.
+            :class:`DatasetError`) for an unusable file. Defaults to None: :func:`check_image_readable` (2D images,
+            fully decoded).
+        noun: what the inputs are, in the final message. Defaults to ``"input image(s)"``.
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike], key: str = "image", require_readable: bool = False) -> None:
-        self.paths = [os.fspath(p) for p in paths]
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike | Mapping[str, Any]],
+        key: str = "image",
+        require_readable: bool = False,
+        check: Callable[[str], Any] | None = None,
+        noun: str = "input image(s)",
+    ) -> None:
+        self.key, self.noun = key, noun
+        self.paths = [os.fspath(p[key] if isinstance(p, Mapping) else p) for p in paths]
         self.good: list[str] = []
         self.failures: list[str] = []
         for path in self.paths:
             try:
-                check_image_readable(path)
+                (check or check_image_readable)(path)
                 self.good.append(path)
-            except DatasetError as e:
-                logger.warning("skipping %s", e)
-                self.failures.append(str(e))
+            except DataError as e:
+                self.fail(path, e)
         self.datalist = [{key: p} for p in self.good]
         if require_readable and not self.good:
             self.raise_failures()
 
+    def fail(self, path: str, error: BaseException) -> None:
+        """Record that the input ``path`` failed with ``error`` (its message names the file), and log it."""
+        logger.warning("skipping %s", error)
+        if path in self.good:
+            self.good.remove(path)
+        self.failures.append(str(error))
+
     def raise_failures(self) -> None:
         """Raise :class:`DatasetError` listing the files that failed the check (nothing when all passed)."""
-        if self.failures:
-            n = len(self.failures)
-            more = f" (and {n - _MAX_LISTED} more)" if n > _MAX_LISTED else ""
+        if self.failures:  # every one listed: the run's one-line report names the first few and the count
             raise DatasetError(
-                f"{n} of {len(self.paths)} input image(s) could not be read{more}; the outputs of the other "
-                f"{len(self.good)} were written:\n  " + "\n  ".join(self.failures[:_MAX_LISTED])
+                f"{len(self.failures)} of {len(self.paths)} {self.noun} could not be read; the outputs of the other "
+                f"{len(self.good)} were written:\n  " + "\n  ".join(self.failures)
             )
+
+
+class SkippingDataset(IterableDataset):
+    """The inputs of an :class:`InputCheck` (its :attr:`~InputCheck.datalist`), each loaded with ``transform``
+    when iterated; an input whose loading fails with a :class:`~spectraflow_monai.utils.errors.DataError` is
+    recorded in the check (:meth:`InputCheck.fail`, listed by :meth:`InputCheck.raise_failures`) and skipped, so
+    the inputs after it are still segmented. Iterate it in the main process (``num_workers=0``): the failures are
+    recorded there.
+
+    Args:
+        check: the inputs and where failures are recorded.
+        transform: loads one datalist entry (a MONAI ``Compose``). Defaults to None (the entries as they are).
+    """
+
+    def __init__(self, check: InputCheck, transform: Callable | None = None) -> None:
+        super().__init__()
+        self.check, self.transform = check, transform
+
+    def __iter__(self) -> Iterator[Any]:
+        for entry in list(self.check.datalist):
+            try:
+                yield entry if self.transform is None else self.transform(dict(entry))
+            except Exception as e:  # noqa: BLE001 (a data error is recorded, anything else raised)
+                found = find_input_error(e)
+                if not isinstance(found, DataError):
+                    raise
+                self.check.fail(entry[self.check.key], found)

@@ -5,6 +5,7 @@ from .deep_supervision import FinalHeadHandler
 from .nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
 from .progress import ProgressBarHandler
 from .random_state import RandomStateHandler
+from .stats import RunStatsHandler
 from .training_log import BoundaryWeightRamp, EpochSummaryHandler, LossTermsHandler
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "ProgressBarHandler",
     "RandomStateHandler",
     "ResumableEarlyStopHandler",
+    "RunStatsHandler",
     "SafeCheckpointSaver",
     "StopOnNonFiniteLoss",
 ]
@@ -27,9 +29,9 @@ from .encoder_export import EncoderExportHandler, encoder_export_state_dict, sav
 __all__ += ["EncoderExportHandler", "encoder_export_state_dict", "save_encoder_export"]
 
 from .frequency import FrequencyBandErrorHandler  # noqa: E402
-from .hd95 import HD95EmptyAsDiagonal  # noqa: E402
+from .hd95 import HD95, HD95EmptyAsDiagonal  # noqa: E402
 from .metric_suite import MetricSuiteHandler, name_from_path  # noqa: E402
 from .volume_metrics import VolumeMetricsHandler, spacing_from_affine  # noqa: E402
 
-__all__ += ["FrequencyBandErrorHandler", "HD95EmptyAsDiagonal", "MetricSuiteHandler", "VolumeMetricsHandler"]
+__all__ += ["FrequencyBandErrorHandler", "HD95", "HD95EmptyAsDiagonal", "MetricSuiteHandler", "VolumeMetricsHandler"]
 __all__ += ["name_from_path", "spacing_from_affine"]

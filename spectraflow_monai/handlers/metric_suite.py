@@ -273,7 +273,9 @@ class MetricSuiteHandler(EvaluationReportHandler):
 
     def epoch_completed(self, engine: Engine) -> None:
         """Write the reports, log the table and optionally publish the summary in ``engine.state.metrics``."""
-        summary = self.suite.save(self.output_dir, self.csv_name, self.summary_name, self.json_name)
+        summary = self.suite.save(
+            self.output_dir, self.csv_name, self.summary_name, self.json_name, original_size=self.original_size
+        )
         values = {k: v for k, v in summary.items() if isinstance(v, float) or k == "hd95_dropped"}
         title = f"SpectraFlow metric suite ({len(self.suite)} images)"
         self.publish(engine, summary, title, self.suite.summary_markdown(summary), values)

@@ -19,7 +19,7 @@ from .frequency import (
     frequency_band_masks,
     radial_frequency,
 )
-from .hd95 import HD95EmptyAsDiagonalMetric, compute_hd95
+from .hd95 import HD95EmptyAsDiagonalMetric, HD95Metric, compute_hd95, reduce_defined
 from .per_image import EMPTY_CONVENTIONS, METRIC_KEYS, binarize_prediction, compute_segmentation_metrics
 from .segmentation import SegmentationMetricSuite, evaluate_segmentation
 from .surface import (
@@ -53,6 +53,8 @@ __all__ = [
     "check_band_edges",
     "compute_frequency_band_error",
     "compute_hd95",
+    "reduce_defined",
+    "HD95Metric",
     "compute_segmentation_metrics",
     "evaluate_segmentation",
     "frequency_band_masks",

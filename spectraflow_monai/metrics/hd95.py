@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.metrics import CumulativeIterationMetric
+from monai.metrics import CumulativeIterationMetric, HausdorffDistanceMetric
 from monai.metrics.utils import do_metric_reduction, ignore_background
 from monai.utils import MetricReduction
 
 from spectraflow_monai.metrics.surface import HD95_DEFINITIONS, hd95_by_definition
 
-__all__ = ["HD95EmptyAsDiagonalMetric", "compute_hd95"]
+__all__ = ["HD95EmptyAsDiagonalMetric", "HD95Metric", "compute_hd95", "reduce_defined"]
 
 
 def compute_hd95(
@@ -111,5 +111,36 @@ class HD95EmptyAsDiagonalMetric(CumulativeIterationMetric):
         data = self.get_buffer()
         if not isinstance(data, torch.Tensor):
             raise ValueError("the data to aggregate must be a PyTorch Tensor.")
-        value, not_nans = do_metric_reduction(data, reduction or self.reduction)
+        value, not_nans = reduce_defined(data, reduction or self.reduction)
+        return (value, not_nans) if self.get_not_nans else value
+
+
+def reduce_defined(data: torch.Tensor, reduction: MetricReduction | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """MONAI's ``do_metric_reduction`` over the non-NaN values, but NaN (not 0) where no value is defined.
+
+    MONAI fills a reduction over only NaN values (every prediction empty, for HD95) with 0, which for a distance is
+    the best possible score; here it stays NaN, as the evaluation reports it (:mod:`spectraflow_monai.metrics`).
+
+    Returns:
+        ``(reduced values, number of non-NaN values)``, as ``do_metric_reduction``.
+    """
+    value, not_nans = do_metric_reduction(data, reduction)
+    if torch.is_tensor(value) and torch.is_tensor(not_nans) and value.is_floating_point():
+        value = torch.where(not_nans > 0, value, torch.full_like(value, float("nan")))
+    return value, not_nans
+
+
+class HD95Metric(HausdorffDistanceMetric):
+    """MONAI's ``HausdorffDistanceMetric`` at the 95th percentile (same arguments but ``percentile``) whose mean is
+    NaN, not 0, when no image has a defined HD95 (every prediction empty): see :func:`reduce_defined`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(percentile=95, **kwargs)
+
+    def aggregate(self, reduction: MetricReduction | str | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Reduce the buffered (N, C) values over their non-NaN entries (NaN where there is none)."""
+        data = self.get_buffer()
+        if not isinstance(data, torch.Tensor):
+            raise ValueError("the data to aggregate must be a PyTorch Tensor.")
+        value, not_nans = reduce_defined(data, reduction or self.reduction)
         return (value, not_nans) if self.get_not_nans else value

@@ -85,6 +85,8 @@ def segmentation_markdown(summary: Mapping[str, Any], hd95: Sequence[str]) -> st
     lines += [""] if lines else []
     lines += _table(["Metric", "Value"], rows)
     lines += ["", f"Images: {s['num_images']}. Empty-mask convention: `{s['empty']}`."]
+    if s.get("scoring"):
+        lines.append(str(s["scoring"]))
     for d in hd95:
         lines.append(f"HD95 [{d}]: {s['excluded'][f'hd95_{d}']} image(s) excluded (prediction or ground truth empty).")
     if hd95:

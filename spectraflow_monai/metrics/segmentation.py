@@ -40,7 +40,9 @@ from spectraflow_monai.metrics.surface import HD95_DEFINITIONS
 from spectraflow_monai.utils.files import write_text_atomic
 
 __all__ = [
+    "NEARLY_FULL_FRACTION",
     "degenerate_prediction_warnings",
+    "scoring_description",
     "EMPTY_CONVENTIONS",
     "METRIC_KEYS",
     "SegmentationMetricSuite",
@@ -59,15 +61,29 @@ def _to_tensor(x: Any, name: str) -> torch.Tensor:
     return x.cpu().double()
 
 
-def degenerate_prediction_warnings(rows: Sequence[Mapping[str, Any]], share: float = 0.5) -> list[str]:
+#: a prediction covering at least this fraction of the scored pixels (the whole image, or its field of view) "nearly
+#: fills" it: :func:`degenerate_prediction_warnings` warns when most predictions do
+NEARLY_FULL_FRACTION = 0.9
+
+
+def degenerate_prediction_warnings(
+    rows: Sequence[Mapping[str, Any]], share: float = 0.5, full_fraction: float = NEARLY_FULL_FRACTION
+) -> list[str]:
     """Warnings about predictions that make averaged scores mislead: more than ``share`` of the rows (images, or
-    image and class) predicted empty, or predicted foreground everywhere (an all-foreground model scores a high
-    Dice on data whose foreground covers most of the image, e.g. EM membranes, without having learned anything).
+    image and class) predicted empty, or predicted foreground over nearly all the scored pixels (at least
+    ``full_fraction`` of the image, or of its field of view when one is given) while fewer ground truths are: an
+    all-foreground model scores a high Dice on data whose foreground covers most of the image (e.g. EM membranes),
+    or a fair recall with a precision near the foreground share, without having learned anything.
 
     Args:
-        rows: per-image rows with ``class``, ``pred_area``, ``gt_area`` and ``pixels`` (the image's pixel count).
+        rows: per-image rows with ``class``, ``pred_area``, ``gt_area`` and ``pixels`` (the number of scored
+            pixels: the image's, or its field of view's).
         share: the fraction of rows above which a warning is given. Defaults to 0.5.
+        full_fraction: the fraction of the scored pixels from which a prediction counts as nearly full. Defaults
+            to :data:`NEARLY_FULL_FRACTION` (0.9).
     """
+    if not 0 < full_fraction <= 1:
+        raise ValueError(f"full_fraction must be in (0, 1], got {full_fraction!r}.")
     warnings = []
     for cls in dict.fromkeys(r["class"] for r in rows):
         sub = [r for r in rows if r["class"] == cls and "pixels" in r]
@@ -75,8 +91,8 @@ def degenerate_prediction_warnings(rows: Sequence[Mapping[str, Any]], share: flo
             continue
         which = f" of class {cls!r}" if len({r["class"] for r in rows}) > 1 else ""
         empty = sum(1 for r in sub if r["pred_area"] == 0)
-        full = sum(1 for r in sub if r["pred_area"] == r["pixels"])
-        gt_full = sum(1 for r in sub if r["gt_area"] == r["pixels"])
+        full = sum(1 for r in sub if r["pixels"] > 0 and r["pred_area"] >= full_fraction * r["pixels"])
+        gt_full = sum(1 for r in sub if r["pixels"] > 0 and r["gt_area"] >= full_fraction * r["pixels"])
         if empty > share * len(sub):
             warnings.append(
                 f"{empty} of {len(sub)} prediction(s){which} are empty: the model predicts background almost "
@@ -84,10 +100,42 @@ def degenerate_prediction_warnings(rows: Sequence[Mapping[str, Any]], share: flo
             )
         if full > share * len(sub) and gt_full < full:
             warnings.append(
-                f"{full} of {len(sub)} prediction(s){which} are foreground over the whole image: the scores measure "
-                "how much of each image the ground truth covers, not the segmentation."
+                f"{full} of {len(sub)} prediction(s){which} are foreground over >= {100 * full_fraction:.0f} % of "
+                "the scored pixels (the whole image, or its field of view): the scores measure how much of each "
+                "image the ground truth covers, not the segmentation."
             )
     return warnings
+
+
+def scoring_description(rows: Sequence[Mapping[str, Any]], original_size: bool | None = None) -> str:
+    """One sentence saying how the rows were scored: at which size, and inside a field of view or not.
+
+    Args:
+        rows: per-image rows with ``size`` (the scored spatial shape, e.g. ``"224x224"``) and ``fov`` (whether a
+            field-of-view mask restricted the scored pixels).
+        original_size: True: each image at its original size (the prediction resized to it); False: at the
+            network's input size; None: not known (only the sizes are stated). Defaults to None.
+    """
+    images = {(r.get("name"), r.get("size"), r.get("fov")) for r in rows}
+    sizes = sorted({s for _, s, _ in images if s})
+    with_fov = sum(1 for _, _, f in images if f)
+    if not sizes:
+        where = "at the size of the masks given"
+    elif len(sizes) == 1:
+        where = f"at {sizes[0]}"
+    else:
+        where = f"at {len(sizes)} different sizes ({sizes[0]} .. {sizes[-1]})"
+    if original_size is True:
+        where = f"at each image's original size ({where[3:]}; the prediction resized to it, nearest)"
+    elif original_size is False:
+        where += ", the network's input size (the ground truth resized to it)"
+    fov = (
+        f"inside a field-of-view mask for {with_fov} of {len(images)} image(s) (only its pixels scored, its area "
+        "the whole for the degenerate-prediction warnings)"
+        if with_fov
+        else "over the whole image (no field-of-view mask)"
+    )
+    return f"Scored {where}, {fov}."
 
 
 class SegmentationMetricSuite:
@@ -266,6 +314,7 @@ class SegmentationMetricSuite:
             row: dict[str, Any] = {"name": names[b], "class": class_names[c]}
             row.update({k: int(values[k][b, c]) for k in ("gt_area", "pred_area")})
             row["pixels"] = int(pixels[b])
+            row["size"], row["fov"] = "x".join(str(int(d)) for d in p.shape[2:]), mask is not None
             row.update({k: float(values[k][b, c]) for k in self.metric_keys})
             rows.append(row)
         self._rows.extend(rows)
@@ -290,8 +339,12 @@ class SegmentationMetricSuite:
         out["hd95_dropped"] = sum(1 for r in rows if r["pred_area"] == 0 < r["gt_area"])
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, original_size: bool | None = None) -> dict[str, Any]:
         """Averages over the recorded images.
+
+        Args:
+            original_size: how the images were sized for scoring, for ``scoring`` (see
+                :func:`scoring_description`). Defaults to None (not known).
 
         Returns:
             A dict with ``mIoU``, ``mDSC``, ``recall``, ``precision`` (fractions in [0, 1]), ``hd95_<definition>``
@@ -303,7 +356,8 @@ class SegmentationMetricSuite:
             ``num_images``, ``empty``, ``hd95_definitions`` (the name and text of each definition), ``units`` and,
             for multi-class input, ``per_class`` (the same metrics for each class); the top-level values are then
             the means over classes and ``excluded`` and ``hd95_dropped`` are summed over classes; ``warnings``
-            (:func:`degenerate_prediction_warnings`: most predictions empty, or covering the whole image).
+            (:func:`degenerate_prediction_warnings`: most predictions empty, or covering >= 90 % of the image or its
+            field of view); ``scoring`` (:func:`scoring_description`: the scored size, and the field of view).
         """
         classes = list(dict.fromkeys(r["class"] for r in self._rows))
         out: dict[str, Any]
@@ -322,6 +376,7 @@ class SegmentationMetricSuite:
             out["per_class"] = per_class
         out["num_images"] = self._count
         out["warnings"] = degenerate_prediction_warnings(self._rows)
+        out["scoring"] = scoring_description(self._rows, original_size)
         out["empty"] = self.empty
         out["hd95_definitions"] = {d: HD95_DEFINITIONS[d] for d in self.hd95}
         out["units"] = self._units
@@ -343,10 +398,11 @@ class SegmentationMetricSuite:
         csv_name: str = "metrics.csv",
         summary_name: str = "summary.md",
         json_name: str | None = "summary.json",
+        original_size: bool | None = None,
     ) -> dict[str, Any]:
         """Write ``metrics.csv``, ``summary.md`` (and ``summary.json`` unless ``json_name`` is None) atomically into
-        ``output_dir``; returns the summary."""
-        s = self.summary()
+        ``output_dir``; returns the summary (``original_size``: see :meth:`summary`)."""
+        s = self.summary(original_size)
         os.makedirs(output_dir, exist_ok=True)
         self.to_csv(os.path.join(output_dir, csv_name))
         write_text_atomic(os.path.join(output_dir, summary_name), self.summary_markdown(s))

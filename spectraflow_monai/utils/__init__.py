@@ -9,7 +9,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "bundle_parser",
         "bundle_path", "run_bundle_configs",
     ),
-    ".files": ("atomic_path", "require_file", "require_items", "write_text_atomic"),
+    ".files": ("atomic_path", "require_file", "require_items", "require_weights", "write_text_atomic"),
     ".checkpoint": ("atomic_torch_save", "cpu_state_dict"),
     ".compile": ("COMPILE_MODES", "CompiledOrEager", "compile_or_eager", "to_channels_last"),
     ".distance": (

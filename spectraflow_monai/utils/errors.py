@@ -15,6 +15,7 @@ The bundles install it by listing ``$import spectraflow_monai.utils.excepthook``
 from __future__ import annotations
 
 import os
+import re
 import sys
 from types import TracebackType
 from typing import Any
@@ -22,12 +23,14 @@ from typing import Any
 __all__ = [
     "DatasetError",
     "DataError",
+    "SUMMARY_ITEMS",
     "SettingError",
     "TrainingError",
     "error_summary",
     "find_input_error",
     "install_excepthook",
     "set_error_log_dir",
+    "worker_input_error",
 ]
 
 
@@ -54,24 +57,70 @@ _REPORTED = (DataError, SettingError, TrainingError)
 
 
 def find_input_error(exc: BaseException | None) -> BaseException | None:
-    """The first :class:`DataError` or :class:`SettingError` in the chain of ``exc`` (itself, then its causes and
-    contexts), or ``None``."""
+    """The first :class:`DataError`, :class:`SettingError` or :class:`TrainingError` in the chain of ``exc`` (itself,
+    then its causes and contexts), or ``None``. An exception a ``DataLoader`` worker process raised reaches the main
+    process as text (PyTorch re-raises it with the worker's traceback as its message): such an error named in that
+    text is returned too, rebuilt from it (:func:`worker_input_error`)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, _REPORTED):
-            return exc
+            return exc if _WORKER not in str(exc).split("\n", 1)[0] else worker_input_error(str(exc)) or exc
+        found = worker_input_error(str(exc))
+        if found is not None:
+            return found
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
 
 
+_WORKER = "in DataLoader worker process"
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*)\.([A-Za-z_]\w*): (.*)$")
+
+
+def worker_input_error(text: str) -> BaseException | None:
+    """The user's mistake (:class:`DataError`, :class:`SettingError`, :class:`TrainingError` or a subclass) named in
+    the message of an exception re-raised from a ``DataLoader`` worker (``"Caught ... in DataLoader worker process
+    N. Original Traceback ..."``), rebuilt with its message; None when ``text`` is no such message or names none.
+    Only classes of modules already imported are considered (nothing is imported because a text names it)."""
+    lines = text.splitlines()
+    if not lines or _WORKER not in lines[0]:
+        return None
+    for i, line in enumerate(lines):
+        match = _ERROR_LINE.match(line)
+        cls = getattr(sys.modules.get(match.group(1)), match.group(2), None) if match else None
+        if not (isinstance(cls, type) and issubclass(cls, _REPORTED)):
+            continue
+        body = [match.group(3)]
+        for following in lines[i + 1 :]:
+            if not following.strip():
+                break
+            body.append(following)
+        try:
+            return cls("\n".join(body))
+        except Exception:  # noqa: BLE001 (a subclass with other arguments: its base)
+            return next(base for base in _REPORTED if issubclass(cls, base))("\n".join(body))
+    return None
+
+
+#: the listed items (message lines indented by two spaces, e.g. one bad file each) :func:`error_summary` names
+SUMMARY_ITEMS = 3
+
+
 def error_summary(exc: BaseException | None) -> str | None:
     """One line ``"error: <message>"`` for the :class:`DataError` / :class:`SettingError` in the chain of ``exc``
-    (line breaks of the message become ``"; "``), or ``None`` when the chain holds neither."""
+    (line breaks of the message become ``"; "``), or ``None`` when the chain holds neither. A message listing many
+    items (lines indented by two spaces, e.g. one bad file each) names the first :data:`SUMMARY_ITEMS` and the
+    count of the others, which the full message (in the traceback file) lists."""
     found = find_input_error(exc)
     if found is None:
         return None
-    parts = [p.strip() for p in str(found).splitlines() if p.strip()]
+    lines = [p for p in str(found).splitlines() if p.strip()]
+    items = [i for i, p in enumerate(lines) if p.startswith("  ")]
+    if len(items) > SUMMARY_ITEMS + 1:
+        dropped = set(items[SUMMARY_ITEMS:])
+        lines = [p for i, p in enumerate(lines) if i not in dropped]
+        lines.insert(items[SUMMARY_ITEMS], f"and {len(dropped)} more (the full message lists every one)")
+    parts = [p.strip() for p in lines]
     text = "; ".join(parts) if parts else type(found).__name__
     return f"error: {text.replace(':; ', ': ')}"
 

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "require_file", "require_items", "write_text_atomic"]
+from spectraflow_monai.utils.errors import DataError
+
+__all__ = ["atomic_path", "require_file", "require_items", "require_weights", "write_text_atomic"]
 
 
 def _umask() -> int:
@@ -65,6 +67,40 @@ def require_file(path: str | os.PathLike, hint: str = "") -> str:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path!r} does not exist" + (f": {hint}" if hint else "."))
+    return path
+
+
+def require_weights(path: str | os.PathLike, hint: str = "") -> str:
+    """Return ``path`` when it is a weights file (a dict that ``torch.load(..., weights_only=True)`` reads), else
+    raise :class:`~spectraflow_monai.utils.errors.DataError` naming it and the problem (a missing file: with
+    ``hint``).
+
+    The evaluation and inference configs call it in ``initialize`` (before any volume or image is read), so that a
+    missing model, or a ``model.pt`` that is not a weights file (a text file, a pickled object, a truncated
+    download), ends the run with one ``error:`` line instead of a failure inside MONAI's ``CheckpointLoader``.
+    Nothing in the file is executed (``weights_only=True``); zip-format files (what ``torch.save`` writes) are
+    memory-mapped, so the check does not read the weights twice.
+    """
+    import torch
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataError(f"model file {path!r} does not exist" + (f": {hint}." if hint else "."))
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # not a zip-format file: mmap cannot map it, a plain read decides
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (any failure to read means: not a weights file)
+        raise DataError(
+            f"model file {path!r} is not a weights file (torch.load(weights_only=True) refused it: "
+            f"{type(e).__name__}); replace it with the model.pt that training writes (configs/train.yaml)."
+        ) from e
+    if not isinstance(obj, dict):
+        raise DataError(
+            f"model file {path!r} holds a {type(obj).__name__}, not a dict of weights; replace it with the model.pt "
+            "that training writes (configs/train.yaml)."
+        )
     return path
 
 

@@ -41,6 +41,21 @@ BETA_RAMP_NOTE = (
 )
 
 
+def _overlay_scale_note(folder: str, size: int) -> str:
+    """Where the overlays are drawn, and (from ``summary.json``'s ``scoring``) how that differs from the scoring."""
+    import json
+
+    note = f"Drawn on the {size}x{size} resize of each image (the network's input), over the whole image."
+    try:
+        with open(os.path.join(folder, "summary.json")) as f:
+            scoring = str(json.load(f).get("scoring") or "")
+    except (OSError, ValueError, AttributeError):
+        return note
+    if "original size" in scoring or "field-of-view mask for" in scoring:
+        note += " The metrics were not scored that way (see the summary above): an overlay can differ from its scores."
+    return note
+
+
 def write_report(
     eval_dir: str | os.PathLike,
     datalist: Sequence[Mapping] | None = None,
@@ -140,7 +155,7 @@ def write_report(
             "![Prediction overlays](overlays.png)",
             "",
             f"Ground-truth contour in green, predicted contour in red. {n} of {len(entries) - len(missing)} "
-            f"image(s) with a prediction shown: {how}.",
+            f"image(s) with a prediction shown: {how}. {_overlay_scale_note(folder, image_size)}",
             "",
         ]
         if missing:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from monai.handlers import HausdorffDistance, MeanDice, MeanIoUHandler
+from ignite.engine import Engine
+from monai.handlers import MeanDice, MeanIoUHandler
 
 from spectraflow_monai.apps.seg2d import label_setup
 from spectraflow_monai.apps.workflow import (
@@ -18,7 +19,7 @@ from spectraflow_monai.apps.workflow import (
     total_iterations,
     trainable_parameters,
 )
-from spectraflow_monai.handlers import HD95EmptyAsDiagonal
+from spectraflow_monai.handlers import HD95, HD95EmptyAsDiagonal
 from spectraflow_monai.networks import SpectraFlowNet
 from spectraflow_monai.utils import SettingError
 from spectraflow_monai.utils.run_record import ModelRecord, write_model_settings
@@ -31,11 +32,33 @@ def test_metrics_follow_the_label_setup(classes, background):
     assert list(key) == ["val_mean_dice"] and isinstance(key["val_mean_dice"], MeanDice)
     assert key["val_mean_dice"].metric_fn.include_background is background
     extra = segmentation_metrics("val", "additional", label_setup=setup)
-    assert [type(m) for m in extra.values()] == [MeanIoUHandler, HausdorffDistance, HD95EmptyAsDiagonal]
+    assert [type(m) for m in extra.values()] == [MeanIoUHandler, HD95, HD95EmptyAsDiagonal]
     names = list(segmentation_metrics("train", "additional", hd95=False))
     assert names == ["train_mean_iou", "train_hd95_empty_as_diagonal"]
     with pytest.raises(ValueError, match="which"):
         segmentation_metrics("val", "other")
+
+
+@pytest.mark.parametrize("pred_fill, expected", [(0, "nan"), (1, "finite")])
+def test_validation_hd95_of_empty_predictions_is_nan_not_zero(pred_fill, expected):
+    """Every prediction empty: the validation HD95 is nan (as evaluation reports it), never 0, the best value;
+    the diagonal variant charges each missed mask the image diagonal."""
+    label = torch.zeros(2, 2, 16, 16)
+    label[:, 1, 4:10, 4:10] = 1
+    label[:, 0] = 1 - label[:, 1]
+    pred = torch.zeros_like(label)
+    pred[:, 1, 5:11, 5:11] = pred_fill
+    pred[:, 0] = 1 - pred[:, 1]
+    engine = Engine(lambda e, batch: batch)
+    metrics = segmentation_metrics("val", "additional")
+    for name, handler in metrics.items():
+        handler.attach(engine, name)
+    batch = [{"pred": p, "label": y} for p, y in zip(pred, label)]  # decollated, as MONAI's evaluators output
+    engine.run([batch] * 2, max_epochs=1)
+    hd95 = engine.state.metrics["val_hd95"]
+    assert (hd95 != hd95) if expected == "nan" else (0 < hd95 < 5), hd95
+    diagonal = engine.state.metrics["val_hd95_empty_as_diagonal"]
+    assert diagonal == pytest.approx(16 * 2**0.5) if expected == "nan" else diagonal == pytest.approx(hd95)
 
 
 def test_prepare_run_checks_and_creates(tmp_path):

@@ -99,8 +99,9 @@ def assert_evaluation_skips_encoder_weights(train_config: str, evaluate_config: 
     models = root / "models"
     models.mkdir(parents=True, exist_ok=True)
     export, dinov2 = models / "encoder_stage1.pt", root / "dinov2_vits14_pretrain.pth"
-    for path in (export, dinov2, models / "model.pt"):
+    for path in (export, dinov2):
         path.write_bytes(b"")  # present, but not readable as weights: reading one would fail
+    torch.save({}, models / "model.pt")  # a weights file (evaluation checks it before the run: require_weights)
     common = {"bundle_root": str(root), "image_size": 28, "encoder_kwargs": {"depth": 2}}
     cases = [("stage1", "timm", str(export)), ("pretrained", "timm", "timm"), ("pretrained", str(dinov2), str(dinov2))]
     for encoder_init, weights, expected in cases:

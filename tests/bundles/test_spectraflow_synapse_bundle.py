@@ -291,7 +291,8 @@ def test_evaluate_without_model_names_the_file(tmp_path):
     with pytest.raises(Exception) as info:
         _run([TRAIN, EVALUATE], bundle_root=str(tmp_path), num_workers=0, **NET)
     text = _error_text(info.value)
-    assert "FileNotFoundError" in text and os.path.join(str(tmp_path), "models", "model.pt") in text, text
+    assert "DataError" in text and os.path.join(str(tmp_path), "models", "model.pt") in text, text  # one line
+    assert "does not exist: train the model first" in text, text
 
 
 def test_transunet_layout_train_and_evaluate(trained, transunet_root, tmp_path):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from spectraflow_monai.apps.synapse import synthetic_ct_volume
+from spectraflow_monai.utils.errors import error_summary
 from tests.bundles.helpers import error_text, parse_config, run_bundle
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bundles" / "spectraflow_synapse_segmentation" / "configs"
@@ -134,3 +135,97 @@ def test_a_refused_setting_leaves_its_traceback_in_the_runs_log_folder(tmp_path)
     log = last.rsplit("(traceback: ", 1)[1].rstrip(")")
     assert os.path.dirname(log) == str(tmp_path / "run" / "logs"), log
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["logs"]  # nothing else made before the check
+
+
+# ---------------------------------------------------------------- nothing lost, one line per fault
+def _bundle_cli(configs: list[str], override: dict, cwd: Path) -> tuple[int, str, str]:
+    """``python -m monai.bundle run`` in a subprocess (CPU, one thread): (exit status, stdout, stderr)."""
+    import subprocess
+    import sys
+
+    from tests.bundles.helpers import bundle_args
+
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", repr(configs), *bundle_args(override)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("SPECTRAFLOW_TRACEBACK", None)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _assert_one_error_line(rc: int, out: str, err: str, log_dir: Path, *names: str) -> str:
+    """The run failed, printed no traceback, and its last line is ``error: ...`` naming ``names`` and a traceback
+    file in ``log_dir``; returns that line."""
+    last = err.strip().splitlines()[-1]
+    assert rc != 0 and "Traceback" not in out + err, (out + err)[-3000:]
+    assert last.startswith("error: ") and all(n in last for n in names), last
+    log = last.rsplit("(traceback: ", 1)[1].rstrip(")")
+    assert os.path.dirname(log) == str(log_dir) and "Traceback" in Path(log).read_text(), log
+    return last
+
+
+def test_inference_segments_every_volume_after_a_bad_one_and_lists_the_bad_ones(tmp_path):
+    root, in_dir = tmp_path / "b", tmp_path / "ct"
+    nan = _raw_case(tmp_path / "data", 1, nan_patch=True)
+    in_dir.mkdir()
+    os.replace(nan, in_dir / "a.nii.gz")
+    nib.save(nib.Nifti1Image(np.zeros(SHAPE[:2], np.float32), AFFINE), str(in_dir / "b.nii.gz"))  # 2D
+    for name, case in (("c", 2), ("d", 3)):
+        os.replace(_raw_case(tmp_path / "data", case), in_dir / f"{name}.nii.gz")
+    _random_model(INFERENCE, root)
+    with pytest.raises(Exception) as info:
+        run_bundle(INFERENCE, META, bundle_root=str(root), input_dir=str(in_dir), output_dir=str(tmp_path / "out"),
+                   **NET)  # fmt: skip
+    line = error_summary(info.value)
+    assert line.startswith("error: 2 of 4 input volume(s) could not be read; the outputs of the other 2"), line
+    assert str(in_dir / "a.nii.gz") in line and "NaN" in line and str(in_dir / "b.nii.gz") in line and "2D" in line
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["c_seg.nii.gz", "d_seg.nii.gz"]
+
+
+@pytest.mark.parametrize("config", ["evaluate", "inference"])
+def test_a_model_file_that_is_not_weights_ends_in_one_line_naming_it(tmp_path, config):
+    root = tmp_path / "b"
+    (root / "models").mkdir(parents=True)
+    model = root / "models" / "model.pt"
+    model.write_text("<html>not a model</html>")
+    _raw_case(tmp_path / "data", 1)
+    configs = ["configs/train.yaml", "configs/evaluate.yaml"] if config == "evaluate" else ["configs/inference.yaml"]
+    override = {"bundle_root": str(root), "dataset": "btcv", "dataset_dir": str(tmp_path / "data"), "test_cases": [1],
+                "input_dir": str(tmp_path / "data" / "RawData" / "Training" / "img"), **NET}  # fmt: skip
+    rc, out, err = _bundle_cli(configs, override, CONFIGS.parent)
+    last = _assert_one_error_line(rc, out, err, root / "logs", str(model), "not a weights file")
+    assert "configs/train.yaml" in last, last
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])  # 2: the error comes back from a DataLoader worker, as text
+def test_evaluation_of_a_volume_with_nan_voxels_ends_in_one_line_naming_it(tmp_path, num_workers):
+    data, root = tmp_path / "data", tmp_path / "b"
+    bad = _raw_case(data, 1, nan_patch=True)
+    _random_model([TRAIN, EVALUATE], root, dataset="btcv")
+    override = {"bundle_root": str(root), "dataset": "btcv", "dataset_dir": str(data), "test_cases": [1],
+                "num_workers": num_workers, "progress_bar": False, **NET}  # fmt: skip
+    rc, out, err = _bundle_cli(["configs/train.yaml", "configs/evaluate.yaml"], override, CONFIGS.parent)
+    _assert_one_error_line(rc, out, err, root / "logs", bad, "non-finite voxel(s)")
+    assert len((out + err).splitlines()) < 40, out + err
+
+
+def test_a_broken_test_volume_is_named_before_training(tmp_path, caplog):
+    """TransUNet test volumes: one h5 file with other dataset names, one fine; train.yaml's check_test_volumes
+    names the broken one (a warning: training does not read it) before any training."""
+    import h5py
+
+    folder = tmp_path / "tu" / "test_vol_h5"
+    folder.mkdir(parents=True)
+    with h5py.File(folder / "case0001.npy.h5", "w") as f:
+        f["image"], f["label"] = np.zeros((4, 8, 8), np.float32), np.zeros((4, 8, 8), np.uint8)
+    with h5py.File(folder / "case0002.npy.h5", "w") as f:
+        f["img"], f["seg"] = np.zeros((4, 8, 8), np.float32), np.zeros((4, 8, 8), np.uint8)
+    parser = parse_config(TRAIN, bundle_root=str(tmp_path / "b"), dataset="transunet", dataset_dir=str(tmp_path / "tu"),
+                          test_cases=[1, 2], **NET)  # fmt: skip
+    run = [str(step) for step in parser["run"]]
+    assert run.index("@check_test_volumes") < run.index("@train#run"), run
+    with caplog.at_level(logging.WARNING, logger="spectraflow_monai.apps.synapse.source"):
+        problems = parser.get_parsed_content("check_test_volumes")
+    bad = str(folder / "case0002.npy.h5")
+    assert len(problems) == 1 and bad in problems[0] and "lacks dataset(s) ['image', 'label']" in problems[0]
+    assert f"the test volumes (configs/evaluate.yaml) will not evaluate: TransUNet volume {bad!r}" in caplog.text
+    assert not (tmp_path / "b").exists()  # headers only: nothing written

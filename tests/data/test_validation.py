@@ -83,8 +83,24 @@ def test_validate_datalist_sizes_and_reporting(tmp_path):
     with pytest.raises(DatasetError, match="empty split: no images in split Y"):
         validate_datalist([], "split Y")
     bad = [{"image": str(tmp_path / f"no{i}.png"), "label": mask} for i in range(12)]
-    with pytest.raises(DatasetError, match=r"12 bad file\(s\) \(and 2 more problems\)"):
+    with pytest.raises(DatasetError, match=r"split Z: 12 bad file\(s\):") as info:
         validate_datalist(bad, "split Z")
+    assert all(str(tmp_path / f"no{i}.png") in str(info.value) for i in range(12))  # the full message: every one
+
+
+def test_many_bad_masks_end_in_a_short_line_naming_the_first_few_and_the_count(tmp_path):
+    from spectraflow_monai.utils.errors import error_summary
+
+    img = save(np.zeros((10, 10, 3), dtype=np.uint8), tmp_path / "img.png")
+    grey = np.tile(np.arange(0, 250, 25, dtype=np.uint8), (10, 1))  # a grey ramp, not a binary mask
+    masks = [save(grey, tmp_path / f"mask_with_a_rather_long_name_{i:03d}.png") for i in range(40)]
+    with pytest.raises(DatasetError) as info:
+        validate_datalist([{"image": img, "label": m, "label_threshold": 128} for m in masks], "kvasir (train split)")
+    line = error_summary(info.value)
+    assert line.startswith("error: kvasir (train split): 40 bad file(s): ") and len(line) < 1000, (len(line), line)
+    assert all(masks[i] in line for i in range(3)) and masks[3] not in line, line
+    assert line.endswith("; and 37 more (the full message lists every one)"), line
+
 
 
 def test_list_images_and_pairs(tmp_path):

@@ -290,10 +290,38 @@ def test_degenerate_predictions_warned_in_the_summary(case):
     if case == "fine":
         assert s["warnings"] == [] and "Warning" not in md
     else:
-        words = {"empty": "4 of 4 prediction(s) are empty", "full": "foreground over the whole image"}[case]
+        words = {"empty": "4 of 4 prediction(s) are empty", "full": "foreground over >= 90 % of the scored"}[case]
         assert len(s["warnings"]) == 1 and words in s["warnings"][0] and f"**Warning:** {s['warnings'][0]}" in md
     if case == "full":
         assert s["mDSC"] > 0.8  # the misleading score the warning is about
+
+
+@pytest.mark.parametrize("fill, warned", [(0.97, True), (0.85, False)])
+def test_a_prediction_that_nearly_fills_the_field_of_view_is_warned(fill, warned):
+    """A prediction covering 97 % of the field of view (precision about 13 %) is named; 85 % is not (the threshold
+    is 90 % of the scored pixels); the summary says the images were scored inside a field of view."""
+    fov = torch.zeros(2, 1, 20, 20)
+    fov[:, :, 2:18, 2:18] = 1  # 256 scored pixels
+    gt = torch.zeros_like(fov)
+    gt[:, :, 5:11, 5:11] = 1  # 36 pixels: 14 % of the field of view
+    pred = torch.zeros_like(fov).flatten(2)
+    inside = fov.flatten(2)[0, 0].nonzero().squeeze(1)
+    pred[:, :, inside[: int(fill * 256)]] = 1
+    pred = pred.reshape(fov.shape)
+    pred[:, :, 5:11, 5:11] = 1
+    suite = SegmentationMetricSuite(hd95=None)
+    suite.update(pred, gt, mask=fov)
+    s = suite.summary()
+    assert bool(s["warnings"]) is warned, s["warnings"]
+    if warned:
+        assert s["precision"] < 0.15 and "2 of 2 prediction(s) are foreground over >= 90 %" in s["warnings"][0]
+    assert s["scoring"] == (
+        "Scored at 20x20, inside a field-of-view mask for 2 of 2 image(s) (only its pixels scored, its area the "
+        "whole for the degenerate-prediction warnings)."
+    )
+    assert s["scoring"] in suite.summary_markdown()
+    assert "network's input size" in suite.summary(original_size=False)["scoring"]
+    assert "original size" in suite.summary(original_size=True)["scoring"]
 
 
 def test_field_of_view_mask_scores_inside_only():

@@ -3,8 +3,15 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from spectraflow_monai.utils.errors import DataError, SettingError, error_summary, find_input_error
+from spectraflow_monai.utils.errors import (
+    DataError,
+    SettingError,
+    error_summary,
+    find_input_error,
+    worker_input_error,
+)
 
 
 def _wrapped(inner: BaseException) -> RuntimeError:
@@ -78,3 +85,25 @@ def test_traceback_goes_to_the_runs_log_folder(tmp_path):
     assert os.path.dirname(log) == str(tmp_path / "logs") and os.path.basename(log).startswith("error-")
     with open(log) as f:
         assert "SettingError: image_size must be a multiple of 14" in f.read()
+
+
+class _BadItems(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int):
+        try:
+            raise DataError(f"'/d/case{i}.nii.gz' holds 3 non-finite voxel(s)\n  listed detail")
+        except DataError as e:
+            raise RuntimeError("applying transform <CheckFinited>") from e  # as MONAI's Compose wraps it
+
+
+def test_an_error_raised_in_a_dataloader_worker_is_found_in_its_text():
+    with pytest.raises(RuntimeError) as info:
+        next(iter(torch.utils.data.DataLoader(_BadItems(), num_workers=1)))
+    assert "DataLoader worker process" in str(info.value) and "Original Traceback" in str(info.value)
+    found = find_input_error(info.value)
+    assert type(found) is DataError and str(found) == "'/d/case0.nii.gz' holds 3 non-finite voxel(s)\n  listed detail"
+    assert error_summary(info.value) == "error: '/d/case0.nii.gz' holds 3 non-finite voxel(s); listed detail"
+    assert worker_input_error("Caught RuntimeError in DataLoader worker process 0.\nbuiltins.KeyError: 'x'") is None
+    assert worker_input_error("os.system: not an error class in a worker's text") is None

@@ -68,3 +68,26 @@ def test_lazy_package_exports():
     assert vis.write_report is rep.write_report and "plot_overlays" in vis.__all__
     with pytest.raises(AttributeError):
         vis.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("scoring, differs", [
+    ("Scored at 224x224, the network's input size (the ground truth resized to it), over the whole image (no "
+     "field-of-view mask).", False),
+    ("Scored at each image's original size (565x584; the prediction resized to it, nearest), inside a field-of-view "
+     "mask for 3 of 3 image(s) (only its pixels scored, its area the whole for the degenerate-prediction warnings).",
+     True),
+])  # fmt: skip
+def test_report_says_where_overlays_are_drawn_and_how_scoring_was_done(run_dir, tmp_path, scoring, differs):
+    import json
+
+    root, datalist = run_dir
+    ev = tmp_path / "eval"
+    os.makedirs(ev)
+    os.symlink(root / "eval" / "predictions", ev / "predictions")
+    summary = json.loads((root / "eval" / "summary.json").read_text())
+    (ev / "summary.json").write_text(json.dumps({**summary, "scoring": scoring}))
+    (ev / "summary.md").write_text((root / "eval" / "summary.md").read_text() + f"\n{scoring}\n")
+    text = (ev / "report.md").read_text() if rep.write_report(ev, datalist) else ""
+    assert scoring in text
+    assert "Drawn on the 224x224 resize of each image (the network's input), over the whole image." in text
+    assert ("The metrics were not scored that way" in text) is differs

@@ -37,7 +37,7 @@ from spectraflow_monai._lazy import lazy_exports
 
 #: module -> the names it exports (imported when a name is first used: the command line stays light)
 _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
-    ".source": ("SynapseDataSource",),
+    ".source": ("SynapseDataSource", "check_test_volumes"),
     ".settings": (
         "LAYOUTS", "SynapseDataSettings", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
         "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
@@ -51,8 +51,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "TU_SLICE", "TU_TEST", "TU_TRAIN_DIR", "format_case_id",
     ),
     ".readers": (
-        "check_loaded_pair", "check_synapse_labels", "check_volume_pair", "import_nibabel", "load_nifti",
-        "load_synapse_h5", "map_btcv_labels",
+        "check_loaded_pair", "check_synapse_h5", "check_synapse_labels", "check_volume_pair", "import_nibabel",
+        "load_nifti", "load_synapse_h5", "map_btcv_labels",
     ),
     ".layouts": ("case_list", "synapse_datalist"),
     ".cache": ("extract_slices", "slice_cache_dir", "slice_with_settings"),
@@ -66,7 +66,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ),
     ".datalist": (
         "DECATHLON_LISTS", "nifti_case_id", "read_decathlon_datalist", "holdout_split", "case_fraction",
-        "decathlon_synapse_datalist", "synapse_inference_datalist",
+        "decathlon_synapse_datalist", "synapse_inference_datalist", "volume_input_check",
     ),
     ".bundle": (
         "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_synapse_settings", "prediction_writer", "volume_loading",

@@ -39,7 +39,7 @@ from spectraflow_monai.data.label_map import (
     LABEL_MAP_UNMAPPED,
 )
 from spectraflow_monai.data.subsets import holdout, low_data_subset
-from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.data.validation import DatasetError, InputCheck
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "case_fraction",
     "decathlon_synapse_datalist",
     "synapse_inference_datalist",
+    "volume_input_check",
 ]
 
 logger = logging.getLogger(__name__)
@@ -371,3 +372,23 @@ def synapse_inference_datalist(
         for item in items:  # headers only: a 2D file or an unreadable one stops the run before any is segmented
             check_volume_pair(item["image"], None)
     return items
+
+
+def _check_volume(path: str) -> None:
+    check_volume_pair(path, None)
+
+
+def volume_input_check(datalist: Sequence[Mapping[str, Any]], require_readable: bool = True) -> InputCheck:
+    """Every inference volume checked from its header (a readable 3D NIfTI volume,
+    :func:`~spectraflow_monai.apps.synapse.check_volume_pair`) before any is segmented; a bad one is skipped with a
+    warning naming it, not stopping the others (:class:`~spectraflow_monai.data.validation.InputCheck`).
+
+    ``configs/inference.yaml`` segments :meth:`InputCheck.dataset` (which also skips a volume whose loading fails,
+    e.g. NaN voxels with ``nonfinite: error``) and then calls :meth:`InputCheck.raise_failures`: the run exits
+    non-zero with the list of the skipped volumes after writing the prediction of every other one.
+
+    Args:
+        datalist: ``[{"image": path}, ...]`` (:func:`synapse_inference_datalist`).
+        require_readable: stop at once when no volume passes the header check. Defaults to True.
+    """
+    return InputCheck(datalist, require_readable=require_readable, check=_check_volume, noun="input volume(s)")

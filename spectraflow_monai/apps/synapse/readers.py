@@ -28,7 +28,8 @@ __all__ = [
     "is_h5",
     "read_h5_volume",
     "read_nifti_volume",
-    "check_loaded_pair", "check_synapse_labels", "check_volume_pair", "import_nibabel", "load_nifti", "load_synapse_h5", "map_btcv_labels"]
+    "check_loaded_pair", "check_synapse_h5", "check_synapse_labels", "check_volume_pair", "import_nibabel",
+    "load_nifti", "load_synapse_h5", "map_btcv_labels"]
 
 def map_btcv_labels(label: Any, case: str | None = None, dtype: Any = None) -> Any:
     """Map BTCV label ids (0..13) to the 9 Synapse classes with a look-up table (:data:`BTCV_TO_SYNAPSE`).
@@ -194,6 +195,46 @@ def check_loaded_pair(
     return {"shape": shape, "spacing": spacing, "affine": affine}
 
 
+def _open_h5(path: str | os.PathLike) -> Any:
+    """``h5py.File(path, "r")`` of a TransUNet volume; a missing or unreadable file raises :class:`DatasetError`."""
+    try:
+        import h5py
+    except ImportError as e:
+        raise ImportError(
+            "reading TransUNet's test_vol_h5 files needs h5py: pip install spectraflow_monai[h5] (or pip install h5py)."
+        ) from e
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DatasetError(f"TransUNet volume {path!r} does not exist.")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise DatasetError(f"TransUNet volume {path!r} is not a readable HDF5 file: {e}") from e
+
+
+def _check_h5_datasets(f: Any, path: str) -> None:
+    missing = [k for k in ("image", "label") if k not in f]
+    if missing:
+        raise DatasetError(f"TransUNet volume {path!r} lacks dataset(s) {missing} (has {sorted(f)}).")
+    shapes = tuple(f["image"].shape), tuple(f["label"].shape)
+    if len(shapes[0]) != 3 or shapes[0] != shapes[1]:
+        raise DatasetError(
+            f"TransUNet volume {path!r}: image and label must both be (D, H, W), got {shapes[0]} and {shapes[1]}."
+        )
+
+
+def check_synapse_h5(path: str | os.PathLike) -> None:
+    """Check a TransUNet test volume from its structure only (no voxel is read): an HDF5 file holding ``image`` and
+    ``label`` datasets of one (D, H, W) shape, as :func:`load_synapse_h5` needs.
+
+    Raises:
+        ImportError: h5py is not installed (``pip install spectraflow_monai[h5]``).
+        DatasetError: the file is missing, unreadable, lacks a dataset or holds other shapes; naming it.
+    """
+    with _open_h5(path) as f:
+        _check_h5_datasets(f, os.fspath(path))
+
+
 def load_synapse_h5(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Read a TransUNet test volume ``test_vol_h5/caseXXXX.npy.h5``.
 
@@ -206,29 +247,16 @@ def load_synapse_h5(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     Raises:
         ImportError: h5py is not installed (``pip install spectraflow_monai[h5]``).
-        DatasetError: the file is missing, unreadable, or lacks the ``image`` / ``label`` datasets.
+        DatasetError: the file is missing, unreadable, or lacks the ``image`` / ``label`` datasets
+            (:func:`check_synapse_h5`).
     """
-    try:
-        import h5py
-    except ImportError as e:
-        raise ImportError(
-            "reading TransUNet's test_vol_h5 files needs h5py: pip install spectraflow_monai[h5] (or pip install h5py)."
-        ) from e
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise DatasetError(f"TransUNet volume {path!r} does not exist.")
-    try:
-        with h5py.File(path, "r") as f:
-            missing = [k for k in ("image", "label") if k not in f]
-            if missing:
-                raise DatasetError(f"TransUNet volume {path!r} lacks dataset(s) {missing} (has {sorted(f)}).")
+    with _open_h5(path) as f:
+        _check_h5_datasets(f, path)
+        try:
             image, label = np.asarray(f["image"][()]), np.asarray(f["label"][()])
-    except OSError as e:
-        raise DatasetError(f"TransUNet volume {path!r} is not a readable HDF5 file: {e}") from e
-    if image.ndim != 3 or image.shape != label.shape:
-        raise DatasetError(
-            f"TransUNet volume {path!r}: image and label must both be (D, H, W), got {image.shape} and {label.shape}."
-        )
+        except OSError as e:
+            raise DatasetError(f"TransUNet volume {path!r} is not a readable HDF5 file: {e}") from e
     return {"image": np.moveaxis(image, 0, -1), "label": np.moveaxis(label, 0, -1)}
 
 

@@ -5,14 +5,19 @@ Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spectraflow_monai.apps.synapse.bundle import synapse_split
+from spectraflow_monai.apps.synapse.readers import check_synapse_h5, is_h5
 from spectraflow_monai.apps.synapse.settings import SynapseDataSettings
+from spectraflow_monai.utils.errors import DataError
 
-__all__ = ["SynapseDataSource"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["SynapseDataSource", "check_test_volumes"]
 
 
 class SynapseDataSource:
@@ -91,3 +96,40 @@ class SynapseDataSource:
     ) -> list[dict[str, Any]]:
         """The entries of ``split``: cached axial slices (``slices=True``) or whole volumes (evaluation)."""
         return synapse_split(self.settings, split, cases=cases, exclude_cases=exclude_cases, slices=slices)
+
+
+
+def check_test_volumes(
+    source: SynapseDataSource, cases: Sequence[int | str] | None = None, split: str = "test"
+) -> list[str]:
+    """Check the volumes of ``split`` of ``source`` from their headers (no voxel read; NIfTI: 3D, label shape and
+    affine as the image's; TransUNet's h5: the ``image`` / ``label`` datasets and their shapes) and log a warning
+    naming each problem, so that a broken test volume is named before training (the Synapse ``train.yaml`` runs
+    it), not only after it, at evaluation.
+
+    Training does not read these volumes, so a problem is a warning here, never an error; evaluation stops on it,
+    naming the file as here. Non-finite voxels are found only when a volume is read whole (at evaluation).
+
+    Args:
+        source: the run's data source.
+        cases: the case ids of the split (the bundle's ``test_cases``); None: the split's own. Defaults to None.
+        split: the split to check. Defaults to ``"test"`` (``configs/evaluate.yaml``'s volumes).
+
+    Returns:
+        The problems found (their messages), empty when none.
+    """
+    problems: list[str] = []
+    try:
+        entries = source.datalist(split, cases=cases, slices=False)
+    except (ValueError, FileNotFoundError) as e:  # DataError / SettingError: named, training goes on
+        problems.append(str(e))
+        entries = []
+    for entry in entries:
+        if is_h5(entry["image"]):
+            try:
+                check_synapse_h5(entry["image"])
+            except DataError as e:
+                problems.append(str(e))
+    for problem in problems:
+        logger.warning("the %s volumes (configs/evaluate.yaml) will not evaluate: %s", split, problem)
+    return problems

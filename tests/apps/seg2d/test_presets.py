@@ -400,3 +400,12 @@ def test_glas_validation_on_the_test_split_is_warned_with_the_alternative(tmp_pa
     assert {e["name"] for e in test} == {"testA_1", "testB_1"}
     with pytest.raises(ValueError, match="val_from_train"):
         build_datalist("glas", tmp_path, "val", val_from_train=1.5)
+
+
+def test_a_dataset_dir_that_is_a_file_is_not_a_folder(tmp_path):
+    file = tmp_path / "kvasir-seg.zip"
+    file.write_bytes(b"PK")
+    with pytest.raises(DatasetError, match=r"kvasir: '.*kvasir-seg.zip' is not a folder \(it is a file\)"):
+        kvasir_seg_datalist(file)
+    with pytest.raises(DatasetError, match="dataset folder not found"):
+        kvasir_seg_datalist(tmp_path / "missing")
