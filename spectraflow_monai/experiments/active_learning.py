@@ -175,6 +175,10 @@ def run_active_learning(
 
     Returns:
         One row per strategy, seed and round: ``strategy``, ``seed``, ``round``, ``labelled`` and the metrics.
+
+    Raises:
+        ValueError: an unknown scale, strategy or seed; :class:`~spectraflow_monai.utils.errors.SettingError` (a
+            ``ValueError``) for a budget the pool cannot meet or a budget value out of range, before any training.
     """
     if scale not in ACTIVE_LEARNING_SCALES:
         raise ValueError(f"scale must be one of {list(ACTIVE_LEARNING_SCALES)}, got {scale!r}.")

@@ -125,7 +125,8 @@ def _scale_help(scales: Mapping[str, Mapping[str, Any]]) -> str:
         overrides, levels = (preset["overrides"], {k: v for k, v in preset.items() if k != "overrides"}) \
             if "overrides" in preset else (preset, {})  # fmt: skip
         items = [f"{k} {v}" for k, v in overrides.items()] or ["the bundle's settings: the paper's 224 px, epochs, EMA"]
-        items += [f"{k} {' '.join(map(str, v))}" for k, v in levels.items()]
+        items += [f"{k} {' '.join(map(str, v)) if isinstance(v, (list, tuple)) else ('all' if v is None else v)}"
+                  for k, v in levels.items()]
         parts.append(f"{name}: {', '.join(items)}")
     return "default small; " + "; ".join(parts)
 
