@@ -39,6 +39,10 @@ Settings (``--conf KEY VALUE``):
 - ``allow_empty_masks``: ``true`` to train on datastore labels that are all background (with a warning) instead of
   answering the training request with 422.
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
+- ``scoring_max_seconds``, ``scoring_batch_size``, ``uncertainty_hold_seconds``: the uncertainty scoring's time
+  budget per run (default 600 s), images or slices per forward pass (default 8, each pass holds four flips of each),
+  and how long the ``uncertainty`` strategy holds back an image it or another strategy served (default 86400 s, a
+  day, as MONAI Label's Epistemic strategy); docs/monailabel.md, "Next sample by uncertainty".
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
 without it is served for training only (an inference request is answered with HTTP 404 and the reason) until a
@@ -79,6 +83,7 @@ from monailabel.datastore.local import LocalDatastore
 from monailabel.interfaces.app import MONAILabelApp
 from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.infer_v2 import InferTask
+from monailabel.interfaces.tasks.scoring import ScoringMethod
 from monailabel.interfaces.tasks.strategy import Strategy
 from monailabel.interfaces.tasks.train import TrainTask
 from monailabel.tasks.activelearning.first import First
@@ -123,6 +128,14 @@ from lib.infers import (  # noqa: E402
     short_reason,
 )
 from lib.options import check_infer_options  # noqa: E402
+from lib.scoring import (  # noqa: E402
+    SCORING_NAME,
+    STRATEGY_NAME,
+    UncertaintyScoring,
+    UncertaintyStrategy,
+    default_device,
+    scoring_settings,
+)
 from lib.served import check_apart, replace_served_model, served_copy, set_aside_served_model  # noqa: E402
 from lib.sessions import CappedSessions  # noqa: E402
 from lib.trainers import (  # noqa: E402
@@ -378,6 +391,7 @@ class SpectraFlowApp(MONAILabelApp):
         self.precision = precision_setting(conf)
         self.max_upload_bytes = _max_upload_bytes(conf)
         self.allow_empty_masks = strtobool(str(conf.get("allow_empty_masks", "false")))
+        self.scoring_settings = scoring_settings(conf)
         self.untrained: dict[str, str] = {}
         super().__init__(
             app_dir=app_dir,
@@ -445,7 +459,21 @@ class SpectraFlowApp(MONAILabelApp):
         return trainers
 
     def init_strategies(self) -> dict[str, Strategy]:
-        return {"random": Random(), "first": First()}
+        """MONAI Label's ``random`` and ``first``, and ``uncertainty``: the unlabelled image the served model is least
+        sure of (``lib/scoring.py``)."""
+        hold = {k: v for k, v in self.scoring_settings.items() if k == "hold_seconds"}
+        return {"random": Random(), "first": First(), STRATEGY_NAME: UncertaintyStrategy(**hold)}
+
+    def init_scoring_methods(self) -> dict[str, ScoringMethod]:
+        """``uncertainty``: the served models' uncertainty on every unlabelled image (``lib/scoring.py``), after each
+        training and on request."""
+        kwargs = {k: v for k, v in self.scoring_settings.items() if k != "hold_seconds"}
+        return {SCORING_NAME: UncertaintyScoring(self.served_infer_tasks, device=default_device(), **kwargs)}
+
+    def served_infer_tasks(self) -> dict[str, InferTask]:
+        """The inference tasks of the bundles served now (a model trained or uploaded since start included)."""
+        self._serve_trained()
+        return dict(self._infers)
 
     def _load_sessions(self, load: bool = False) -> CappedSessions | None:
         """MONAI Label's sessions with a capped life (``lib/sessions.py``)."""

@@ -69,7 +69,8 @@ class FlipEntropy:
     Args:
         network: maps ``(N, C_in, H, W)`` images to ``(N, C, H, W)`` logits (a SpectraFlowNet, a UNet, or a callable
             such as an inferer bound to a network).
-        sigmoid: whether the logits are sigmoid (binary masks) rather than softmax (label maps) logits.
+        sigmoid: whether the logits are sigmoid (binary masks) rather than softmax (label maps) logits; None: sigmoid
+            for a one-channel output, softmax otherwise. Defaults to None.
         flips: the test-time flips (:data:`FLIPS_2D`: the four flips of the two image axes). Each flips dimensions of
             the ``(N, C, H, W)`` batch; ``()`` is the image itself.
         batch_size: images per forward pass (each pass holds ``batch_size * len(flips)`` images), which bounds the
@@ -86,7 +87,7 @@ class FlipEntropy:
     def __init__(
         self,
         network: Callable[[torch.Tensor], torch.Tensor],
-        sigmoid: bool,
+        sigmoid: bool | None = None,
         flips: Sequence[Sequence[int]] = FLIPS_2D,
         batch_size: int = 8,
     ) -> None:
@@ -98,7 +99,8 @@ class FlipEntropy:
             raise ValueError(f"flips may flip the spatial dimensions (-2, -1) of (N, C, H, W) only, got {bad}.")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-        self.network, self.sigmoid, self.flips, self.batch_size = network, bool(sigmoid), flips, int(batch_size)
+        self.network, self.flips, self.batch_size = network, flips, int(batch_size)
+        self.sigmoid = None if sigmoid is None else bool(sigmoid)
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
@@ -119,6 +121,7 @@ class FlipEntropy:
         n = images.shape[0]
         stacked = torch.cat([images.flip(f) if f else images for f in self.flips])
         logits = self.network(stacked).float()
-        probs = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=1)
+        sigmoid = logits.shape[1] == 1 if self.sigmoid is None else self.sigmoid
+        probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=1)
         per_flip = [p.flip(f) if f else p for p, f in zip(probs.split(n), self.flips)]
-        return compute_flip_entropy(torch.stack(per_flip), sigmoid=self.sigmoid)
+        return compute_flip_entropy(torch.stack(per_flip), sigmoid=sigmoid)

@@ -79,8 +79,8 @@ def test_softmax_network_and_one_pass_of_four_flips():
         calls.append(x.shape[0])
         return torch.zeros(x.shape[0], 4, *x.shape[2:])  # uniform over 4 classes
 
-    assert FlipEntropy(network, sigmoid=False, batch_size=3)(torch.rand(3, 3, 6, 6)).tolist() == pytest.approx([1.0] * 3)
-    assert calls == [3 * len(FLIPS_2D)]
+    assert FlipEntropy(network, batch_size=3)(torch.rand(3, 3, 6, 6)).tolist() == pytest.approx([1.0] * 3)
+    assert calls == [3 * len(FLIPS_2D)]  # four channels: a softmax, without being told
 
 
 def test_pixel_sum_weights_by_pixels():
