@@ -165,3 +165,15 @@ def test_strategy_without_unlabelled_images_answers_nothing(tmp_path, settings_s
     app = _app(bundles, studies, models=NAME_2D)
     assert _client(app, bundles, studies).post("/activelearning/uncertainty").json() == {}
     assert app_main.SpectraFlowApp is type(app)
+
+
+def test_images_scored_by_the_served_model_are_not_scored_again(tmp_path, settings_saved):
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    (studies / "ct_a.nii.gz").unlink()
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    app = _app(bundles, studies, models=NAME_2D)
+    assert app.scoring({"method": "uncertainty"})["scored"] == 2
+    again = app.scoring({"method": "uncertainty"})  # what MONAI Label runs after every Next Sample
+    assert again["scored"] == 0 and again["current"] == 2
+    assert app.scoring({"method": "uncertainty", "force": True})["scored"] == 2

@@ -9,7 +9,9 @@ test-time flips, in ``[0, 1]`` (1: every pixel a coin toss). The score goes into
 bundle's inference does (its own preprocessing: size, normalisation, HU window), runs on the server's device, holds
 at most ``batch_size`` images (or slices) times four flips at once, stops after ``max_seconds`` (the images not
 scored then keep their earlier score; the oldest scores go first next time), and, run by MONAI Label as a background
-task, stops at ``DELETE /scoring/``.
+task, stops at ``DELETE /scoring/``. An image scored by the model served now (the same weights file:
+:data:`WEIGHTS_KEY`) is not scored again unless the request says ``{"force": true}``, so that MONAI Label's runs after
+every *Next Sample* cost next to nothing.
 
 :class:`UncertaintyStrategy` (``POST /activelearning/uncertainty``) answers the unlabelled image with the highest
 score, leaving out the images any strategy served within ``hold_seconds`` (another annotator is labelling them);
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -41,6 +44,7 @@ __all__ = [
     "SCORING_NAME",
     "STRATEGY_NAME",
     "TIME_KEY",
+    "WEIGHTS_KEY",
     "UncertaintyScoring",
     "UncertaintyStrategy",
     "default_device",
@@ -58,6 +62,8 @@ STRATEGY_NAME = "uncertainty"
 SCORE_KEY = "uncertainty_tta_entropy"
 MODEL_KEY = "uncertainty_model"
 TIME_KEY = "uncertainty_ts"
+#: which weights gave the score: the served model file's size and modification time
+WEIGHTS_KEY = "uncertainty_weights"
 #: an image any strategy served within this many seconds is not served again (MONAI Label's Epistemic: a day)
 DEFAULT_HOLD_SECONDS = 24 * 60 * 60
 DEFAULT_MAX_SECONDS = 600.0
@@ -83,6 +89,15 @@ def image_uncertainty(image: torch.Tensor, network: Callable[[torch.Tensor], tor
         part, n = score.pixel_sum(chunk)
         total, pixels = total + part, pixels + n
     return total / max(pixels, 1)
+
+
+def _weights_stamp(task: Any) -> str:
+    """``"<size>-<mtime_ns>"`` of the task's served model file (MONAI Label's ``get_path()``), "" without one."""
+    path = task.get_path()
+    if not path or not os.path.isfile(path):
+        return ""
+    stat = os.stat(path)
+    return f"{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def _finite_score(info: Mapping[str, Any]) -> float | None:
@@ -137,6 +152,9 @@ class UncertaintyScoring(ScoringMethod):
         if not tasks:
             logger.info(f"{SCORING_NAME}: no model is served for inference yet; nothing scored")
             return {"scored": 0, "left": len(images), "reason": "no model is served for inference yet"}
+        stamps = {name: _weights_stamp(task) for name, task in tasks.items()}
+        force = bool(request.get("force", False)) if isinstance(request, Mapping) else False
+        current = 0
         for done, image_id in enumerate(images):
             if time.monotonic() - started > self.max_seconds:
                 logger.warning(
@@ -150,16 +168,23 @@ class UncertaintyScoring(ScoringMethod):
             if name is None:
                 skipped[image_id] = f"no served model takes {rank}D images"
                 continue
+            info = datastore.get_image_info(image_id)
+            if not force and info.get(MODEL_KEY) == name and info.get(WEIGHTS_KEY) == stamps[name]:
+                current += 1  # scored by the model served now: nothing would change
+                continue
             try:
                 value = self._score(tasks[name], path)
             except Exception as e:  # one unreadable image does not stop the others
                 logger.warning(f"{SCORING_NAME}: {image_id} not scored: {type(e).__name__}: {e}")
                 skipped[image_id] = type(e).__name__
                 continue
-            datastore.update_image_info(image_id, {SCORE_KEY: value, MODEL_KEY: name, TIME_KEY: int(time.time())})
+            datastore.update_image_info(
+                image_id, {SCORE_KEY: value, MODEL_KEY: name, WEIGHTS_KEY: stamps[name], TIME_KEY: int(time.time())}
+            )
             scored[image_id] = value
         logger.info(f"{SCORING_NAME}: scored {len(scored)} image(s) in {time.monotonic() - started:.1f} s: {scored}")
-        return {"scored": len(scored), "left": len(images) - len(scored) - len(skipped), "skipped": skipped}
+        left = len(images) - len(scored) - len(skipped) - current
+        return {"scored": len(scored), "current": current, "left": left, "skipped": skipped}
 
     def _score(self, task: Any, path: str) -> float:
         data = {"image": path, "device": self.device}
