@@ -10,7 +10,8 @@ Two training iterations on the same input batch, both with every encoder paramet
 - Stage-1: one real :meth:`spectraflow_monai.engines.MeanFlowPretrainer._iteration` (encoder forward, latent
   normalisation, ``MeanFlowHead`` forward, the stop-gradient JVP MeanFlow target, dispersive loss on the pooled
   penultimate features, backward, optimizer step), with the head configuration of the bundle (hidden 256, 2
-  attention blocks, domain-conditioned, mixed image/mask batch). ``--ema`` adds the EMA-0.999 encoder update of the
+  attention blocks, mixed image/mask batch) plus the domain embedding (``num_domains=2``), an extension the bundle
+  leaves off by default (``head_condition_on_domain: false``). ``--ema`` adds the EMA-0.999 encoder update of the
   bundle (the trainer's ignite ``EMAHandler``, fired as after every optimizer step).
 
 The two are timed in interleaved rounds (baseline, Stage-1, baseline, Stage-1, ...) and the median round is
@@ -85,7 +86,8 @@ class BaselineStep:
 
 
 class Stage1Step:
-    """One real ``MeanFlowPretrainer`` iteration with the bundle's Stage-1 configuration."""
+    """One real ``MeanFlowPretrainer`` iteration with the bundle's Stage-1 configuration, the head domain-conditioned
+    (``num_domains=2``; the bundle's default ``head_condition_on_domain: false`` has no domain embedding)."""
 
     def __init__(self, size: int, device: torch.device, lr: float, ema: bool, precision=None) -> None:
         from spectraflow_monai.engines import MeanFlowPretrainer

@@ -2,7 +2,7 @@
 
 ``spectraflow demo --output runs/demo`` runs the ``spectraflow_2d_segmentation`` bundle's configs with
 ``monai.bundle.run`` exactly as a user would run them by hand (the commands are printed), on a synthetic lesion
-dataset generated on the fly. The defaults take about 9 minutes on 2 CPU cores (README); every option is listed by
+dataset generated on the fly. The defaults take about 4 minutes on 2 CPU cores (README); every option is listed by
 ``spectraflow demo --help``.
 """
 

@@ -39,6 +39,8 @@ Settings (``--conf KEY VALUE``):
 - ``allow_empty_masks``: ``true`` to train on datastore labels that are all background (with a warning) instead of
   answering the training request with 422.
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
+- ``kept_model_backups``: model backups (``models/<file>.bak-<date>-<time>``) the served copy keeps per file
+  (default 2; an integer >= 0): older ones are removed at start and after each training run (``lib/served.py``).
 - ``scoring_max_seconds``, ``scoring_batch_size``, ``uncertainty_hold_seconds``: the uncertainty scoring's time
   budget per run (default 600 s), images or slices per forward pass (default 8, each pass holds four flips of each),
   and how long the ``uncertainty`` strategy holds back an image it or another strategy served (default 86400 s, a
@@ -52,10 +54,14 @@ one and the log says so (``lib/trainers.py``).
 Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id or label: 404, a
 file that cannot be read as an image or has no image extension: 415, an upload over ``max_upload_mb``: 413, a 2D
 image sent to a volume model or the reverse: 422, a training or inference option that is not accepted: 422, weights
-that do not fit the served network: 422) and the server keeps serving. Every upload's temporary file is removed
+that do not fit the served network or cannot serve (sparse, meta, quantized, NaN, all zero): 422, a label map of
+another size than its image: 422, ``params`` / ``info`` with NaN, Infinity or nesting deeper than 32: 422, a split
+that leaves no validation pair or too few training pairs: 422, an unknown active learning strategy, scoring method
+or batch inference model: 404) and the server keeps serving. Every upload's temporary file is removed
 whatever the answer (``lib/uploads.py``); an uploaded model replaces the served one atomically once it is checked,
 the previous one kept as ``models/model.pt.previous``; the folders of stopped training runs are removed at start and
-before each run; sessions live at most a day (``lib/sessions.py``).
+before each run (a run of another host or PID namespace once its heartbeat is 15 minutes old); sessions live at most
+a day, and only the session folders the app created (marked) are ever removed (``lib/sessions.py``).
 
 What a client may send (``lib/checks.py``): an image is the id of a datastore image, a file uploaded with the
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
@@ -77,6 +83,7 @@ from typing import Any
 
 import torch
 from fastapi import HTTPException
+from monai.transforms import LoadImage
 
 import monailabel
 from monailabel.datastore.local import LocalDatastore
@@ -112,9 +119,11 @@ from lib.checks import (  # noqa: E402
     IMAGE_EXTENSIONS,
     LABEL_EXTENSIONS,
     check_id,
+    check_json_value,
     check_new_id,
     check_tag,
     client_request,
+    finite_json,
     install_server_checks,
     redact_paths,
     resolve_image,
@@ -136,7 +145,13 @@ from lib.scoring import (  # noqa: E402
     default_device,
     scoring_settings,
 )
-from lib.served import check_apart, replace_served_model, served_copy, set_aside_served_model  # noqa: E402
+from lib.served import (  # noqa: E402
+    check_apart,
+    kept_backups,
+    replace_served_model,
+    served_copy,
+    set_aside_served_model,
+)
 from lib.sessions import CappedSessions  # noqa: E402
 from lib.trainers import (  # noqa: E402
     TRAIN_OPTIONS,
@@ -259,7 +274,42 @@ def weights_problem(path: str, network: torch.nn.Module) -> str | None:
     for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)):
         if keys:
             parts.append(f"{label}: {keys[:5]}{' ...' if len(keys) > 5 else ''} ({len(keys)})")
-    return f"it does not fit the served network ({'; '.join(parts)})" if parts else None
+    if parts:
+        return f"it does not fit the served network ({'; '.join(parts)})"
+    return _tensor_problem(checkpoint, expected)
+
+
+def _number_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    return "complex" if dtype.is_complex else "float" if dtype.is_floating_point else "integer"
+
+
+def _tensor_problem(checkpoint: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str | None:
+    """Why tensors of the right names and shapes still cannot be served: a storage the network cannot compute with
+    (sparse, meta, quantized), another kind of number (bool, integer or complex for a float weight), NaN or
+    infinite values, or weights that are all zero (an untrained or wiped model)."""
+    kinds: dict[str, list[str]] = {}
+    nonzero = False
+    for key in sorted(expected):
+        tensor, wanted = checkpoint[key], expected[key]
+        if tensor.layout != torch.strided or tensor.is_meta or tensor.is_quantized:
+            kinds.setdefault("not a dense tensor with values (sparse, meta or quantized)", []).append(key)
+        elif _number_kind(tensor.dtype) != _number_kind(wanted.dtype):
+            kinds.setdefault(f"of another number type than the network's ({wanted.dtype})", []).append(key)
+        elif tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
+            kinds.setdefault("holding NaN or infinite values", []).append(key)
+        elif tensor.dtype.is_floating_point and bool(tensor.any()):
+            nonzero = True
+    parts = [
+        f"{len(keys)} tensor(s) {kind}: {keys[:3]}{' ...' if len(keys) > 3 else ''}"
+        for kind, keys in kinds.items()
+    ]
+    if parts:
+        return f"it cannot be served ({'; '.join(parts)})"
+    if not nonzero and any(t.dtype.is_floating_point for t in expected.values()):
+        return "it cannot be served (every weight is zero: an untrained or wiped model)"
+    return None
 
 
 def _check_weights(path: str, network: torch.nn.Module, name: str) -> None:
@@ -272,6 +322,12 @@ def _check_weights(path: str, network: torch.nn.Module, name: str) -> None:
         )
 
 
+def _spatial_shape(image: Any) -> tuple[int, ...]:
+    meta = getattr(image, "meta", {}) or {}
+    shape = meta.get("spatial_shape", image.shape)
+    return tuple(int(v) for v in (shape.tolist() if hasattr(shape, "tolist") else shape))
+
+
 class _CheckedLocalDatastore(LocalDatastore):
     """Local datastore for requests: plain ids and tags only (``lib.checks.check_id`` / ``check_tag``, HTTP 400),
     unknown ids and labels answered with 404, and an uploaded image or label refused before it is stored when its
@@ -279,11 +335,28 @@ class _CheckedLocalDatastore(LocalDatastore):
     of the datastore (415), or MONAI cannot read it (415). Every datastore route of MONAI Label (upload, save label,
     download, info, delete; image and label) goes through these methods."""
 
-    def _upload_problem(self, filename: str, what: str) -> None:
-        problem = image_problem(filename)
-        if problem is not None:
-            reason = redact_paths(problem[1], {filename: "the upload", os.path.realpath(filename): "the upload"})
-            raise HTTPException(status_code=415, detail=f"the upload is not a readable {what} ({reason})")
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._image_shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # path -> (file version, size)
+        super().__init__(*args, **kwargs)
+
+    def _read_upload(self, filename: str, what: str) -> tuple[int, ...]:
+        """The spatial size of the uploaded image or label map at ``filename``; HTTP 415 when MONAI cannot read it."""
+        try:
+            image = LoadImage(image_only=True)(filename)
+        except Exception as e:  # every reader failure means "not an image"
+            reason = redact_paths(short_reason(e), {filename: "the upload", os.path.realpath(filename): "the upload"})
+            raise HTTPException(status_code=415, detail=f"the upload is not a readable {what} ({reason})") from None
+        return _spatial_shape(image)
+
+    def image_shape(self, image_id: str) -> tuple[int, ...]:
+        """The spatial size of datastore image ``image_id`` (read once per version of its file)."""
+        path = self.get_image_uri(image_id)
+        stat = os.stat(path)
+        version = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+        cached = self._image_shapes.get(path)
+        if cached is None or cached[0] != version:
+            cached = self._image_shapes[path] = (version, _spatial_shape(LoadImage(image_only=True)(path)))
+        return cached[1]
 
     def _new_file(self, image_id: str, filename: str, allowed: tuple[str, ...], what: str) -> str:
         """The checked id of a new datastore file from ``filename`` (its extension, as the datastore takes it)."""
@@ -302,7 +375,8 @@ class _CheckedLocalDatastore(LocalDatastore):
 
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
         image_id = self._new_file(image_id, image_filename, IMAGE_EXTENSIONS, "image")
-        self._upload_problem(image_filename, "image")
+        check_json_value(image_info, "params")
+        self._read_upload(image_filename, "image")
         return super().add_image(image_id, image_filename, image_info)
 
     def remove_image(self, image_id: str) -> None:
@@ -313,7 +387,16 @@ class _CheckedLocalDatastore(LocalDatastore):
         check_tag(label_tag)
         self.require_image(check_id(image_id))
         self._new_file(image_id, label_filename, LABEL_EXTENSIONS, "label map")
-        self._upload_problem(label_filename, "label map")
+        check_json_value(label_info, "params")
+        shape = self._read_upload(label_filename, "label map")
+        expected = self.image_shape(image_id)
+        if shape != expected:
+            raise HTTPException(
+                status_code=422,
+                detail=f"the label map's size {list(shape)} differs from the size {list(expected)} of image "
+                f"{image_id!r} (spatial dimensions, as MONAI reads them): a label map has its image's size and number "
+                "of dimensions",
+            )
         return super().save_label(image_id, label_filename, label_tag, label_info)
 
     def remove_label(self, label_id: str, label_tag: str) -> None:
@@ -328,13 +411,13 @@ class _CheckedLocalDatastore(LocalDatastore):
 
     def get_image_info(self, image_id: str) -> dict[str, Any]:
         self.require_image(check_id(image_id))
-        info = super().get_image_info(image_id)
+        info = finite_json(super().get_image_info(image_id))
         info.pop("path", None)  # the server path of the file: the answer shows ids only
         return info
 
     def update_image_info(self, image_id: str, info: dict[str, Any]) -> None:
         self.require_image(check_id(image_id))
-        return super().update_image_info(image_id, info)
+        return super().update_image_info(image_id, check_json_value(info, "info"))
 
     def get_label(self, label_id: str, label_tag: str, params: Any = None) -> Any:
         return super().get_label(check_id(label_id, "label"), check_tag(label_tag), params)
@@ -344,11 +427,11 @@ class _CheckedLocalDatastore(LocalDatastore):
 
     def get_label_info(self, label_id: str, label_tag: str) -> dict[str, Any]:
         self._require_label(check_id(label_id, "label"), check_tag(label_tag))
-        return super().get_label_info(label_id, label_tag)
+        return finite_json(super().get_label_info(label_id, label_tag))
 
     def update_label_info(self, label_id: str, label_tag: str, info: dict[str, Any]) -> None:
         self._require_label(check_id(label_id, "label"), check_tag(label_tag))
-        return super().update_label_info(label_id, label_tag, info)
+        return super().update_label_info(label_id, label_tag, check_json_value(info, "info"))
 
     def get_labels_by_image_id(self, image_id: str) -> dict[str, str]:
         return super().get_labels_by_image_id(check_id(image_id))
@@ -385,7 +468,11 @@ class SpectraFlowApp(MONAILabelApp):
         check_apart(self.model_dir, "--conf model_dir", studies)
         for name, path in self.installed.items():
             check_apart(path, f"bundle {name!r}", studies)
-        self.bundles = {m: served_copy(path, os.path.join(self.model_dir, m)) for m, path in self.installed.items()}
+        self.kept_backups = kept_backups(conf)
+        self.bundles = {
+            m: served_copy(path, os.path.join(self.model_dir, m), self.kept_backups)
+            for m, path in self.installed.items()
+        }
         self.overrides = {m: parse_overrides(conf, m) for m in self.bundles}
         self.weight_settings = weight_settings(conf)
         self.precision = precision_setting(conf)
@@ -581,7 +668,17 @@ class SpectraFlowApp(MONAILabelApp):
         return super().info()
 
     def next_sample(self, request: dict[str, Any]) -> dict[str, Any]:
-        """MONAI Label's next sample without the server path of the image (clients download it by its id)."""
+        """MONAI Label's next sample without the server path of the image (clients download it by its id).
+
+        Raises:
+            HTTPException: 404 naming the strategies for an unknown strategy.
+        """
+        strategy = (request.get("strategy") or "random") if isinstance(request, dict) else None
+        if not (isinstance(strategy, str) and strategy in self._strategies):
+            raise HTTPException(
+                status_code=404,
+                detail=f"active learning strategy {strategy!r} is not served; strategies: {sorted(self._strategies)}",
+            )
         result = super().next_sample(request)
         if isinstance(result, dict):
             result.pop("path", None)
@@ -649,10 +746,52 @@ class SpectraFlowApp(MONAILabelApp):
             raise HTTPException(status_code=422, detail=str(e)) from None
         return checked
 
-    def check_train_data(self) -> None:
+    def check_batch_infer_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A batch inference request (``POST /batch/infer/<model>``) before it is run or queued.
+
+        Raises:
+            HTTPException: 404 for a model that is not served for inference, 422 for options that are not accepted.
+        """
+        if not isinstance(request, dict):
+            raise HTTPException(status_code=422, detail="the batch inference options must be a JSON object")
+        self.require_infer_model(request.get("model"))
+        images = request.get("images", "all")
+        try:
+            checked = check_infer_options({k: v for k, v in request.items() if k != "images"})
+        except ValueError as e:
+            raise HTTPException(status_code=422, detail=str(e)) from None
+        if not (images in ("all", "labeled", "unlabeled") or isinstance(images, list)):
+            raise HTTPException(status_code=422, detail="images must be 'all', 'labeled', 'unlabeled' or a list of ids")
+        store = self.datastore()
+        if isinstance(images, list) and hasattr(store, "require_image"):
+            for image in images:
+                store.require_image(check_id(image))
+        return {**checked, "images": images}
+
+    def batch_infer(self, request: dict[str, Any], datastore: Datastore | None = None) -> Any:
+        """MONAI Label's batch inference, checked first (:meth:`check_batch_infer_request`); on a server without a
+        GPU (or for ``device`` ``cpu``) the images run one after the other on the CPU instead of being spread over
+        GPUs that are not there (MONAI Label then divided by zero GPUs)."""
+        request = dict(self.check_batch_infer_request(request))
+        if not torch.cuda.is_available() or str(request.get("device", "cuda")).startswith("cpu"):
+            request.update({"multi_gpu": False, "device": "cpu"})
+        return super().batch_infer(request, datastore)
+
+    def check_scoring_request(self, request: dict[str, Any]) -> None:
+        """HTTP 404 naming the scoring methods unless the request's ``method`` is one (``uncertainty``)."""
+        method = request.get("method") if isinstance(request, dict) else None
+        if not (isinstance(method, str) and method in self._scoring_methods):
+            raise HTTPException(
+                status_code=404,
+                detail=f"scoring method {method!r} is not served; scoring methods: {sorted(self._scoring_methods)}",
+            )
+
+    def check_train_data(self, request: dict[str, Any] | None = None) -> None:
         """HTTP 422 when no image of the datastore has a label (``labels/final``), or when every label is background
         only, unless the app is started with ``--conf allow_empty_masks true`` (then a warning); see
-        :func:`spectraflow_monai.data.validation.check_foreground`."""
+        :func:`spectraflow_monai.data.validation.check_foreground`. With the checked ``request``: also when its
+        ``val_split`` leaves no validation pair (a run serves its best validated model) or, for a 2D bundle, fewer
+        than two training pairs (the decoder's batch normalisation needs two samples a batch)."""
         from spectraflow_monai.data.validation import check_foreground
         from spectraflow_monai.utils.errors import DatasetError
 
@@ -669,10 +808,34 @@ class SpectraFlowApp(MONAILabelApp):
             detail = redact_paths(str(e), studies).replace("set allow_empty_masks true", "start the server with --conf "
                                                   "allow_empty_masks true")  # fmt: skip
             raise HTTPException(status_code=422, detail=detail) from None
+        task = self._trainers.get(request.get("model")) if isinstance(request, dict) else None
+        if isinstance(task, SpectraFlowTrainTask):
+            self._check_split(task, pairs, request)
+
+    @staticmethod
+    def _check_split(task: SpectraFlowTrainTask, pairs: list[dict[str, Any]], request: dict[str, Any]) -> None:
+        """HTTP 422 when the request's split of ``pairs`` (MONAI Label's, as the run makes it) cannot train."""
+        val_split = request.get("val_split", 0.2)
+        train, val = task._partition_datalist(pairs, {"val_split": val_split})
+        counts = f"{len(pairs)} labelled image(s), val_split {val_split}: {len(train)} to train, {len(val or [])} to "
+        if not val:
+            raise HTTPException(
+                status_code=422,
+                detail=f"this run would have no validation pair ({counts}validate); a run serves its best validated "
+                "model: choose val_split > 0 that leaves at least one image to validate, or label more images",
+            )
+        minimum = 1 if task.volume_input else 2
+        if len(train) < minimum:
+            raise HTTPException(
+                status_code=422,
+                detail=f"this run would have {len(train)} training pair(s) ({counts}validate); it needs at least "
+                f"{minimum}{' (batch normalisation needs two samples a batch)' if minimum > 1 else ''}: label more "
+                "images or lower val_split",
+            )
 
     def train(self, request: dict[str, Any]) -> Any:
         """``MONAILabelApp.train`` with the options (:meth:`check_train_request`) and the labels
         (:meth:`check_train_data`) checked first."""
         request = self.check_train_request(request)
-        self.check_train_data()
+        self.check_train_data(request)
         return super().train(request)

@@ -21,6 +21,7 @@ be chains of config expressions lives here, once for both bundles:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,6 +57,8 @@ __all__ = [
     "trainable_parameters",
     "training_loader",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def prepare_run(seed: int, folders: Sequence[str | os.PathLike] = (), image_size: int | None = None) -> None:
@@ -289,7 +292,24 @@ def training_loader(
 
     The per-sample and the batched paths draw different random numbers (the same distributions): a run records its
     ``data_path``.
+
+    Both drop the last incomplete batch, so ``batch_size`` larger than the number of training samples (a sampler's
+    share in a distributed run) would give an empty epoch: it is then reduced to that number, with a warning. Fewer
+    than two samples cannot train (batch normalisation needs two a batch): :class:`SettingError` naming
+    ``batch_size`` and the count.
     """
+    samples = len(sampler) if sampler is not None else len(dataset)
+    if samples < 2:
+        raise SettingError(
+            f"batch_size: the training data has {samples} sample(s) (this process's share), at least 2 are needed for "
+            "a batch (batch normalisation); add training data or lower the validation share."
+        )
+    if batch_size > samples:
+        logger.warning(
+            f"batch_size {batch_size} is larger than the {samples} training samples (this process's share): batches of "
+            f"{samples} are used, else every epoch would be empty (the last incomplete batch is dropped)."
+        )
+        batch_size = samples
     if _check_data_path(data_path) == "monai":
         return DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=num_workers,

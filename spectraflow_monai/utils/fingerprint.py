@@ -1,10 +1,11 @@
-"""Content fingerprints of data files, cached by size and modification time.
+"""Content fingerprints of data files, cached by size, modification and status-change time.
 
 A run record (:mod:`spectraflow_monai.utils.run_record`) fingerprints its data by content: a mask edited in place
 in a format that keeps the file size (BMP, uncompressed TIFF, ``.nii``) is a different data set. Hashing every file
 at every start would reread a large data set each time, so :func:`file_digest` keeps the SHA-256 of each file in a
-cache keyed by the file's real path, size, modification time (nanoseconds) and inode: a file is read again only when
-one of them changed.
+cache keyed by the file's real path, size, modification time, status-change time (``st_ctime_ns``, which an edit
+changes even when the modification time is set back afterwards) and inode: a file is read again only when one of
+them changed.
 
 The cache lives in memory and in one JSON file (:func:`default_cache_file`: ``$SPECTRAFLOW_FINGERPRINT_CACHE``, else
 ``$XDG_CACHE_HOME/spectraflow_monai/file_digests.json``, else ``~/.cache/spectraflow_monai/file_digests.json``),
@@ -34,9 +35,9 @@ logger = logging.getLogger(__name__)
 #: the most entries the cache file keeps
 MAX_CACHED = 200_000
 _CHUNK = 1 << 20
-_VERSION = 1
+_VERSION = 2
 _LOCK = threading.Lock()
-_MEMORY: dict[str, dict[str, Any]] = {}  # cache file -> {real path: [size, mtime_ns, inode, digest]}
+_MEMORY: dict[str, dict[str, Any]] = {}  # cache file -> {real path: [size, mtime_ns, ctime_ns, inode, digest]}
 _UNSAVED: dict[str, float] = {}  # cache file -> when its first unsaved digest was computed
 #: seconds a new digest may wait before the cache file is written (all unsaved ones are written at exit)
 SAVE_DELAY = 5.0
@@ -61,7 +62,11 @@ def _sha256(path: str) -> str:
 
 
 def _key(stat: os.stat_result) -> list[int]:
-    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+    # ctime: an in-place edit that restores the modification time (os.utime, tar, rsync --times) still changes it
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+_KEY_LENGTH = 4
 
 
 def _load(cache_file: str) -> dict[str, Any]:
@@ -76,7 +81,7 @@ def _load(cache_file: str) -> dict[str, Any]:
             entries = {
                 str(k): v
                 for k, v in data["files"].items()
-                if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)
+                if isinstance(v, list) and len(v) == _KEY_LENGTH + 1 and isinstance(v[_KEY_LENGTH], str)
             }
     except FileNotFoundError:
         pass
@@ -97,8 +102,8 @@ def _save(cache_file: str, entries: dict[str, Any]) -> None:
 
 
 def file_digests(paths: Iterable[str | os.PathLike], cache_file: str | None = None) -> dict[str, str]:
-    """The SHA-256 of each file's content, read only for files whose size, modification time or inode changed since
-    they were last hashed (see the module docstring).
+    """The SHA-256 of each file's content, read only for files whose size, modification time, status-change time or
+    inode changed since they were last hashed (see the module docstring).
 
     Args:
         paths: files.
@@ -122,8 +127,8 @@ def file_digests(paths: Iterable[str | os.PathLike], cache_file: str | None = No
             real = os.path.realpath(path)
             key = _key(os.stat(real))
             cached = entries.get(real)
-            if cached is not None and cached[:3] == key:
-                out[path] = cached[3]
+            if cached is not None and cached[:_KEY_LENGTH] == key:
+                out[path] = cached[_KEY_LENGTH]
                 continue
             digest = _sha256(real)
             if _key(os.stat(real)) != key:  # written while it was read: hash the file as it is now

@@ -318,7 +318,8 @@ class Stage2Settings(SettingsObject):
         encoder_init: ``stage1`` (the Stage-1 export) | ``pretrained`` | ``random``.
         trainable_blocks: encoder blocks trained (the paper: 1, the last; ``all``).
         batch_size: mini-batch size (> 1: DAF's global branch has BatchNorm).
-        learning_rate, weight_decay: AdamW's.
+        learning_rate, weight_decay: AdamW's (the 2D bundle's ``configs/unetpp_zhou_literal_baseline.yaml`` uses
+            ``weight_decay`` as the L2 coefficient of the convolution kernels under Adam).
         min_learning_rate, lr_factor, lr_patience: the plateau schedule on validation Dice.
         boundary_beta, boundary_beta_max, boundary_ramp_epochs: the boundary term's weight ramp (eq. 7).
     """

@@ -24,6 +24,7 @@ RUNS = {
         ["train.yaml"], ["train.yaml", "train_stage1.yaml"], ["train.yaml", "evaluate.yaml"],
         ["train.yaml", "unet_baseline.yaml"], ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"],
         ["train.yaml", "unetpp_monai_baseline.yaml"],
+        ["train.yaml", "unetpp_zhou_literal_baseline.yaml", "evaluate.yaml"],
         ["train.yaml", "multi_gpu_train.yaml"], ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
         ["inference.yaml"],
     ],

@@ -21,6 +21,7 @@ from spectraflow_monai.experiments.robustness import (
 from spectraflow_monai.experiments.runner import RANDOM_INIT_NOTE, ExperimentRunner
 from tests.experiments.stubs import stub_bundle_runs
 from spectraflow_monai.utils import bundle_path
+from spectraflow_monai.utils.bundles import bundle_parser
 
 #: the extra arm of the tiny runs: MONAI's UNet only (the U-Net++ of MONAI's defaults is checked without training)
 UNET = {"unet": EXTRA_BASELINES["unet"]}
@@ -64,7 +65,7 @@ def test_rows_cover_every_model_clean_and_shifted(experiment):
     assert (out / "robustness.png").stat().st_size > 0
     text = (out / "robustness.md").read_text()
     assert text.startswith(f"## {ROBUSTNESS_TITLE}: {RANDOM_INIT_NOTE}\n")
-    assert "| baseline (unetpp_baseline; 9.12 M parameters; BatchNorm2d) | gaussian_noise | 3 |" in text
+    assert "| baseline (unetpp_baseline; 9.05 M parameters; BatchNorm2d) | gaussian_noise | 3 |" in text
     assert "| unet (unet_baseline; " in text and "| mIoU (%) | change (points) |" in text
     assert all(0.0 <= r["mIoU"] <= 1.0 and "mIoU_change" in r for r in rows)
 
@@ -129,15 +130,28 @@ def test_bad_settings_are_named(tmp_path, kwargs, match):
 
 @pytest.mark.parametrize(
     "config,parameters,norm",
-    [("unetpp_baseline.yaml", 9_119_332, "BatchNorm2d"), ("unetpp_monai_baseline.yaml", 2_410_756, "InstanceNorm2d")],
-)
+    [("unetpp_baseline.yaml", 9_049_572, "BatchNorm2d"), ("unetpp_monai_baseline.yaml", 2_410_756, "InstanceNorm2d"),
+     ("unetpp_zhou_literal_baseline.yaml", 9_042_276, "none")],
+)  # fmt: skip
 def test_unetpp_baselines_name_their_size_and_norm(tmp_path, config, parameters, norm):
-    """Fig. 5's U-Net++ is Zhou et al.'s (32-512, batch norm); MONAI's defaults (instance norm) are an extra arm."""
+    """Fig. 5's U-Net++ has Zhou et al.'s widths (32-512) with batch norm; MONAI's defaults (instance norm) and Zhou et
+    al.'s reference code (no norm, dropout 0.5) are extra arms."""
     runner = ExperimentRunner(tmp_path, "robustness", {"dataset": "synthetic", "image_size": 112})
     facts = runner.network_facts("baseline", ["train.yaml", config])
     assert facts == {"parameters": parameters, "norm": norm}
     assert model_label("baseline", config, facts).startswith(f"baseline ({config[:-5]}; {parameters / 1e6:.2f} M")
-    assert config in (ROBUSTNESS_BASELINE, EXTRA_BASELINES["unetpp_monai"])
+    assert config in (ROBUSTNESS_BASELINE, *EXTRA_BASELINES.values())
+
+
+def test_kvasir_colour_augmentation_is_the_documented_one_and_can_be_off(tmp_path):
+    """The module docstring (and docs/experiments.md) name the Kvasir-SEG training augmentation that overlaps the
+    contrast and blur corruptions, and ``--override 'colour_augmentation#kvasir=[]'`` as the way to train without."""
+    runner = ExperimentRunner(tmp_path, "robustness", {"dataset": "synthetic"})
+    for overrides, expected in (({}, ["RandAdjustContrastd", "RandScaleIntensityd", "RandGaussianSmoothd"]),
+                                ({"colour_augmentation#kvasir": []}, [])):  # fmt: skip
+        parser = bundle_parser(runner.bundle, ["train.yaml"], {"dataset": "synthetic", **overrides})
+        assert [type(t).__name__ for t in parser.get_parsed_content("colour_augmentation#kvasir")] == expected
+    assert "colour_augmentation#kvasir=[]" in robustness_module.__doc__
 
 
 def test_tables_carry_miou_and_each_models_size(tmp_path, monkeypatch):
@@ -145,15 +159,16 @@ def test_tables_carry_miou_and_each_models_size(tmp_path, monkeypatch):
     data = {"dataset": "synthetic", "pretrained_weights": "none", "encoder_kwargs": {"depth": 2}}
     rows = run_robustness(tmp_path, data, kinds=["contrast"], severities=[2], extra_baselines=EXTRA_BASELINES)
     assert [c["configs"][-1] for c in calls if c["title"].endswith("/ stage2")] == [
-        "train.yaml", "unetpp_baseline.yaml", "unet_baseline.yaml", "unetpp_monai_baseline.yaml"
+        "train.yaml", "unetpp_baseline.yaml", "unet_baseline.yaml", "unetpp_monai_baseline.yaml",
+        "unetpp_zhou_literal_baseline.yaml",
     ]  # fmt: skip
     by_model = {r["model"]: r for r in rows}
-    assert (by_model["baseline"]["parameters"], by_model["baseline"]["norm"]) == (9_119_332, "BatchNorm2d")
+    assert (by_model["baseline"]["parameters"], by_model["baseline"]["norm"]) == (9_049_572, "BatchNorm2d")
     assert by_model["unetpp_monai"]["norm"] == "InstanceNorm2d"
     with open(tmp_path / "robustness.csv") as f:
         header = next(csv.reader(f))
     assert {"mDSC", "mIoU", "hd95_monai_empty_as_diagonal", "mIoU_change", "parameters", "norm"} <= set(header)
     text = (tmp_path / "robustness.md").read_text()
     assert "| mDSC (%) | change (points) | mIoU (%) | change (points) | HD95 (px, missed = diagonal) |" in text
-    assert "| baseline (unetpp_baseline; 9.12 M parameters; BatchNorm2d) | contrast | 2 | 81.25 | +0.00 | 68.75 |" \
+    assert "| baseline (unetpp_baseline; 9.05 M parameters; BatchNorm2d) | contrast | 2 | 81.25 | +0.00 | 68.75 |" \
         in text  # fmt: skip

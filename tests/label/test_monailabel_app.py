@@ -485,6 +485,8 @@ def test_every_training_is_a_new_run_on_the_current_labels(tmp_path):
 
 
 def test_a_run_without_a_model_keeps_the_served_one(tmp_path):
+    from fastapi import HTTPException
+
     # val_split 0: nothing is validated, so the run has no best model; the served model stays, the run's folder goes
     studies = tmp_path / "studies"
     _write_studies(studies)
@@ -494,8 +496,12 @@ def test_a_run_without_a_model_keeps_the_served_one(tmp_path):
     app = _app(bundles, studies, models=NAME_2D, encoder_init="pretrained", **conf)
     copy = Path(app._trainers[NAME_2D].bundle_path)
     served = (copy / "models" / "model.pt").read_bytes()
-    with pytest.raises(RuntimeError, match="saved no model"):
-        app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.0})
+    request = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.0}
+    with pytest.raises(HTTPException) as refused:  # a request is refused before it trains (no validation pair)
+        app.train(dict(request))
+    assert refused.value.status_code == 422 and "no validation pair" in refused.value.detail
+    with pytest.raises(RuntimeError, match="saved no model"):  # the training task itself, run all the same
+        app._trainers[NAME_2D](dict(request), app.datastore())
     assert (copy / "models" / "model.pt").read_bytes() == served
     assert not any((copy / "runs").iterdir())
 

@@ -68,7 +68,7 @@ def test_request_precision_becomes_the_bundle_setting(served, monkeypatch):
         shutil.copy(os.path.join(task.bundle_path, "models", "model.pt"), os.path.dirname(overrides["model_path"]))
 
     monkeypatch.setattr(task, "run_single_gpu", run_single_gpu)
-    monkeypatch.setattr(app, "check_train_data", lambda: None)  # (the run is recorded, not run: no labels needed)
+    monkeypatch.setattr(app, "check_train_data", lambda request=None: None)  # (recorded, not run: no labels)
     base = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.0}
     app.train({**base, "precision": "bf16"})
     app.train(base)  # without the option: the app's --conf precision

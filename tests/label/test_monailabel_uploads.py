@@ -30,6 +30,7 @@ from PIL import Image  # noqa: E402
 
 from .test_monailabel_app import (  # noqa: E402,F401  (_quiet_app: an autouse fixture used by name)
     NAME_2D,
+    _Lines,
     _app,
     _make_bundles,
     _quiet_app,
@@ -313,6 +314,7 @@ def test_sessions_end_whatever_their_record_says(tmp_path):
     (tmp_path / "j.png").write_bytes(_image_bytes())
     kept, _ = store.add_session(str(tmp_path / "j.png"))
     (tmp_path / "store" / "broken").mkdir()
+    (tmp_path / "store" / "broken" / sessions.SESSION_MARKER).write_text("")  # a session folder of the app
     (tmp_path / "store" / "broken" / "meta.info").write_text("{not json")
     os.utime(tmp_path / "store" / "broken", (time.time() - 120, time.time() - 120))
     with pytest.raises(HTTPException):
@@ -322,19 +324,27 @@ def test_sessions_end_whatever_their_record_says(tmp_path):
 
 
 # ---------------------------------------------------------------- 5. stopped runs
+def _run_folder(runs: Path, pid: int, n: int, owner: dict | None = None) -> Path:
+    """A run folder as a training run writes it (its owner record, a checkpoint), for process ``pid``."""
+    folder = runs / f"20260101-000000-{pid}-{n}"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "checkpoint_epoch=1.pt").write_bytes(b"x" * 1000)
+    if owner is not None:
+        (folder / "owner.json").write_text(json.dumps(owner))
+    return folder
+
+
 def test_stopped_runs_leave_no_folder_at_the_next_start_or_run(tmp_path):
     import subprocess
 
     studies, bundles = _studies_and_bundles(tmp_path)
     runs = bundles / "monailabel_app" / "model" / NAME_2D / "runs"
+    trainers = sys.modules[app_main.SpectraFlowTrainTask.__module__]
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # its pid: a process that has ended
 
     def run_folder(pid: int, n: int) -> Path:
-        folder = runs / f"20260101-000000-{pid}-{n}"
-        (folder / "checkpoints").mkdir(parents=True)
-        (folder / "checkpoints" / "checkpoint_epoch=1.pt").write_bytes(b"x" * 1000)
-        return folder
+        return _run_folder(runs, pid, n, trainers.run_owner(pid))
 
     stopped, other_server = run_folder(child.pid, 0), run_folder(os.getppid(), 0)
     app = _app(bundles, studies, models=NAME_2D)  # a restart after a kill
@@ -345,8 +355,10 @@ def test_stopped_runs_leave_no_folder_at_the_next_start_or_run(tmp_path):
     try:
         assert not stopped.exists() and other_server.exists() and run_dir.is_dir()
         assert Path(task._request_overrides["log_dir"]).parent == runs.parent / "logs"
+        assert json.loads((run_dir / "owner.json").read_text()) == trainers.run_owner()
     finally:
-        sys.modules[type(task).__module__]._ACTIVE_RUNS.discard(run_dir.name)
+        trainers.end_run(str(run_dir))
+    assert not run_dir.exists()
 
 
 # ---------------------------------------------------------------- 7. labels that are all background
@@ -371,3 +383,298 @@ def test_training_on_labels_that_are_all_background_is_refused(tmp_path):
     assert str(studies) not in detail
     allowed = _app(bundles, studies, models=NAME_2D, allow_empty_masks="true")
     assert allowed.check_train_request(dict(request))["max_epochs"] == 1
+
+
+# ---------------------------------------------------------------- 9. issue 36: what the session path holds
+def test_session_clean_up_removes_only_the_apps_sessions(http, caplog):
+    """The session path may hold other folders (the studies, a user's files): none is read, removed or served."""
+    import logging
+    import time
+
+    client, app, root = http
+    store = Path(app.sessions().store_path)
+    foreign = {"user_home": "notes.txt", "studies_copy": "img.png"}
+    for name, file in foreign.items():
+        (store / name).mkdir(parents=True, exist_ok=True)
+        (store / name / file).write_bytes(b"kept")
+        os.utime(store / name, (time.time() - 3600, time.time() - 3600))
+    (store / "user_home" / "meta.info").write_text("{not json")  # even one that looks like a broken session
+    r = client.put("/session/", files={"files": ("i.png", _image_bytes())})
+    assert r.status_code == 200, r.text
+    session = r.json()["session_id"]
+    info = app.sessions().get_session(session)
+    info.last_access_ts = info.create_ts = int(time.time()) - 10 * app.sessions().expiry  # expired
+    app.sessions()._write_meta_info(session, info)
+    with caplog.at_level(logging.INFO):
+        assert app.sessions().remove_expired() == 1
+    assert not (store / session).exists() and f"session {session}: expired, removed" in caplog.text
+    assert client.get("/session/user_home").status_code == 404
+    assert client.delete("/session/studies_copy").status_code == 404
+    for name, file in foreign.items():
+        assert (store / name / file).read_bytes() == b"kept", name
+    assert sorted(os.listdir(store)) == sorted(foreign)
+
+
+# ---------------------------------------------------------------- 10. issue 36: the dataset ZIP, records, label sizes
+def _labelled_upload(client, image_id: str, seed: int = 0) -> None:
+    from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair
+
+    image, mask = synthesize_pair(np.random.default_rng(seed), 56)
+    r = client.put("/datastore/image", params={"image": image_id}, files={"file": (f"{image_id}.png", _png(image))})
+    assert r.status_code == 200, r.text
+    r = client.put("/datastore/label", params={"image": image_id},
+                   files={"label": (f"{image_id}.png", _png((mask > 0).astype(np.uint8)))})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def test_dataset_download_leaves_no_archive(http):
+    import zipfile
+
+    client, _, root = http
+    _labelled_upload(client, "zip_a")
+    before = _temp_files(root)
+    r = client.get("/datastore/dataset")
+    assert r.status_code == 200, r.text
+    assert any(n.endswith("zip_a.png") for n in zipfile.ZipFile(io.BytesIO(r.content)).namelist())
+    assert _temp_files(root) == before
+
+
+@pytest.mark.parametrize(
+    "route, query, field, text",
+    [("/datastore/image/info", {"image": "img_a"}, "info", '{"score": NaN}'),
+     ("/datastore/image/info", {"image": "img_a"}, "info", '{"score": 1e999}'),
+     ("/datastore/image/info", {"image": "img_a"}, "info", "not json"),
+     ("/datastore/label/info", {"label": "zip_a", "tag": "final"}, "info", '{"score": -Infinity}'),
+     ("/datastore/updatelabelinfo", {"label": "zip_a", "tag": "final"}, "params", "{not json"),
+     ("/datastore/image/info", {"image": "img_a"}, "info", '{"a": ' * 1000 + "1" + "}" * 1000)],
+)  # fmt: skip
+def test_records_hold_finite_json_only(http, route, query, field, text):
+    client, _, root = http
+    _labelled_upload(client, "zip_a")
+    index = (root / "studies" / "datastore_v2.json").read_bytes()
+    r = client.put(route, params=query, files={field: (None, text)})
+    assert r.status_code == 422 and field.replace("params", "info") in r.json()["detail"], r.text
+    assert (root / "studies" / "datastore_v2.json").read_bytes() == index
+    assert client.get("/datastore/", params={"output": "all"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "params", ['{"score": NaN}', '{"score": Infinity}', '{"score": 1e999}', "[" * 1000 + "]" * 1000,
+               '{"a": ' * 1000 + "1" + "}" * 1000, '{"a": ' * 40 + "1" + "}" * 40],
+)  # fmt: skip
+def test_upload_params_hold_finite_shallow_json_only(http, params):
+    client, app, root = http
+    before = _temp_files(root)
+    r = client.put("/datastore/image", params={"image": "rec_a"},
+                   files={"file": ("a.png", _image_bytes()), "params": (None, params)})  # fmt: skip
+    assert r.status_code == 422 and "params" in r.json()["detail"], r.text
+    label = _png(np.zeros((70, 90), np.uint8))
+    r = client.put("/datastore/label", params={"image": "img_a"},
+                   files={"label": ("l.png", label), "params": (None, params)})  # fmt: skip
+    assert r.status_code == 422 and "params" in r.json()["detail"], r.text
+    r = client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files={"params": (None, params)})
+    assert r.status_code == 422 and "params" in r.json()["detail"], r.text
+    assert "rec_a" not in app.datastore().list_images() and _temp_files(root) == before
+    assert client.get("/datastore/", params={"output": "all"}).status_code == 200
+
+
+def test_records_saved_with_nan_before_are_answered(http):
+    from monailabel.datastore.local import LocalDatastore
+
+    client, app, _ = http
+    LocalDatastore.update_image_info(app.datastore(), "img_a", {"old_score": float("nan")})  # as earlier versions did
+    try:
+        r = client.get("/datastore/", params={"output": "all"})
+        assert r.status_code == 200 and r.json()["objects"]["img_a"]["image"]["info"]["old_score"] is None, r.text
+        r = client.get("/datastore/image/info", params={"image": "img_a"})
+        assert r.status_code == 200 and r.json()["old_score"] is None, r.text
+    finally:
+        LocalDatastore.update_image_info(app.datastore(), "img_a", {"old_score": None})
+
+
+def test_a_label_has_its_images_size(http, tmp_path):
+    import nibabel as nib
+
+    client, _, root = http
+    label = root / "studies" / "labels" / "final" / "img_a.png"
+    before = label.read_bytes() if label.exists() else None
+    nib.save(nib.Nifti1Image(np.zeros((90, 70, 4), np.uint8), np.eye(4)), str(tmp_path / "l.nii.gz"))
+    for name, data, shapes in [
+        ("l.png", _png(np.zeros((56, 56), np.uint8)), "[56, 56] differs from the size [90, 70]"),
+        ("l.png", _png(np.zeros((90, 70), np.uint8)), "[70, 90] differs from the size [90, 70]"),
+        ("l.nii.gz", (tmp_path / "l.nii.gz").read_bytes(), "[90, 70, 4] differs from the size [90, 70]"),
+    ]:
+        r = client.put("/datastore/label", params={"image": "img_a"}, files={"label": (name, data)})
+        assert r.status_code == 422 and shapes in r.json()["detail"], (name, r.text)
+        assert (label.read_bytes() if label.exists() else None) == before
+    r = client.put("/datastore/label", params={"image": "img_a"},
+                   files={"label": ("l.png", _png(np.zeros((70, 90), np.uint8)))})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+# ---------------------------------------------------------------- 11. issue 36: model uploads that cannot serve
+def _tampered(state: dict, how: str) -> dict:
+    state = {k: v.clone() for k, v in state.items()}
+    key = "decoder.head.conv.weight"
+    if how == "sparse":
+        state[key] = state[key].to_sparse()
+    elif how == "meta":
+        state[key] = torch.empty(state[key].shape, device="meta")
+    elif how == "quantized":
+        state[key] = torch.quantize_per_tensor(state[key], 0.1, 0, torch.qint8)
+    elif how == "nan":
+        state[key][0] = float("nan")
+    elif how == "infinite":
+        state[key][0] = float("inf")
+    elif how == "bool":
+        state[key] = state[key] > 0
+    elif how == "all zero":
+        state = {k: torch.zeros_like(v) for k, v in state.items()}
+    return state
+
+
+@pytest.mark.parametrize(
+    "how, reason",
+    [("sparse", "sparse, meta or quantized"), ("meta", "sparse, meta or quantized"),
+     ("quantized", "sparse, meta or quantized"), ("nan", "NaN or infinite"), ("infinite", "NaN or infinite"),
+     ("bool", "another number type"), ("all zero", "every weight is zero")],
+)  # fmt: skip
+def test_model_uploads_that_cannot_serve_are_refused(http, how, reason):
+    client, app, _ = http
+    served = Path(app.bundles[NAME_2D]) / "models" / "model.pt"
+    original = _sha(served)
+    buffer = io.BytesIO()
+    torch.save(_tampered(_weights(app), how), buffer)
+    r = client.put(f"/model/{NAME_2D}", files={"file": ("model.pt", buffer.getvalue())})
+    assert r.status_code == 422 and reason in r.json()["detail"], r.text
+    assert _sha(served) == original
+    form = {"params": (None, json.dumps({"device": "cpu"}))}
+    assert client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files=form).status_code == 200
+
+
+# ---------------------------------------------------------------- 12. issue 36: no bare 500, no 200 for unknown names
+@pytest.mark.parametrize(
+    "route, named",
+    [("/activelearning/nosuch", "strategy"), ("/scoring/nosuch", "scoring method"),
+     ("/batch/infer/nosuch", "is not loaded")],
+)  # fmt: skip
+def test_unknown_task_names_are_404(http, route, named):
+    client, _, _ = http
+    r = client.post(route)
+    assert r.status_code == 404 and named in r.json()["detail"], r.text
+
+
+def test_batch_inference_runs_on_a_cpu_server(http, monkeypatch):
+    client, app, _ = http
+    _labelled_upload(client, "zip_a")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (as on a server without a GPU)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    r = client.post(f"/batch/infer/{NAME_2D}", params={"run_sync": "true", "images": "labeled"})
+    assert r.status_code == 200 and "zip_a" in r.json(), r.text
+    assert app.datastore().get_label_by_image_id("zip_a", "original")
+
+
+def test_training_answers_show_no_server_folder(http, monkeypatch):
+    """POST /train (queued) and DELETE /train answer MONAI Label's task record, without the bundle folder."""
+    from monailabel.utils.async_tasks import task as task_module
+
+    client, app, root = http
+    _labelled_upload(client, "zip_a")
+    _labelled_upload(client, "zip_b", seed=1)
+    queued = []
+
+    def queue(request, method, callback=None, debug=False):  # what MONAI Label records, without its subprocess
+        queued.append({"id": "t1", "status": "SUBMITTED", "request": request})
+        return queued[-1]
+
+    monkeypatch.setattr(task_module, "run_background_task", queue)
+    monkeypatch.setattr(task_module, "stop_background_task", lambda method: dict(queued[-1], status="STOPPED"))
+    r = client.post(f"/train/{NAME_2D}", json={"max_epochs": 1, "val_split": 0.5})
+    assert r.status_code == 200 and r.json()["status"] == "SUBMITTED", r.text
+    assert queued[-1]["request"]["bundle_path"] == app.bundles[NAME_2D]  # what MONAI Label queues
+    r2 = client.delete("/train/")
+    for answer in (r, r2):
+        assert answer.status_code == 200 and str(root) not in answer.text and "bundle_path" not in answer.text
+
+
+# ---------------------------------------------------------------- 13. issue 36: runs, batch sizes and model backups
+def test_a_run_of_another_pid_namespace_is_kept_while_its_heartbeat_lasts(tmp_path):
+    import socket
+    import time
+
+    studies, bundles = _studies_and_bundles(tmp_path)
+    runs = bundles / "monailabel_app" / "model" / NAME_2D / "runs"
+    trainers = sys.modules[app_main.SpectraFlowTrainTask.__module__]
+    # a server in a container: its PID means nothing here (no process 999999 here)
+    elsewhere = {"host": socket.gethostname(), "pid_namespace": "pid:[1]", "pid": 999999}
+    running = _run_folder(runs, 999999, 0, elsewhere)
+    (running / "alive").write_text("")
+    stopped = _run_folder(runs, 999999, 1, {**elsewhere, "host": "another-host"})
+    (stopped / "alive").write_text("")
+    old = time.time() - 24 * 3600  # a heartbeat a day old
+    os.utime(stopped / "alive", (old, old))
+    app = _app(bundles, studies, models=NAME_2D)
+    assert running.is_dir() and not stopped.exists()
+    assert trainers.RUN_STALE_AFTER < 24 * 3600
+    run_dir = app._trainers[NAME_2D].new_run({})
+    trainers.end_run(run_dir)
+    assert running.is_dir()
+    os.utime(running / "alive", (old, old))
+    app._trainers[NAME_2D].new_run({})  # (the heartbeat of a run that has stopped: removed before the next run)
+    assert not running.exists()
+    for name in list(trainers._ACTIVE_RUNS):
+        trainers.end_run(str(runs / name))
+
+
+def test_model_backups_are_bounded(tmp_path):
+    studies, bundles = _studies_and_bundles(tmp_path)
+    installed = bundles / NAME_2D / "models"
+    (installed / "model.pt.bak-20260101-000000").write_bytes(b"installed")
+    copy = bundles / "monailabel_app" / "model" / NAME_2D / "models"
+    copy.mkdir(parents=True)
+    names = ["model.pt.bak-20260101-000000", "model.pt.bak-20260102-000000", "model.pt.bak-20260102-000000-1",
+             "model.json.bak-20260101-000000", "model.pt.bak-notes"]  # fmt: skip
+    for name in names:
+        (copy / name).write_bytes(b"x")
+    _app(bundles, studies, models=NAME_2D, kept_model_backups="1")
+    assert sorted(os.listdir(copy)) == ["model.json.bak-20260101-000000", "model.pt", "model.pt.bak-20260102-000000-1",
+                                        "model.pt.bak-notes"]  # fmt: skip
+    with pytest.raises(ValueError, match="kept_model_backups must be an integer >= 0, got 'two'"):
+        _app(bundles, studies, models=NAME_2D, kept_model_backups="two")
+
+
+def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
+    """The default batch size (8) with fewer training pairs once trained on no batch and answered a bare 500; the
+    batch is now as large as the pairs there are (logged). A split that leaves no validation pair or fewer than two
+    training pairs is a 422 naming it. The run's end prunes the model backups (two kept by default)."""
+    import logging
+
+    client, app, _ = http
+    task = app._trainers[NAME_2D]
+    settings = {"num_workers": 0, "progress_bar": False, "encoder_init": "pretrained", "pretrained_weights": "none"}
+    for key, value in settings.items():  # (the batch size stays the bundle's 8)
+        monkeypatch.setitem(task.overrides, key, value)
+    for i in range(3):
+        _labelled_upload(client, f"few_{i}", seed=10 + i)
+    pairs = len(app.datastore().datalist())
+    models = Path(app.bundles[NAME_2D]) / "models"
+    for stamp in ("20260101-000000", "20260102-000000", "20260103-000000"):
+        (models / f"model.pt.bak-{stamp}").write_bytes(b"x")
+    served = _sha(models / "model.pt")
+    assert 3 <= pairs - 1 < 8
+    val_split = 1.0 / pairs  # one validation pair, the others (fewer than the batch size 8) train
+    lines, log = _Lines(), logging.getLogger("spectraflow_monai.apps.workflow")
+    log.addHandler(lines)
+    try:
+        body = {"max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": val_split}
+        r = client.post(f"/train/{NAME_2D}", params={"run_sync": "true"}, json=body)
+    finally:
+        log.removeHandler(lines)
+    assert r.status_code == 200, r.text
+    assert any(f"batch_size 8 is larger than the {pairs - 1} training samples" in line for line in lines.lines)
+    assert _sha(models / "model.pt") != served  # the run trained and its best model serves
+    assert sorted(p.name for p in models.glob("model.pt.bak-*")) == [
+        "model.pt.bak-20260102-000000", "model.pt.bak-20260103-000000"]  # fmt: skip
+    for body, named in [({"val_split": 0.0}, "no validation pair"), ({"val_split": 0.99}, "training pair(s)")]:
+        r = client.post(f"/train/{NAME_2D}", params={"run_sync": "true"}, json={"max_epochs": 1, **body})
+        assert r.status_code == 422 and named in r.json()["detail"], r.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -65,3 +66,21 @@ def test_an_unreadable_cache_is_ignored(tmp_path, hashed):
     fingerprint._MEMORY.pop(str(cache), None)
     (tmp_path / "a.png").write_bytes(b"a")
     assert len(fingerprint.file_digest(tmp_path / "a.png", str(cache))) == 64 and hashed == ["a.png"]
+
+
+def test_an_edit_in_place_that_restores_the_modification_time_is_read_again(tmp_path, hashed):
+    # an editor, tar or rsync --times can set the modification time back; the status-change time still moves
+    cache = str(tmp_path / "digests.json")
+    mask = tmp_path / "m.bmp"
+    mask.write_bytes(b"\x00" * 64)
+    first = fingerprint.file_digest(mask, cache)
+    stat = mask.stat()
+    time.sleep(0.02)  # a status-change time the file system can tell apart
+    mask.write_bytes(b"\x00" * 32 + b"\x01" * 32)
+    os.utime(mask, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert (mask.stat().st_size, mask.stat().st_mtime_ns, mask.stat().st_ino) == (
+        stat.st_size,
+        stat.st_mtime_ns,
+        stat.st_ino,
+    )
+    assert fingerprint.file_digest(mask, cache) != first and hashed == ["m.bmp", "m.bmp"]

@@ -13,6 +13,10 @@
   its extension is an image format of the datastore (:func:`upload_extension`, HTTP 415).
 - Sessions: session ids are plain names too, an uploaded archive is not unpacked (``uncompress``), and session
   answers name files without their folders.
+- Records: the ``params`` of an upload and the ``info`` of an image or label are JSON objects of finite numbers
+  nested at most :data:`MAX_JSON_DEPTH` deep (:func:`check_json_value`, HTTP 422): NaN or Infinity saved into the
+  datastore's record made every later listing fail (JSON answers have no NaN); records saved so before are answered
+  with ``null`` in their place (:func:`finite_json`).
 - Answers name no server path: reader messages are stripped of paths (:func:`redact_paths`), and the training
   status (``GET /train/``) shows neither the server's bundle folder nor the paths of its log lines.
 
@@ -21,9 +25,11 @@ background process whose failure the client never sees as an HTTP status. :func:
 the app once the server runs it, ``server_mode(True)``) therefore wraps MONAI Label 0.8.5 endpoint helpers:
 the upload routes are replaced by those of :mod:`lib.uploads` (checked before the upload is copied, the temporary
 file always removed; ``run_inference`` records what the request carries, :func:`client_request`), the
-``AsyncTask`` of ``monailabel.endpoints.train`` checks the training options with the app first, its ``status``
-answers without server paths, and the helpers of ``monailabel.endpoints.session`` check session ids (the app's
-datastore checks ids and tags again, for every route).
+``AsyncTask`` of ``monailabel.endpoints.train``, ``.batch_infer`` and ``.scoring`` has the app check the request first
+(unknown models and methods: 404), their answers and those of ``status`` and ``stop`` show no server path, the info
+routes and the dataset download of ``monailabel.endpoints.datastore`` are those of :mod:`lib.uploads`, and the helpers
+of ``monailabel.endpoints.session`` check session ids (the app's datastore checks ids and tags again, for every
+route).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 import os
 import pathlib
 import re
@@ -47,15 +54,18 @@ __all__ = [
     "LABEL_EXTENSIONS",
     "LABEL_TAGS",
     "MAX_FILE_NAME_BYTES",
+    "MAX_JSON_DEPTH",
     "RESERVED_IDS",
     "UNKNOWN_IMAGE",
     "CheckedAsyncTask",
     "ClientRequest",
     "check_id",
+    "check_json_value",
     "check_new_id",
     "check_tag",
     "client_request",
     "current_client_request",
+    "finite_json",
     "install_server_checks",
     "redact_paths",
     "resolve_image",
@@ -80,6 +90,8 @@ RESERVED_IDS = ("datastore_v2", "labels", ".lock")
 IMAGE_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".png", ".jpg", ".tif")
 #: extensions of an uploaded label map: the lossless ones of :data:`IMAGE_EXTENSIONS` (a JPEG changes label values)
 LABEL_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".png", ".tif")
+#: the deepest nesting of objects and lists in a request's ``params`` or ``info``
+MAX_JSON_DEPTH = 32
 # an absolute POSIX path or a Windows drive path inside a message (a token that starts at "/" or "X:\\")
 _PATH_IN_TEXT = re.compile(r"(?<![\w.:/-])(?:/|[A-Za-z]:\\)[^\s'\"(),;]+")
 
@@ -189,6 +201,47 @@ def check_tag(value: Any) -> str:
     return value
 
 
+def _json_problem(value: Any) -> str | None:
+    # iterative: a value nested a thousand deep must not exhaust the interpreter's stack here
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return "holds NaN or Infinity (JSON numbers are finite)"
+        if isinstance(item, (dict, list, tuple)):
+            if depth > MAX_JSON_DEPTH:
+                return f"is nested deeper than {MAX_JSON_DEPTH} levels"
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def check_json_value(value: Any, what: str = "params") -> Any:
+    """``value`` when it is a JSON value the datastore can record and answer again, else HTTP 422 naming ``what``.
+
+    Such a value holds finite numbers only (no NaN, no Infinity: a JSON answer cannot carry them) and objects and
+    lists nested at most :data:`MAX_JSON_DEPTH` deep.
+
+    Raises:
+        HTTPException: 422 naming ``what`` and the problem.
+    """
+    problem = _json_problem(value)
+    if problem is not None:
+        raise HTTPException(status_code=422, detail=f"{what} {problem}")
+    return value
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite number replaced by ``None`` (records saved before they were checked)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def redact_paths(text: str, names: dict[str, str] | None = None) -> str:
     """``text`` without server paths: each of ``names`` (path -> what to show) is replaced first, then any other
     absolute path by ``<path>``.
@@ -281,26 +334,35 @@ def resolve_image(image: str, datastore: Any, sessions: Any = None) -> tuple[str
 
 
 class CheckedAsyncTask(AsyncTask):
-    """MONAI Label's ``AsyncTask`` that has the app check a training request and the datastore's labels before it
-    is run or queued (the app's ``check_train_request`` and ``check_train_data`` raise ``HTTPException``, answered
-    with its 4xx status)."""
+    """MONAI Label's ``AsyncTask`` that has the app check a request before it is run or queued, and answers without
+    the server's bundle folder (:func:`_public_task`).
+
+    - ``train``: the app's ``check_train_request`` and ``check_train_data`` (4xx ``HTTPException``);
+    - ``batch_infer``: the app's ``check_batch_infer_request`` (404 for a model that is not served);
+    - ``scoring``: the app's ``check_scoring_request`` (404 for a method that is not served).
+
+    MONAI Label itself queues any name and answers ``200 SUBMITTED``; the queued task then fails where no client sees
+    it."""
 
     @staticmethod
     def run(method: str, request: Any = None, params: Any = None, force_sync: bool = False, enqueue: bool = False):
-        if method == "train":
-            from monailabel.interfaces.utils.app import app_instance
+        from monailabel.interfaces.utils.app import app_instance
 
-            check = getattr(app_instance(), "check_train_request", None)
-            if check is not None:
-                merged = dict(request or {})
-                if params is not None and not isinstance(params, dict):
-                    raise HTTPException(status_code=422, detail="the training options must be a JSON object")
-                merged.update(params or {})
-                check(merged)
-                check_data = getattr(app_instance(), "check_train_data", None)
-                if check_data is not None:
-                    check_data()
-        return AsyncTask.run(method, request=request, params=params, force_sync=force_sync, enqueue=enqueue)
+        app = app_instance()
+        if params is not None and not isinstance(params, dict):
+            raise HTTPException(status_code=422, detail=f"the {method} options must be a JSON object")
+        merged = {**(request or {}), **(params or {})}
+        if method == "train" and getattr(app, "check_train_request", None) is not None:
+            checked = app.check_train_request(merged)
+            check_data = getattr(app, "check_train_data", None)
+            if check_data is not None:
+                check_data(checked)
+        elif method == "batch_infer" and getattr(app, "check_batch_infer_request", None) is not None:
+            app.check_batch_infer_request(merged)
+        elif method == "scoring" and getattr(app, "check_scoring_request", None) is not None:
+            app.check_scoring_request(merged)
+        result, detail = AsyncTask.run(method, request=request, params=params, force_sync=force_sync, enqueue=enqueue)
+        return _public_task(result), detail
 
 
 def upload_id(image: Any, file: Any) -> Any:
@@ -332,7 +394,8 @@ def _relative_pair(pair: Any) -> Any:
 
 
 def _public_task(task: Any) -> Any:
-    """A training task record as ``GET /train/`` shows it: without the server's bundle folder and log paths."""
+    """A task record (training, batch inference, scoring) as the routes answer it: without the server's bundle folder
+    and log paths."""
     if isinstance(task, list):
         return [_public_task(t) for t in task]
     if not isinstance(task, dict):
@@ -343,6 +406,16 @@ def _public_task(task: Any) -> Any:
     if shown.get("details") is not None:
         shown["details"] = [redact_paths(str(line)) for line in shown["details"]]
     return shown
+
+
+def _public_answer(helper: Any) -> Any:
+    """``helper`` (an endpoint's ``status`` or ``stop``) answering task records through :func:`_public_task`."""
+
+    @functools.wraps(helper)
+    def public(*args: Any, **kwargs: Any) -> Any:
+        return _public_task(helper(*args, **kwargs))
+
+    return public
 
 
 def public_session(answer: Any) -> Any:
@@ -389,9 +462,11 @@ def _install_session_checks() -> None:
 def install_server_checks() -> None:
     """Wrap MONAI Label's inference, training and datastore endpoint helpers (see the module docstring);
     idempotent."""
+    from monailabel.endpoints import batch_infer as batch_endpoint
     from monailabel.endpoints import datastore as datastore_endpoint
     from monailabel.endpoints import infer as infer_endpoint
     from monailabel.endpoints import model as model_endpoint
+    from monailabel.endpoints import scoring as scoring_endpoint
     from monailabel.endpoints import session as session_endpoint
     from monailabel.endpoints import train as train_endpoint
     from monailabel.endpoints import wsi_infer as wsi_endpoint
@@ -406,6 +481,9 @@ def install_server_checks() -> None:
         (infer_endpoint, "run_inference", run_inference),
         (datastore_endpoint, "add_image", uploads.add_image),
         (datastore_endpoint, "save_label", uploads.save_label),
+        (datastore_endpoint, "update_image_info", uploads.update_image_info),
+        (datastore_endpoint, "update_label_info", uploads.update_label_info),
+        (datastore_endpoint, "download_dataset", uploads.download_dataset),
         (model_endpoint, "update_model", uploads.update_model),
         (model_endpoint, "delete_model", uploads.delete_model),
         (session_endpoint, "create_session", uploads.create_session),
@@ -413,26 +491,24 @@ def install_server_checks() -> None:
     ):
         replacement.spectraflow_checked = True
         setattr(module, name, replacement)
-    if not (isinstance(train_endpoint.AsyncTask, type) and issubclass(train_endpoint.AsyncTask, CheckedAsyncTask)):
-        train_endpoint.AsyncTask = CheckedAsyncTask
-
-    status = train_endpoint.status
-    if not getattr(status, "spectraflow_checked", False):
-
-        @functools.wraps(status)
-        def public_status(all: bool = False, check_if_running: bool = False):  # noqa: A002 (MONAI Label's name)
-            return _public_task(status(all, check_if_running))
-
-        public_status.spectraflow_checked = True
-        train_endpoint.status = public_status
+    for module in (train_endpoint, batch_endpoint, scoring_endpoint):
+        if not (isinstance(module.AsyncTask, type) and issubclass(module.AsyncTask, CheckedAsyncTask)):
+            module.AsyncTask = CheckedAsyncTask
+        for name in ("status", "stop"):  # the task records of GET and DELETE without the server's folders
+            helper = getattr(module, name)
+            if not getattr(helper, "spectraflow_checked", False):
+                public = _public_answer(helper)
+                public.spectraflow_checked = True
+                setattr(module, name, public)
 
     listing = datastore_endpoint.datastore
     if not getattr(listing, "spectraflow_checked", False):
 
         @functools.wraps(listing)
         def public_listing(output=None):
-            # ?output=train lists the training pairs: file names relative to the studies folder, not server paths
-            result = listing(output)
+            # ?output=train lists the training pairs: file names relative to the studies folder, not server paths;
+            # records saved with NaN or Infinity before they were checked are answered with null in their place
+            result = finite_json(listing(output))
             if isinstance(result, list):
                 result = [_relative_pair(pair) for pair in result]
             return result

@@ -15,6 +15,11 @@ default ``<app>/model``), and serves and trains that copy:
   (:func:`replace_served_model`); ``DELETE /model/<name>`` moves the served model there
   (:func:`set_aside_served_model`).
 
+- model backups, ``models/<file>.bak-<date>-<time>`` (what a bundle run that starts over keeps aside, e.g. a run in
+  the installed bundle with ``resume`` false), are bounded: the installed bundle's are not copied, and the served copy
+  keeps the newest ``--conf kept_model_backups`` of each file (default :data:`DEFAULT_KEPT_BACKUPS`), pruned at
+  start and after each training run (:func:`prune_backups`, each removal logged).
+
 Each bundle folder stands alone (its ``configs/`` are plain files), and so does its served copy.
 
 The model folder must not overlap the studies folder (the only folder requests write to).
@@ -25,14 +30,19 @@ from __future__ import annotations
 import filecmp
 import logging
 import os
+import re
 import shutil
+from typing import Any
 
 from spectraflow_monai.utils.files import atomic_path
 
 __all__ = [
+    "DEFAULT_KEPT_BACKUPS",
     "MIRRORED",
     "PREVIOUS_SUFFIX",
     "check_apart",
+    "kept_backups",
+    "prune_backups",
     "replace_served_model",
     "served_copy",
     "set_aside_served_model",
@@ -45,6 +55,53 @@ MIRRORED = ("configs", "scripts")
 #: the model a new served model replaced: ``models/model.pt`` -> ``models/model.pt.previous`` (not a ``*.pt`` file,
 #: so no request can choose it as ``model_filename``)
 PREVIOUS_SUFFIX = ".previous"
+#: model backups kept per file in the served copy's ``models/`` (``--conf kept_model_backups``)
+DEFAULT_KEPT_BACKUPS = 2
+# a backup that spectraflow_monai.utils.checkpoint.set_aside writes: <name>.bak-<date>-<time>[-<n>]
+_BACKUP = re.compile(r"(.+)\.bak-(\d{8}-\d{6})(?:-(\d+))?")
+
+
+def kept_backups(conf: dict[str, Any]) -> int:
+    """``--conf kept_model_backups``: how many backups of each model file the served copy keeps (an integer >= 0;
+    default :data:`DEFAULT_KEPT_BACKUPS`).
+
+    Raises:
+        ValueError: naming the setting and the value.
+    """
+    text = conf.get("kept_model_backups")
+    if text in (None, ""):
+        return DEFAULT_KEPT_BACKUPS
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"--conf kept_model_backups must be an integer >= 0, got {text!r}.")
+    return value
+
+
+def prune_backups(folder: str, keep: int) -> list[str]:
+    """Keep the newest ``keep`` backups (``<name>.bak-<date>-<time>[-<n>]``) of each name in ``folder``; returns the
+    names removed (logged). Nothing else is touched, links included."""
+    if not os.path.isdir(folder):
+        return []
+    groups: dict[str, list[tuple[str, int, str]]] = {}
+    for entry in os.listdir(folder):
+        match = _BACKUP.fullmatch(entry)
+        if match is not None and not os.path.islink(os.path.join(folder, entry)):
+            groups.setdefault(match.group(1), []).append((match.group(2), int(match.group(3) or 0), entry))
+    removed = []
+    for backups in groups.values():
+        for _, _, entry in sorted(backups)[: max(0, len(backups) - keep)]:
+            path = os.path.join(folder, entry)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+            removed.append(entry)
+    if removed:
+        logger.info(f"{folder}: removed {len(removed)} older model backup(s), {keep} of each kept: {sorted(removed)}")
+    return sorted(removed)
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -103,12 +160,14 @@ def _mirror(src: str, dest: str) -> list[str]:
     return changed
 
 
-def served_copy(installed: str, dest: str) -> str:
+def served_copy(installed: str, dest: str, keep_backups: int = DEFAULT_KEPT_BACKUPS) -> str:
     """Create or refresh the server's copy ``dest`` of the bundle at ``installed`` (see the module docstring).
 
     Args:
         installed: the installed bundle folder (read only).
         dest: the copy, e.g. ``<model_dir>/<bundle name>``.
+        keep_backups: model backups kept per file in the copy's ``models/`` (:func:`prune_backups`). Default
+            :data:`DEFAULT_KEPT_BACKUPS`.
 
     Returns:
         ``dest`` as an absolute path.
@@ -129,9 +188,10 @@ def served_copy(installed: str, dest: str) -> str:
     if os.path.isdir(models):
         for name in sorted(os.listdir(models)):
             src, target = os.path.join(models, name), os.path.join(dest, "models", name)
-            if os.path.isfile(src) and not os.path.exists(target):
+            if os.path.isfile(src) and not os.path.exists(target) and _BACKUP.fullmatch(name) is None:
                 _copy_file(src, target)
                 logger.info(f"served copy {dest}: models/{name} copied from {installed}")
+    prune_backups(os.path.join(dest, "models"), keep_backups)
     return dest
 
 

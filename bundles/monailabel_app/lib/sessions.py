@@ -9,7 +9,12 @@ clean-up job with an exception. :class:`CappedSessions`:
   the server's maximum, ``MONAI_LABEL_SESSION_EXPIRY`` (:func:`check_expiry`, HTTP 422 for anything else);
 - a session ends ``expiry`` seconds after its last access and in any case :data:`MAX_SESSION_LIFETIME` seconds after
   it was created, whatever its ``meta.info`` says;
-- a session folder that cannot be read is removed instead of stopping the clean-up.
+- a session folder that cannot be read is removed instead of stopping the clean-up;
+- only folders this app created are ever read, served or removed: each new session folder gets a marker file,
+  :data:`SESSION_MARKER`, and a folder of the session path without it (the studies folder or a user's files when
+  ``MONAI_LABEL_SESSION_PATH`` is a folder that holds other things, a session of an earlier version) is left as it
+  is: no clean-up removes it, ``GET`` / ``DELETE /session/<name>`` answer 404 for it, and no new session is written
+  into it. Each removal is logged with the session and the reason.
 """
 
 from __future__ import annotations
@@ -18,18 +23,21 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from typing import Any
 
 from fastapi import HTTPException
 
 from monailabel.utils.sessions import Sessions
 
-__all__ = ["MAX_SESSION_LIFETIME", "CappedSessions", "check_expiry"]
+__all__ = ["MAX_SESSION_LIFETIME", "SESSION_MARKER", "CappedSessions", "check_expiry"]
 
 logger = logging.getLogger(__name__)
 
 #: the longest a session lives, in seconds from its creation, however often it is used (one day)
 MAX_SESSION_LIFETIME = 24 * 3600
+#: the file that marks a session folder as created by this app; folders without it are never read or removed
+SESSION_MARKER = ".spectraflow_session"
 
 
 def check_expiry(value: Any, maximum: int) -> int:
@@ -65,9 +73,39 @@ class CappedSessions(Sessions):
         self.lifetime = int(lifetime)
         self.expiry = min(self.expiry, self.lifetime)
 
+    def _marked(self, session_id: Any) -> bool:
+        """Whether ``<store_path>/<session_id>`` is a session folder this app created (it holds the marker)."""
+        if not isinstance(session_id, str) or not session_id or os.sep in session_id or session_id in (".", ".."):
+            return False
+        folder = os.path.join(self.store_path, session_id)
+        return not os.path.islink(folder) and os.path.isfile(os.path.join(folder, SESSION_MARKER))
+
     def add_session(self, data_file: str, expiry: int = 0, uncompress: bool = False, session_id: Any = None):
         expiry = check_expiry(expiry, self.expiry)
+        session_id = session_id or str(uuid.uuid1()).lower()
+        folder = os.path.join(self.store_path, session_id)
+        if not self._marked(session_id):
+            if os.path.lexists(folder):  # a folder of the session path that is not a session of this app
+                raise HTTPException(status_code=409, detail="this session id is taken; leave session_id out")
+            os.makedirs(folder)
+            with open(os.path.join(folder, SESSION_MARKER), "w") as marker:
+                marker.write("a MONAI Label session folder of the SpectraFlow app; removed when the session ends\n")
         return super().add_session(data_file, expiry, uncompress, session_id)
+
+    def get_session(self, session_id: str, update_ts: bool = True, fetch_cache: bool = True) -> Any:
+        """MONAI Label's ``get_session`` for the folders this app created; ``None`` for any other name."""
+        if not self._marked(session_id):
+            self.pop(session_id, None)
+            return None
+        return super().get_session(session_id, update_ts, fetch_cache)
+
+    def remove_session(self, session_id: str) -> None:
+        """Remove the session folder ``session_id`` if this app created it; any other folder is left as it is."""
+        self.pop(session_id, None)
+        if not self._marked(session_id):
+            logger.info(f"session {session_id!r}: not a session folder of this app (no {SESSION_MARKER}), left as is")
+            return
+        shutil.rmtree(os.path.join(self.store_path, session_id), ignore_errors=True)
 
     def _expired(self, info: Any, now: int) -> bool:
         expiry = min(int(info.expiry or 0) or self.expiry, self.expiry)
@@ -76,24 +114,27 @@ class CappedSessions(Sessions):
         return last + expiry < now or created + self.lifetime < now
 
     def remove_expired(self) -> int:
-        """Remove the sessions that expired, outlived :attr:`lifetime` or cannot be read; returns how many."""
+        """Remove the sessions of this app that expired, outlived :attr:`lifetime` or cannot be read, each logged;
+        folders without :data:`SESSION_MARKER` are never touched. Returns how many were removed."""
         count = 0
         now = int(time.time())
         if not os.path.isdir(self.store_path):
             return count
-        for session_id in os.listdir(self.store_path):
-            folder = os.path.join(self.store_path, session_id)
-            if not os.path.isdir(folder):
+        for session_id in sorted(os.listdir(self.store_path)):
+            if not self._marked(session_id):
                 continue
+            folder = os.path.join(self.store_path, session_id)
             try:
                 info = self.get_session(session_id, update_ts=False, fetch_cache=False)
-                # (a folder without meta.info for a minute is one being created, not a broken one)
-                expired = self._expired(info, now) if info else os.path.getmtime(folder) < now - 60
+                # (a marked folder without meta.info for a minute is one being created, not a broken one)
+                if info:
+                    reason = "expired" if self._expired(info, now) else ""
+                else:
+                    reason = "no session record" if os.path.getmtime(folder) < now - 60 else ""
             except Exception as e:  # a broken meta.info: the session cannot be served
-                logger.info(f"session {session_id}: unreadable ({type(e).__name__}), removed")
-                expired = True
-            if expired:
-                self.pop(session_id, None)
-                shutil.rmtree(os.path.join(self.store_path, session_id), ignore_errors=True)
+                reason = f"unreadable ({type(e).__name__})"
+            if reason:
+                self.remove_session(session_id)
+                logger.info(f"session {session_id}: {reason}, removed")
                 count += 1
         return count

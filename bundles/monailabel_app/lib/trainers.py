@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import logging
 import math
 import os
 import re
 import shutil
+import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -28,19 +31,24 @@ from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 
 from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
 from .options import check_bool, check_device, config_syntax, first_item, show_value
-from .served import replace_served_model
+from .served import kept_backups, prune_backups, replace_served_model
 
 __all__ = [
     "KEPT_RUN_LOGS",
     "MAX_EPOCHS",
     "PRECISION_CHOICES",
+    "RUN_HEARTBEAT",
+    "RUN_OWNER_FILE",
+    "RUN_STALE_AFTER",
     "TRAIN_OPTIONS",
     "WEIGHT_SETTINGS",
     "SpectraFlowTrainTask",
     "check_train_options",
     "config_syntax",
+    "end_run",
     "precision_setting",
     "remove_stale_runs",
+    "run_owner",
     "weight_settings",
 ]
 
@@ -52,9 +60,17 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.pt")
 _GPUS = re.compile(r"\d{1,2}(,\d{1,2}){0,15}")
 _NONE = (None, "", "None", "none")
 _RUNS = itertools.count()
-_ACTIVE_RUNS: set[str] = set()  # run folders of this process that are training now
+_ACTIVE_RUNS: dict[str, threading.Event] = {}  # run folders of this process that are training now -> stops its beat
 # a run folder: runs/<date>-<time>-<pid>-<n> (new_run)
 _RUN_NAME = re.compile(r"\d{8}-\d{6}-(\d+)-\d+")
+#: the record of who runs a run folder (host, PID namespace, PID), written when the run starts
+RUN_OWNER_FILE = "owner.json"
+#: seconds between two touches of a running run's heartbeat file (``runs/<id>/alive``)
+RUN_HEARTBEAT = 60.0
+#: a run folder of another host or PID namespace (whose PID cannot be checked here) is stopped when its heartbeat is
+#: older than this many seconds
+RUN_STALE_AFTER = 15 * 60.0
+_HEARTBEAT_FILE = "alive"
 #: log folders of earlier runs kept in the served copy's logs/ (older ones are removed when a run starts)
 KEPT_RUN_LOGS = 5
 #: the values of the bundles' ``precision`` setting
@@ -272,6 +288,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
     def __init__(self, path: str, conf: dict[str, str], overrides: dict[str, Any] | None = None, **kwargs: Any):
         self.overrides = dict(overrides or {})
         self._request_overrides: dict[str, Any] = {}
+        self.kept_backups = kept_backups(conf or {})
         kwargs.setdefault("load_strict", True)
         super().__init__(path, conf, **kwargs)
         remove_stale_runs(path)  # the folders of runs that a stop or a kill ended before their clean-up
@@ -309,15 +326,14 @@ class SpectraFlowTrainTask(BundleTrainTask):
             self.promote(run_dir)
         finally:
             self._request_overrides = {}
-            # a run is never continued by a later request: its checkpoints go, whether it ended well or not
-            shutil.rmtree(run_dir, ignore_errors=True)
-            _ACTIVE_RUNS.discard(os.path.basename(run_dir))
+            end_run(run_dir)
         return result
 
     def new_run(self, request: dict[str, Any]) -> str:
         """Prepare a new run: its own folder ``runs/<time>-<pid>-<n>/`` for the resumable checkpoints and the best
         model, nothing resumed (an earlier request's run, its optimizer, early stopping and best score are never
-        continued), and the bundle's own training handlers (MONAI Label inserts its checkpoint loader into them).
+        continued), and the bundle's own training handlers (MONAI Label inserts its checkpoint loader into them). The
+        folder records its owner and gets a heartbeat (:func:`remove_stale_runs`) until :func:`end_run`.
 
         Returns:
             the run folder.
@@ -326,10 +342,10 @@ class SpectraFlowTrainTask(BundleTrainTask):
         remove_stale_runs(self.bundle_path)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_RUNS)}"
         run_dir = os.path.join(self.bundle_path, "runs", run_id)
-        os.makedirs(run_dir)
-        _ACTIVE_RUNS.add(run_id)
         log_dir = os.path.join(self.bundle_path, "logs", run_id)
         _prune_logs(os.path.dirname(log_dir), KEPT_RUN_LOGS - 1)
+        os.makedirs(run_dir)
+        _start_run(run_dir)
         self._request_overrides.update(
             {
                 "stage2_dir": os.path.join(run_dir, "checkpoints"),  # a new folder: nothing to resume
@@ -369,6 +385,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
                 shutil.copyfile(served_record, served_record + ".previous")
             os.replace(record, served_record)
         replaced = replace_served_model(best, served)
+        prune_backups(os.path.dirname(served), self.kept_backups)
         kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
         logger.info(
             f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
@@ -486,12 +503,106 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_runs(bundle_path: str) -> list[str]:
-    """Remove the run folders (``runs/<date>-<time>-<pid>-<n>``) of the served copy whose process has ended.
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:  # not Linux: one namespace
+        return ""
 
-    A run removes its folder when it ends (:meth:`SpectraFlowTrainTask.__call__`); a run stopped by
-    ``DELETE /train`` or a server kill cannot, so the server removes them at its start and before each new run. A
-    folder whose process still runs (a training of another server process) is kept.
+
+def _boot_id() -> str:
+    # differs between hosts (and boots) whose host names or namespace numbers agree
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def run_owner(pid: int | None = None) -> dict[str, Any]:
+    """Who runs a run folder: this host (its name and boot id), this PID namespace and ``pid`` (default: this
+    process)."""
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _boot_id(),
+        "pid_namespace": _pid_namespace(),
+        "pid": os.getpid() if pid is None else pid,
+    }
+
+
+def _last_activity(path: str) -> float:
+    """The newest modification time of run folder ``path``, its entries and theirs (checkpoints are written there)."""
+    newest = os.path.getmtime(path)
+    for entry in os.scandir(path):
+        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+        if entry.is_dir(follow_symlinks=False):
+            for inner in os.scandir(entry.path):
+                newest = max(newest, inner.stat(follow_symlinks=False).st_mtime)
+    return newest
+
+
+def _beat(path: str, stop: threading.Event) -> None:
+    while True:
+        try:
+            os.utime(path)
+        except OSError:  # the folder is gone: the run has ended
+            return
+        if stop.wait(RUN_HEARTBEAT):
+            return
+
+
+def _start_run(run_dir: str) -> None:
+    """Record this process as the owner of ``run_dir`` and touch its heartbeat file every :data:`RUN_HEARTBEAT`
+    seconds until :func:`end_run`."""
+    with open(os.path.join(run_dir, RUN_OWNER_FILE), "w") as f:
+        json.dump(run_owner(), f)
+    heartbeat = os.path.join(run_dir, _HEARTBEAT_FILE)
+    open(heartbeat, "w").close()
+    stop = threading.Event()
+    _ACTIVE_RUNS[os.path.basename(run_dir)] = stop
+    threading.Thread(target=_beat, args=(heartbeat, stop), name="spectraflow-run-heartbeat", daemon=True).start()
+
+
+def end_run(run_dir: str) -> None:
+    """End the run of ``run_dir``: its heartbeat stops and its folder is removed (a run is never continued by a later
+    request: its checkpoints go, whether it ended well or not)."""
+    stop = _ACTIVE_RUNS.pop(os.path.basename(run_dir), None)
+    if stop is not None:
+        stop.set()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _stopped(path: str, name: str, pid: int) -> bool:
+    """Whether the run of folder ``path`` has stopped. Its process is checked where it can be (this host and PID
+    namespace); a run of another host or PID namespace (a container, a server on shared storage), or of a folder
+    without an owner record, has stopped when its heartbeat (else the newest file of the folder) is older than
+    :data:`RUN_STALE_AFTER` seconds."""
+    try:
+        with open(os.path.join(path, RUN_OWNER_FILE)) as f:
+            owner = json.load(f)
+    except (OSError, ValueError):
+        owner = None
+    heartbeat = os.path.join(path, _HEARTBEAT_FILE)
+    try:
+        last = os.path.getmtime(heartbeat) if os.path.isfile(heartbeat) else _last_activity(path)
+    except OSError:  # (removed meanwhile, or unreadable: left as it is)
+        return False
+    silent = time.time() - last > RUN_STALE_AFTER
+    here = run_owner(pid)
+    if isinstance(owner, dict) and all(owner.get(k) == v for k, v in here.items()):
+        if pid == os.getpid():
+            return name not in _ACTIVE_RUNS
+        return not _pid_alive(pid) or silent  # (a live PID with a silent heartbeat: the PID was reused)
+    return silent
+
+
+def remove_stale_runs(bundle_path: str) -> list[str]:
+    """Remove the run folders (``runs/<date>-<time>-<pid>-<n>``) of the served copy whose run has stopped.
+
+    A run removes its folder when it ends (:func:`end_run`); a run stopped by ``DELETE /train`` or a server kill
+    cannot, so the server removes them at its start and before each new run. A folder whose run may still go on is
+    kept: its process runs (this host and PID namespace, as its ``owner.json`` says), or, for a run of another host or
+    PID namespace, its heartbeat is younger than :data:`RUN_STALE_AFTER` seconds (:func:`_stopped`).
 
     Args:
         bundle_path: the served copy of a bundle.
@@ -508,10 +619,7 @@ def remove_stale_runs(bundle_path: str) -> list[str]:
         match = _RUN_NAME.fullmatch(name)
         if not os.path.isdir(path) or os.path.islink(path) or match is None:
             continue
-        pid = int(match.group(1))
-        if pid != os.getpid() and _pid_alive(pid):
-            continue
-        if pid == os.getpid() and name in _ACTIVE_RUNS:
+        if not _stopped(path, name, int(match.group(1))):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(name)

@@ -31,8 +31,10 @@ from fastapi import HTTPException
 from .checks import (
     IMAGE_EXTENSIONS,
     LABEL_EXTENSIONS,
+    MAX_JSON_DEPTH,
     UNKNOWN_IMAGE,
     check_id,
+    check_json_value,
     check_new_id,
     check_tag,
     client_request,
@@ -51,9 +53,12 @@ __all__ = [
     "create_session",
     "datastore_extensions",
     "delete_model",
+    "download_dataset",
     "json_object",
     "run_wsi_inference",
     "save_label",
+    "update_image_info",
+    "update_label_info",
     "update_model",
     "upload_limit",
     "wrap_run_inference",
@@ -115,17 +120,27 @@ def buffered_upload(upload: Any, suffix: str, limit: int) -> Iterator[str]:
             os.remove(path)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def json_object(text: Any, what: str = "params") -> dict[str, Any]:
-    """The JSON object in form field ``what`` (empty: ``{}``), else HTTP 422 naming the field."""
+    """The JSON object in form field ``what`` (empty: ``{}``), else HTTP 422 naming the field: not JSON, not an
+    object, NaN or Infinity in it, or nested deeper than :data:`lib.checks.MAX_JSON_DEPTH`
+    (:func:`lib.checks.check_json_value`)."""
     if text in (None, ""):
         return {}
     try:
-        value = json.loads(text)
-    except (TypeError, ValueError):
-        value = None
+        value = json.loads(text, parse_constant=_no_constant)
+    except (TypeError, ValueError) as e:
+        nan = "not a JSON number" in str(e)
+        detail = "holds NaN or Infinity (JSON numbers are finite)" if nan else "must be a JSON object"
+        raise HTTPException(status_code=422, detail=f"{what} {detail}") from None
+    except RecursionError:
+        raise HTTPException(status_code=422, detail=f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(value, dict):
         raise HTTPException(status_code=422, detail=f"{what} must be a JSON object")
-    return value
+    return check_json_value(value, what)
 
 
 def datastore_extensions(datastore: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -182,6 +197,44 @@ def save_label(background_tasks: Any, image: Any, params: str = "{}", tag: Any =
     answer = app.on_save_label(image, label_id) or {}
     answer.update({"image": image, "label": label_id})
     return answer
+
+
+def update_image_info(image: Any, info: Any = "{}", user: Any = None):
+    """``PUT /datastore/image/info``: ``info`` a JSON object of finite numbers (else 422), the image known (404)."""
+    record = json_object(info, "info")
+    if user:
+        record["user"] = user
+    return _app().datastore().update_image_info(check_id(image), record)
+
+
+def update_label_info(label: Any, tag: Any, info: Any = "{}", user: Any = None):
+    """``PUT /datastore/label/info``: ``info`` a JSON object of finite numbers (else 422), the label known (404)."""
+    record = json_object(info, "info")
+    if user:
+        record["user"] = user
+    return _app().datastore().update_label_info(check_id(label, "label"), check_tag(tag), record)
+
+
+def download_dataset(limit_cases: Any = None):
+    """``GET /datastore/dataset``: the ZIP of the labelled images (MONAI Label's), removed once it is sent (MONAI
+    Label left one in the temporary folder per request); 404 while no image has a label."""
+    from starlette.background import BackgroundTask
+    from starlette.responses import FileResponse
+
+    store = _app().datastore()
+    if not store.datalist():
+        raise HTTPException(status_code=404, detail="no image has a label yet (labels/final): nothing to download")
+    if limit_cases is not None and (isinstance(limit_cases, bool) or not isinstance(limit_cases, int)):
+        raise HTTPException(status_code=422, detail="limit_cases must be a number of images")
+    path = store.get_dataset_archive(limit_cases)
+    return FileResponse(
+        path, media_type="application/zip", filename="dataset.zip", background=BackgroundTask(_remove, path)
+    )
+
+
+def _remove(path: str) -> None:
+    if os.path.isfile(path):
+        os.remove(path)
 
 
 def wrap_run_inference(original: Callable) -> Callable:

@@ -1,4 +1,5 @@
-"""U-Net++ as Zhou et al. built it, the baseline of the paper's Fig. 5, on MONAI's ``BasicUNetPlusPlus``."""
+"""U-Net++ (Zhou et al.), the baseline of the paper's Fig. 5, on MONAI's ``BasicUNetPlusPlus``: Zhou et al.'s widths
+and up-sampling, with batch norm (the bundle's baseline) or as their reference code (no normalisation, dropout 0.5)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 from monai.networks.nets import BasicUNetPlusPlus
+from monai.networks.nets.basic_unet import UpCat
 
 __all__ = ["MONAI_UNETPP_FEATURES", "ZHOU_UNETPP_FEATURES", "UNetPlusPlus"]
 
@@ -21,11 +23,24 @@ class UNetPlusPlus(BasicUNetPlusPlus):
     MONAI's :class:`~monai.networks.nets.BasicUNetPlusPlus`, returning logits as one tensor at evaluation.
 
     SpectraFlow (Chen et al.) compares itself with U-Net++ under distribution shift (Fig. 5) without giving its
-    configuration. The defaults here are Zhou et al.'s: widths 32-512 (:data:`ZHOU_UNETPP_FEATURES`, 9.12 M
-    parameters at 3 -> 1 channels), batch normalisation and ReLU after every 3x3 convolution. MONAI's own defaults
-    (widths 32-256, instance normalisation, LeakyReLU 0.1: 2.41 M parameters) are a named variant of the 2D bundle
-    (``configs/unetpp_monai_baseline.yaml``); instance normalisation standardises every feature map per image and so
+    configuration. The widths and the up-sampling here are Zhou et al.'s: widths 32-512 (:data:`ZHOU_UNETPP_FEATURES`)
+    and 2x2 transposed convolutions that halve the channels at every level, the level-0 nodes included
+    (``halve_level0``; MONAI's ``BasicUNetPlusPlus`` keeps ``features[1]`` channels there, 64 at these widths). Zhou
+    et al.'s reference code (the Keras ``Nest_Net`` of the DLMIA paper) then has no normalisation, ReLU, dropout 0.5
+    after every 3x3 convolution and an L2 penalty of 1e-4 on the convolution kernels: ``norm=None, dropout=0.5``
+    here, with the penalty in the optimizer (:func:`~spectraflow_monai.optimizers.kernel_l2_parameter_groups`), is
+    that network, 9,041,700 parameters at 1 -> 1 channels (their count, 9,041,601, plus the three 1x1 side heads of 33
+    parameters each that MONAI builds also without deep supervision). The defaults instead put batch normalisation
+    after every 3x3 convolution, without dropout: the 2D bundle's Fig. 5 baseline (``configs/unetpp_baseline.yaml``,
+    9.05 M parameters at 3 -> 1 channels), a labelled deviation from the reference code (docs/method.md); the
+    reference reading is ``configs/unetpp_zhou_literal_baseline.yaml``. MONAI's own defaults (widths 32-256, no
+    halving at level 0, instance normalisation, LeakyReLU 0.1: 2.41 M parameters) are
+    ``configs/unetpp_monai_baseline.yaml``; instance normalisation standardises every feature map per image and so
     partly cancels the brightness and contrast shifts Fig. 5 applies.
+
+    MONAI orders a convolution's normalisation, dropout and activation as N, D, A: dropout before the ReLU, where
+    Zhou et al. apply it after; the two are the same function, as ReLU commutes with a non-negative scaling. The
+    weights start from PyTorch's default initialisation, not Keras's ``he_normal``.
 
     ``BasicUNetPlusPlus`` always returns a list; the Stage-2 trainer, MONAI's inferers and the metrics take one logits
     tensor. Without deep supervision this class returns the final nested head ``X^{0,4}`` as that tensor. With
@@ -41,16 +56,24 @@ class UNetPlusPlus(BasicUNetPlusPlus):
         out_channels: output channels (logits). Defaults to 1.
         features: the six widths of ``BasicUNetPlusPlus`` (five levels, then the nested level-0 nodes). Defaults to
             :data:`ZHOU_UNETPP_FEATURES`.
-        norm: normalisation after each convolution, a MONAI ``Norm`` name or ``(name, args)``. Defaults to
-            ``("batch", {"affine": True})``, as Zhou et al. (MONAI's default is instance normalisation).
+        norm: normalisation after each 3x3 convolution, a MONAI ``Norm`` name, ``(name, args)`` or None for none.
+            Defaults to ``("batch", {"affine": True})``, the bundle's baseline (Zhou et al.'s reference code: None;
+            MONAI's default: instance normalisation).
         act: activation, a MONAI ``Act`` name or ``(name, args)``. Defaults to ``("relu", {"inplace": True})``, as
             Zhou et al. (MONAI's default is LeakyReLU 0.1).
+        dropout: dropout probability after each 3x3 convolution. Defaults to 0.0 (Zhou et al.'s reference code: 0.5).
         deep_supervision: return the four level-0 heads in training mode (the final head at evaluation). Defaults to
             False.
-        kwargs: further ``BasicUNetPlusPlus`` arguments (``bias``, ``dropout``, ``upsample``).
+        halve_level0: the up-sampling into the level-0 nodes halves the channels (``features[1] // 2``), as at every
+            other level and as Zhou et al.; False keeps MONAI's ``features[1]`` there (its default widths have 32 at
+            levels 0 and 1). Defaults to True.
+        bias: convolutions with a bias. Defaults to True.
+        upsample: ``BasicUNetPlusPlus``'s up-sampling mode. Defaults to ``"deconv"`` (a 2x2 transposed convolution
+            of stride 2, as Zhou et al.).
 
     Raises:
-        ValueError: ``features`` is not six positive integers, or ``deep_supervision`` is not a bool.
+        ValueError: ``features`` is not six positive integers, or ``deep_supervision`` or ``halve_level0`` is not a
+            bool.
 
     Input height and width must be multiples of 16 (four poolings).
     """
@@ -61,26 +84,38 @@ class UNetPlusPlus(BasicUNetPlusPlus):
         in_channels: int = 3,
         out_channels: int = 1,
         features: Sequence[int] = ZHOU_UNETPP_FEATURES,
-        norm: str | tuple = ("batch", {"affine": True}),
+        norm: str | tuple | None = ("batch", {"affine": True}),
         act: str | tuple = ("relu", {"inplace": True}),
+        dropout: float | tuple = 0.0,
         deep_supervision: bool = False,
-        **kwargs,
+        halve_level0: bool = True,
+        bias: bool = True,
+        upsample: str = "deconv",
     ) -> None:
         features = tuple(features)
         if len(features) != 6 or any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in features):
             raise ValueError(f"features must be six positive integers, got {features!r}.")
-        if not isinstance(deep_supervision, bool):
-            raise ValueError(f"deep_supervision must be a bool, got {deep_supervision!r}.")
+        for name, value in (("deep_supervision", deep_supervision), ("halve_level0", halve_level0)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool, got {value!r}.")
         super().__init__(
             spatial_dims=spatial_dims,
             in_channels=in_channels,
             out_channels=out_channels,
             features=features,
             deep_supervision=deep_supervision,
-            norm=norm,
             act=act,
-            **kwargs,
+            norm=norm,
+            bias=bias,
+            dropout=dropout,
+            upsample=upsample,
         )
+        self.halve_level0 = halve_level0
+        if halve_level0:  # X^{0,j} from X^{1,j-1} up-sampled to features[1] // 2 channels, as at the other levels
+            for j in range(1, 5):
+                out = features[5] if j == 4 else features[0]
+                up = UpCat(spatial_dims, features[1], features[0] * j, out, act, norm, bias, dropout, upsample)
+                setattr(self, f"upcat_0_{j}", up)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:  # type: ignore[override]
         """Logits ``(B, out_channels, *spatial)`` of the final nested head; with deep supervision in training mode,
