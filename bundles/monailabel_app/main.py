@@ -557,6 +557,20 @@ class SpectraFlowApp(MONAILabelApp):
         kwargs = {k: v for k, v in self.scoring_settings.items() if k != "hold_seconds"}
         return {SCORING_NAME: UncertaintyScoring(self.served_infer_tasks, device=default_device(), **kwargs)}
 
+    def async_scoring(self, method: str | None, params: dict[str, Any] | None = None) -> Any:
+        """MONAI Label's scoring in the background, except its automatic runs (at start, after a training, after each
+        *Next Sample*) while no unlabelled image needs a new score: each would start a process that loads the app
+        only to find nothing to do."""
+        scoring = self._scoring_methods.get(SCORING_NAME)
+        if method is None and not params and isinstance(scoring, UncertaintyScoring):
+            try:
+                if scoring.pending(self.datastore()) == 0:
+                    logger.debug(f"{SCORING_NAME}: every unlabelled image is scored by the served model")
+                    return {}
+            except Exception as e:  # a datastore that cannot be listed: let MONAI Label's run report it
+                logger.warning(f"{SCORING_NAME}: could not count the images to score ({type(e).__name__}: {e})")
+        return super().async_scoring(method, params)
+
     def served_infer_tasks(self) -> dict[str, InferTask]:
         """The inference tasks of the bundles served now (a model trained or uploaded since start included)."""
         self._serve_trained()

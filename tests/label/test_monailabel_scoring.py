@@ -177,3 +177,28 @@ def test_images_scored_by_the_served_model_are_not_scored_again(tmp_path, settin
     again = app.scoring({"method": "uncertainty"})  # what MONAI Label runs after every Next Sample
     assert again["scored"] == 0 and again["current"] == 2
     assert app.scoring({"method": "uncertainty", "force": True})["scored"] == 2
+
+
+def test_automatic_scoring_starts_only_when_an_image_needs_a_score(tmp_path, settings_saved, monkeypatch):
+    from monailabel.utils.async_tasks.task import AsyncTask
+
+    started = []
+
+    def run(method, request=None, params=None, force_sync=False, enqueue=False):  # records instead of a process
+        started.append(method)
+        return {}, None
+
+    monkeypatch.setattr(AsyncTask, "run", staticmethod(run))
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    (studies / "ct_a.nii.gz").unlink()
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    app = _app(bundles, studies, models=NAME_2D)
+    app.server_mode(True)
+    app.async_scoring(None)  # what MONAI Label does at start, after a training and after every Next Sample
+    assert started == ["scoring"]
+    app.scoring({"method": "uncertainty"})
+    app.async_scoring(None)
+    assert started == ["scoring"]  # every unlabelled image is scored by the served model: no process started
+    app.async_scoring("uncertainty")  # asked for by name: always runs
+    assert started == ["scoring", "scoring"]

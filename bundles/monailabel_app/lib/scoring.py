@@ -11,7 +11,8 @@ at most ``batch_size`` images (or slices) times four flips at once, stops after 
 scored then keep their earlier score; the oldest scores go first next time), and, run by MONAI Label as a background
 task, stops at ``DELETE /scoring/``. An image scored by the model served now (the same weights file:
 :data:`WEIGHTS_KEY`) is not scored again unless the request says ``{"force": true}``, so that MONAI Label's runs after
-every *Next Sample* cost next to nothing.
+every *Next Sample* cost next to nothing (the app does not even start them while :meth:`UncertaintyScoring.pending`
+is 0).
 
 :class:`UncertaintyStrategy` (``POST /activelearning/uncertainty``) answers the unlabelled image with the highest
 score, leaving out the images any strategy served within ``hold_seconds`` (another annotator is labelling them);
@@ -143,6 +144,22 @@ class UncertaintyScoring(ScoringMethod):
         ts = {i: datastore.get_image_info(i).get(TIME_KEY) for i in images}
         return sorted(images, key=lambda i: (ts[i] is not None, ts[i] if isinstance(ts[i], (int, float)) else 0))
 
+    def _current(self, info: Mapping[str, Any], name: str, stamps: Mapping[str, str]) -> bool:
+        return info.get(MODEL_KEY) == name and info.get(WEIGHTS_KEY) == stamps[name]
+
+    def pending(self, datastore: Datastore) -> int:
+        """How many unlabelled images a run would score: those a served model takes and that have no score from the
+        weights it serves now. Cheap (image infos only): the app skips MONAI Label's automatic runs when it is 0."""
+        tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
+        stamps = {name: _weights_stamp(task) for name, task in tasks.items()}
+        count = 0
+        for image_id in datastore.get_unlabeled_images():
+            rank = spatial_rank_of_name(datastore.get_image_uri(image_id))
+            name = next((n for n, t in tasks.items() if t.input_rank == rank), None)
+            if name is not None and not self._current(datastore.get_image_info(image_id), name, stamps):
+                count += 1
+        return count
+
     def __call__(self, request: Mapping[str, Any], datastore: Datastore) -> dict[str, Any]:
         started = time.monotonic()
         tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
@@ -168,8 +185,7 @@ class UncertaintyScoring(ScoringMethod):
             if name is None:
                 skipped[image_id] = f"no served model takes {rank}D images"
                 continue
-            info = datastore.get_image_info(image_id)
-            if not force and info.get(MODEL_KEY) == name and info.get(WEIGHTS_KEY) == stamps[name]:
+            if not force and self._current(datastore.get_image_info(image_id), name, stamps):
                 current += 1  # scored by the model served now: nothing would change
                 continue
             try:
