@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import random
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -300,7 +301,7 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
     ax.set_ylabel("mDSC (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=8)
+    fig.suptitle(textwrap.fill(title, 64), fontsize=8)  # the random-initialisation note makes it long
     fig.tight_layout()
     save_figure(fig, path)
 
