@@ -42,9 +42,9 @@ Settings (``--conf KEY VALUE``):
 - ``kept_model_backups``: model backups (``models/<file>.bak-<date>-<time>``) the served copy keeps per file
   (default 2; an integer >= 0): older ones are removed at start and after each training run (``lib/served.py``).
 - ``scoring_max_seconds``, ``scoring_batch_size``, ``uncertainty_hold_seconds``: the uncertainty scoring's time
-  budget per run (default 600 s), images or slices per forward pass (default 8, each pass holds four flips of each),
-  and how long the ``uncertainty`` strategy holds back an image it or another strategy served (default 86400 s, a
-  day, as MONAI Label's Epistemic strategy); docs/monailabel.md, "Next sample by uncertainty".
+  budget per run (default 600 s), images or slices per forward pass (default 2 on a CPU, 8 on a GPU; each pass holds
+  four flips of each), and how long the ``uncertainty`` strategy holds back an image it or another strategy served
+  (default 86400 s, a day, as MONAI Label's Epistemic strategy); docs/monailabel.md, "Next sample by uncertainty".
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
 without it is served for training only (an inference request is answered with HTTP 404 and the reason) until a

@@ -68,7 +68,9 @@ WEIGHTS_KEY = "uncertainty_weights"
 #: an image any strategy served within this many seconds is not served again (MONAI Label's Epistemic: a day)
 DEFAULT_HOLD_SECONDS = 24 * 60 * 60
 DEFAULT_MAX_SECONDS = 600.0
-DEFAULT_BATCH_SIZE = 8
+#: images (or slices) per forward pass by device: on 2 CPU threads 2 images (8 with their flips) score 1.3x faster
+#: per image than 8 (32), on a GPU a larger pass fills the device (docs/benchmarks.md, "Uncertainty scoring")
+DEFAULT_BATCH_SIZE = {"cpu": 2, "cuda": 8}
 _VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
 
 
@@ -115,7 +117,8 @@ class UncertaintyScoring(ScoringMethod):
         infer_tasks: returns the app's inference tasks by bundle name (the served models at the time of the call).
         device: the device to score on (the server's: ``cuda`` when it has a GPU, else ``cpu``).
         max_seconds: stop after this many seconds (> 0). Defaults to 600.
-        batch_size: images or slices per forward pass (each pass holds four times as many). Defaults to 8.
+        batch_size: images or slices per forward pass (each pass holds four times as many). Defaults to
+            :data:`DEFAULT_BATCH_SIZE` of the device (2 on a CPU, 8 on a GPU).
 
     Raises:
         ValueError: ``max_seconds`` <= 0 or ``batch_size`` < 1.
@@ -126,8 +129,10 @@ class UncertaintyScoring(ScoringMethod):
         infer_tasks: Callable[[], Mapping[str, Any]],
         device: str,
         max_seconds: float = DEFAULT_MAX_SECONDS,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
     ) -> None:
+        if batch_size is None:
+            batch_size = DEFAULT_BATCH_SIZE["cuda" if str(device).startswith("cuda") else "cpu"]
         if not float(max_seconds) > 0:
             raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}.")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
@@ -259,7 +264,8 @@ class UncertaintyStrategy(Strategy):
 
 def scoring_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
     """The ``--conf`` settings of scoring and the strategy: ``scoring_max_seconds``, ``scoring_batch_size``,
-    ``uncertainty_hold_seconds`` (defaults: 600, 8, 86400) as keyword arguments, checked.
+    ``uncertainty_hold_seconds`` as keyword arguments (defaults: 600; None, the device's :data:`DEFAULT_BATCH_SIZE`;
+    86400), checked as numbers.
 
     Raises:
         ValueError: a value that is not a number, naming the setting.
@@ -267,7 +273,7 @@ def scoring_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, arg, kind, default in (
         ("scoring_max_seconds", "max_seconds", float, DEFAULT_MAX_SECONDS),
-        ("scoring_batch_size", "batch_size", int, DEFAULT_BATCH_SIZE),
+        ("scoring_batch_size", "batch_size", int, None),
         ("uncertainty_hold_seconds", "hold_seconds", float, DEFAULT_HOLD_SECONDS),
     ):
         text = conf.get(key)
