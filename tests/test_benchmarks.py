@@ -26,6 +26,8 @@ CASES = [
         "ratio",
     ),
     ("bench_precision.py", ["--tiny", "--threads", "1"], "bf16 / fp32 speed-up"),
+    ("bench_uncertainty.py", ["--size", "28", "--images", "2", "--batch", "2", "--rounds", "1", "--threads", "1"],
+     "ratio to inference"),
     ("bench_host_overhead.py", ["--tiny"], "host-side (ms/image)"),
     ("bench_stage2_throughput.py", ["--tiny", "--threads", "1"], "SpectraFlow bf16 / fp32"),
     # the paper's Fig. 5 baseline beside the two

@@ -41,6 +41,10 @@ Settings (``--conf KEY VALUE``):
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 - ``kept_model_backups``: model backups (``models/<file>.bak-<date>-<time>``) the served copy keeps per file
   (default 2; an integer >= 0): older ones are removed at start and after each training run (``lib/served.py``).
+- ``scoring_max_seconds``, ``scoring_batch_size``, ``uncertainty_hold_seconds``: the uncertainty scoring's time
+  budget per run (default 600 s), images or slices per forward pass (default 2 on a CPU, 8 on a GPU; each pass holds
+  four flips of each), and how long the ``uncertainty`` strategy holds back an image it or another strategy served
+  (default 86400 s, a day, as MONAI Label's Epistemic strategy); docs/monailabel.md, "Next sample by uncertainty".
 
 A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
 without it is served for training only (an inference request is answered with HTTP 404 and the reason) until a
@@ -86,6 +90,7 @@ from monailabel.datastore.local import LocalDatastore
 from monailabel.interfaces.app import MONAILabelApp
 from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.infer_v2 import InferTask
+from monailabel.interfaces.tasks.scoring import ScoringMethod
 from monailabel.interfaces.tasks.strategy import Strategy
 from monailabel.interfaces.tasks.train import TrainTask
 from monailabel.tasks.activelearning.first import First
@@ -132,6 +137,14 @@ from lib.infers import (  # noqa: E402
     short_reason,
 )
 from lib.options import check_infer_options  # noqa: E402
+from lib.scoring import (  # noqa: E402
+    SCORING_NAME,
+    STRATEGY_NAME,
+    UncertaintyScoring,
+    UncertaintyStrategy,
+    default_device,
+    scoring_settings,
+)
 from lib.served import (  # noqa: E402
     check_apart,
     kept_backups,
@@ -465,6 +478,7 @@ class SpectraFlowApp(MONAILabelApp):
         self.precision = precision_setting(conf)
         self.max_upload_bytes = _max_upload_bytes(conf)
         self.allow_empty_masks = strtobool(str(conf.get("allow_empty_masks", "false")))
+        self.scoring_settings = scoring_settings(conf)
         self.untrained: dict[str, str] = {}
         super().__init__(
             app_dir=app_dir,
@@ -532,7 +546,35 @@ class SpectraFlowApp(MONAILabelApp):
         return trainers
 
     def init_strategies(self) -> dict[str, Strategy]:
-        return {"random": Random(), "first": First()}
+        """MONAI Label's ``random`` and ``first``, and ``uncertainty``: the unlabelled image the served model is least
+        sure of (``lib/scoring.py``)."""
+        hold = {k: v for k, v in self.scoring_settings.items() if k == "hold_seconds"}
+        return {"random": Random(), "first": First(), STRATEGY_NAME: UncertaintyStrategy(**hold)}
+
+    def init_scoring_methods(self) -> dict[str, ScoringMethod]:
+        """``uncertainty``: the served models' uncertainty on every unlabelled image (``lib/scoring.py``), after each
+        training and on request."""
+        kwargs = {k: v for k, v in self.scoring_settings.items() if k != "hold_seconds"}
+        return {SCORING_NAME: UncertaintyScoring(self.served_infer_tasks, device=default_device(), **kwargs)}
+
+    def async_scoring(self, method: str | None, params: dict[str, Any] | None = None) -> Any:
+        """MONAI Label's scoring in the background, except its automatic runs (at start, after a training, after each
+        *Next Sample*) while no unlabelled image needs a new score: each would start a process that loads the app
+        only to find nothing to do."""
+        scoring = self._scoring_methods.get(SCORING_NAME)
+        if method is None and not params and isinstance(scoring, UncertaintyScoring):
+            try:
+                if scoring.pending(self.datastore()) == 0:
+                    logger.debug(f"{SCORING_NAME}: every unlabelled image is scored by the served model")
+                    return {}
+            except Exception as e:  # a datastore that cannot be listed: let MONAI Label's run report it
+                logger.warning(f"{SCORING_NAME}: could not count the images to score ({type(e).__name__}: {e})")
+        return super().async_scoring(method, params)
+
+    def served_infer_tasks(self) -> dict[str, InferTask]:
+        """The inference tasks of the bundles served now (a model trained or uploaded since start included)."""
+        self._serve_trained()
+        return dict(self._infers)
 
     def _load_sessions(self, load: bool = False) -> CappedSessions | None:
         """MONAI Label's sessions with a capped life (``lib/sessions.py``)."""
@@ -750,7 +792,7 @@ class SpectraFlowApp(MONAILabelApp):
         return super().batch_infer(request, datastore)
 
     def check_scoring_request(self, request: dict[str, Any]) -> None:
-        """HTTP 404 naming the scoring methods unless the request's ``method`` is one (this app serves none)."""
+        """HTTP 404 naming the scoring methods unless the request's ``method`` is one (``uncertainty``)."""
         method = request.get("method") if isinstance(request, dict) else None
         if not (isinstance(method, str) and method in self._scoring_methods):
             raise HTTPException(

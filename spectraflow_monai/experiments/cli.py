@@ -26,6 +26,11 @@ from spectraflow_monai.experiments.ablations import (
     dispersive_weight_ablation,
     run_ablation,
 )
+from spectraflow_monai.experiments.active_learning import (
+    ACTIVE_LEARNING_SCALES,
+    ACTIVE_LEARNING_STRATEGIES,
+    run_active_learning,
+)
 from spectraflow_monai.experiments.low_data import LOW_DATA_DATASET, LOW_DATA_SCALES, run_low_data
 from spectraflow_monai.experiments.robustness import (
     EXTRA_BASELINES,
@@ -34,7 +39,8 @@ from spectraflow_monai.experiments.robustness import (
     ROBUSTNESS_SCALES,
     run_robustness,
 )
-from spectraflow_monai.experiments.runner import SCALES, EncoderWeightsError
+from spectraflow_monai.experiments.runner import SCALES
+from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.utils.settings import CORRUPTION_KINDS, PRECISION_SETTINGS
 
@@ -46,6 +52,7 @@ EXPERIMENTS: dict[str, str] = {
     "low-data": "low_data.md",
     **{name: f"{ablation.stem}.md" for name, ablation in ABLATIONS.items()},
     "figures": "figures.md",
+    "active-learning": "active_learning.md",
 }
 
 #: experiment name -> the data set the paper ran it on (the default ``--dataset``): ISIC-2016 for Fig. 4, Tables 2-3
@@ -55,6 +62,7 @@ PAPER_DATASETS: dict[str, str] = {
     "low-data": LOW_DATA_DATASET,
     **{name: ablation.dataset for name, ablation in ABLATIONS.items()},
     "figures": ABLATIONS["stage1"].dataset,  # figures.FIGURES_DATASET: they reuse the stage1 runs
+    "active-learning": ROBUSTNESS_DATASET,  # not a paper experiment: Kvasir-SEG, as the app's first 2D use
 }
 #: ablation stem -> its Stage-2 decoders other than the default (each writes ``<stem>_<decoder>_decoder.md``)
 _DECODERS: dict[str, list[str]] = {a.stem: list(a.decoders)[1:] for a in ABLATIONS.values() if a.decoders}
@@ -117,7 +125,8 @@ def _scale_help(scales: Mapping[str, Mapping[str, Any]]) -> str:
         overrides, levels = (preset["overrides"], {k: v for k, v in preset.items() if k != "overrides"}) \
             if "overrides" in preset else (preset, {})  # fmt: skip
         items = [f"{k} {v}" for k, v in overrides.items()] or ["the bundle's settings: the paper's 224 px, epochs, EMA"]
-        items += [f"{k} {' '.join(map(str, v))}" for k, v in levels.items()]
+        items += [f"{k} {' '.join(map(str, v)) if isinstance(v, (list, tuple)) else ('all' if v is None else v)}"
+                  for k, v in levels.items()]
         parts.append(f"{name}: {', '.join(items)}")
     return "default small; " + "; ".join(parts)
 
@@ -172,6 +181,20 @@ def build_parser(
                          help="t-SNE of Stage-1 features, DAF gates, error spectra, predictions (Figs. 1d, 3, 6, 7)")
     _common_options(fig, SCALES, PAPER_DATASETS["figures"])
     fig.add_argument("--num-images", type=int, default=4, help="test images in the gate and panel figures (default 4)")
+    al = subs["active-learning"] = sub.add_parser("active-learning", prog=f"{prog} active-learning",
+                        help="simulated labelling: mDSC / mIoU against labelled images, uncertainty vs random")
+    _common_options(al, ACTIVE_LEARNING_SCALES, PAPER_DATASETS["active-learning"], baseline=None)
+    al.add_argument("--strategies", nargs="+", default=list(ACTIVE_LEARNING_STRATEGIES),
+                    choices=ACTIVE_LEARNING_STRATEGIES, help="selection strategies (default: random uncertainty)")
+    al.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="one arm per strategy and seed (default 0 1)")
+    small = ACTIVE_LEARNING_SCALES["small"]
+    for option, what in (("initial", "labelled images before the first round"), ("query", "images labelled per round"),
+                         ("rounds", "rounds of selection"), ("pool-size", "training images in the unlabelled pool"),
+                         ("val-size", "validation images that pick each round's checkpoint")):  # fmt: skip
+        key = option.replace("-", "_")
+        al.add_argument(f"--{option}", type=int, default=None,
+                        help=f"{what} (default: the scale's; small {small[key]}, full "
+                             f"{ACTIVE_LEARNING_SCALES['full'][key] or 'all'})")  # fmt: skip
     return parser, subs
 
 
@@ -197,6 +220,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
             extra = {arm: EXTRA_BASELINES[arm] for arm in args.extra_arms}
             rows = run_robustness(output, data, args.scale, args.kinds, args.severities, args.baseline_config,
                                   overrides, extra)  # fmt: skip
+        elif name == "active-learning":
+            budget = {k: getattr(args, k) for k in ("initial", "query", "rounds", "pool_size", "val_size")
+                      if getattr(args, k) is not None}  # fmt: skip
+            rows = run_active_learning(output, data, args.scale, args.strategies, args.seeds, budget, overrides)
         elif name == "low-data":
             rows = run_low_data(output, data, args.scale, args.fractions, args.baseline_config, overrides)
         elif name == "figures":
@@ -207,7 +234,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow experiment"
         else:
             rows = run_ablation(output, ablation if name == "dispersive-weight" else name, data, args.scale,
                                 overrides, args.arms, getattr(args, "decoder", None))  # fmt: skip
-    except EncoderWeightsError as err:  # raised before any training
+    except SettingError as err:  # raised before any training (EncoderWeightsError, a budget that cannot be met)
         subs[name].exit(2, f"{subs[name].prog}: error: {err}\n")
     report = write_report(output)
     print(f"{name}: {len(rows)} {'figures' if name == 'figures' else 'evaluations'}; report {report}")

@@ -7,7 +7,8 @@
 - :mod:`~spectraflow_monai.metrics.volume` / :mod:`~spectraflow_monai.metrics.volume_table`: organ-wise Synapse
   metrics and their table;
 - :mod:`~spectraflow_monai.metrics.hd95`: HD95 of batches, with missed structures scored as the image diagonal;
-- :mod:`~spectraflow_monai.metrics.frequency`: the frequency-band error.
+- :mod:`~spectraflow_monai.metrics.frequency`: the frequency-band error;
+- :mod:`~spectraflow_monai.metrics.uncertainty`: how unsure a model is of an unlabelled image (active learning).
 """
 
 from .frequency import (
@@ -34,13 +35,16 @@ from .surface import (
     surface_distances,
     transunet_case_metrics,
 )
+from .uncertainty import FLIPS_2D, FlipEntropy, compute_flip_entropy
 from .volume import VOLUME_METRIC_KEYS, organ_metrics
 from .volume_table import VolumeMetricTable
 
 __all__ = [
     "DEFAULT_BAND_EDGES",
     "EMPTY_CONVENTIONS",
+    "FLIPS_2D",
     "FREQUENCY_BAND_MODES",
+    "FlipEntropy",
     "FrequencyBandError",
     "HD95_DEFINITIONS",
     "HD95_SHORT_LABELS",
@@ -51,6 +55,7 @@ __all__ = [
     "VolumeMetricTable",
     "binarize_prediction",
     "check_band_edges",
+    "compute_flip_entropy",
     "compute_frequency_band_error",
     "compute_hd95",
     "reduce_defined",

@@ -50,9 +50,10 @@ def http(tmp_path_factory):
     root = tmp_path_factory.mktemp("uploads")
     studies, bundles = _studies_and_bundles(root)
     names = ("MONAI_LABEL_APP_DIR", "MONAI_LABEL_STUDIES", "MONAI_LABEL_DATASTORE_AUTO_RELOAD",
-             "MONAI_LABEL_SESSION_PATH")  # fmt: skip
+             "MONAI_LABEL_SESSION_PATH", "MONAI_LABEL_AUTO_UPDATE_SCORING")  # fmt: skip
     saved = {k: getattr(settings, k) for k in names}
     settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD = False
+    settings.MONAI_LABEL_AUTO_UPDATE_SCORING = False  # no background scoring process after a training here
     settings.MONAI_LABEL_SESSION_PATH = str(root / "sessions")
     app = _app(bundles, studies, models=NAME_2D)
     settings.MONAI_LABEL_APP_DIR, settings.MONAI_LABEL_STUDIES = str(bundles / "monailabel_app"), str(studies)

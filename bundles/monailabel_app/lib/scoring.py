@@ -1,0 +1,291 @@
+"""Next sample by uncertainty (docs/monailabel.md, "Next sample by uncertainty"): a scoring method and a strategy.
+
+:class:`UncertaintyScoring` (``POST /scoring/uncertainty``; run by MONAI Label after every training, label save and
+start while ``MONAI_LABEL_AUTO_UPDATE_SCORING`` is on, its default) scores each unlabelled image of the datastore with
+the served model of every bundle that takes it (2D images: the 2D bundle; NIfTI / NRRD volumes: the Synapse bundle,
+over all axial slices): :class:`~spectraflow_monai.metrics.FlipEntropy`, the mean predictive entropy under the four
+test-time flips, in ``[0, 1]`` (1: every pixel a coin toss). The score goes into the image's info under
+:data:`SCORE_KEY`, with the model and the time (:data:`MODEL_KEY`, :data:`TIME_KEY`). It reads each image as the
+bundle's inference does (its own preprocessing: size, normalisation, HU window), runs on the server's device, holds
+at most ``batch_size`` images (or slices) times four flips at once, stops after ``max_seconds`` (the images not
+scored then keep their earlier score; the oldest scores go first next time), and, run by MONAI Label as a background
+task, stops at ``DELETE /scoring/``. An image scored by the model served now (the same weights file:
+:data:`WEIGHTS_KEY`) is not scored again unless the request says ``{"force": true}``, so that MONAI Label's runs after
+every *Next Sample* cost next to nothing (the app does not even start them while :meth:`UncertaintyScoring.pending`
+is 0).
+
+:class:`UncertaintyStrategy` (``POST /activelearning/uncertainty``) answers the unlabelled image with the highest
+score, leaving out the images any strategy served within ``hold_seconds`` (another annotator is labelling them);
+while no image has a score (no model trained yet, or scoring has not run) it answers a random image and says so
+(``"selection"`` in the answer).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from monailabel.interfaces.datastore import Datastore
+from monailabel.interfaces.tasks.scoring import ScoringMethod
+from monailabel.interfaces.tasks.strategy import Strategy
+from monailabel.interfaces.utils.transform import run_transforms
+
+from spectraflow_monai.metrics.uncertainty import FlipEntropy
+
+__all__ = [
+    "MODEL_KEY",
+    "SCORE_KEY",
+    "SCORING_NAME",
+    "STRATEGY_NAME",
+    "TIME_KEY",
+    "WEIGHTS_KEY",
+    "UncertaintyScoring",
+    "UncertaintyStrategy",
+    "default_device",
+    "image_uncertainty",
+    "scoring_settings",
+    "spatial_rank_of_name",
+]
+
+logger = logging.getLogger(__name__)
+
+#: the scoring method's and the strategy's names (``/scoring/<name>``, ``/activelearning/<name>``)
+SCORING_NAME = "uncertainty"
+STRATEGY_NAME = "uncertainty"
+#: where a score goes in an image's info: the score in [0, 1], the bundle that gave it, its time (epoch seconds)
+SCORE_KEY = "uncertainty_tta_entropy"
+MODEL_KEY = "uncertainty_model"
+TIME_KEY = "uncertainty_ts"
+#: which weights gave the score: the served model file's size and modification time
+WEIGHTS_KEY = "uncertainty_weights"
+#: an image any strategy served within this many seconds is not served again (MONAI Label's Epistemic: a day)
+DEFAULT_HOLD_SECONDS = 24 * 60 * 60
+DEFAULT_MAX_SECONDS = 600.0
+#: images (or slices) per forward pass by device: on 2 CPU threads 2 images (8 with their flips) score 1.3x faster
+#: per image than 8 (32), on a GPU a larger pass fills the device (docs/benchmarks.md, "Uncertainty scoring")
+DEFAULT_BATCH_SIZE = {"cpu": 2, "cuda": 8}
+_VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd")
+
+
+def spatial_rank_of_name(path: str) -> int:
+    """3 for a volume file (NIfTI, NRRD, MetaImage), else 2 (the 2D formats the datastore takes)."""
+    return 3 if str(path).lower().endswith(_VOLUME_SUFFIXES) else 2
+
+
+def image_uncertainty(image: torch.Tensor, network: Callable[[torch.Tensor], torch.Tensor], batch_size: int) -> float:
+    """:class:`~spectraflow_monai.metrics.FlipEntropy` of one preprocessed image: ``(C, H, W)`` a 2D image,
+    ``(C, H, W, D)`` a volume scored over its ``D`` axial slices (the mean over all its voxels)."""
+    score = FlipEntropy(network, batch_size=batch_size)
+    if image.ndim == 3:
+        return float(score(image[None])[0])
+    if image.ndim != 4:
+        raise ValueError(f"expected a (C, H, W) image or a (C, H, W, D) volume, got shape {tuple(image.shape)}")
+    total, pixels = 0.0, 0
+    for chunk in image.permute(3, 0, 1, 2).split(batch_size):
+        part, n = score.pixel_sum(chunk)
+        total, pixels = total + part, pixels + n
+    return total / max(pixels, 1)
+
+
+def _weights_stamp(task: Any) -> str:
+    """``"<size>-<mtime_ns>"`` of the task's served model file (MONAI Label's ``get_path()``), "" without one."""
+    path = task.get_path()
+    if not path or not os.path.isfile(path):
+        return ""
+    stat = os.stat(path)
+    return f"{stat.st_size}-{stat.st_mtime_ns}"
+
+
+def _finite_score(info: Mapping[str, Any]) -> float | None:
+    value = info.get(SCORE_KEY)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+class UncertaintyScoring(ScoringMethod):
+    """Writes :data:`SCORE_KEY` into the info of every unlabelled image (see the module docstring).
+
+    Args:
+        infer_tasks: returns the app's inference tasks by bundle name (the served models at the time of the call).
+        device: the device to score on (the server's: ``cuda`` when it has a GPU, else ``cpu``).
+        max_seconds: stop after this many seconds (> 0). Defaults to 600.
+        batch_size: images or slices per forward pass (each pass holds four times as many). Defaults to
+            :data:`DEFAULT_BATCH_SIZE` of the device (2 on a CPU, 8 on a GPU).
+
+    Raises:
+        ValueError: ``max_seconds`` <= 0 or ``batch_size`` < 1.
+    """
+
+    def __init__(
+        self,
+        infer_tasks: Callable[[], Mapping[str, Any]],
+        device: str,
+        max_seconds: float = DEFAULT_MAX_SECONDS,
+        batch_size: int | None = None,
+    ) -> None:
+        if batch_size is None:
+            batch_size = DEFAULT_BATCH_SIZE["cuda" if str(device).startswith("cuda") else "cpu"]
+        if not float(max_seconds) > 0:
+            raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}.")
+        if isinstance(batch_size, bool) or int(batch_size) < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        super().__init__(
+            "Uncertainty of the served model on each unlabelled image: the mean predictive entropy under test-time "
+            f"flips, in [0, 1], written as {SCORE_KEY!r} into the image info"
+        )
+        self.infer_tasks, self.device = infer_tasks, str(device)
+        self.max_seconds, self.batch_size = float(max_seconds), int(batch_size)
+
+    def _order(self, datastore: Datastore, images: list[str]) -> list[str]:
+        """Unscored images first, then the oldest scores."""
+        ts = {i: datastore.get_image_info(i).get(TIME_KEY) for i in images}
+        return sorted(images, key=lambda i: (ts[i] is not None, ts[i] if isinstance(ts[i], (int, float)) else 0))
+
+    def _current(self, info: Mapping[str, Any], name: str, stamps: Mapping[str, str]) -> bool:
+        return info.get(MODEL_KEY) == name and info.get(WEIGHTS_KEY) == stamps[name]
+
+    def pending(self, datastore: Datastore) -> int:
+        """How many unlabelled images a run would score: those a served model takes and that have no score from the
+        weights it serves now. Cheap (image infos only): the app skips MONAI Label's automatic runs when it is 0."""
+        tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
+        stamps = {name: _weights_stamp(task) for name, task in tasks.items()}
+        count = 0
+        for image_id in datastore.get_unlabeled_images():
+            rank = spatial_rank_of_name(datastore.get_image_uri(image_id))
+            name = next((n for n, t in tasks.items() if t.input_rank == rank), None)
+            if name is not None and not self._current(datastore.get_image_info(image_id), name, stamps):
+                count += 1
+        return count
+
+    def __call__(self, request: Mapping[str, Any], datastore: Datastore) -> dict[str, Any]:
+        started = time.monotonic()
+        tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
+        images = self._order(datastore, list(datastore.get_unlabeled_images()))
+        scored: dict[str, float] = {}
+        skipped: dict[str, str] = {}
+        if not tasks:
+            logger.info(f"{SCORING_NAME}: no model is served for inference yet; nothing scored")
+            return {"scored": 0, "left": len(images), "reason": "no model is served for inference yet"}
+        stamps = {name: _weights_stamp(task) for name, task in tasks.items()}
+        force = bool(request.get("force", False)) if isinstance(request, Mapping) else False
+        current = 0
+        for done, image_id in enumerate(images):
+            if time.monotonic() - started > self.max_seconds:
+                logger.warning(
+                    f"{SCORING_NAME}: stopped after {self.max_seconds:.0f} s (--conf scoring_max_seconds) with "
+                    f"{len(images) - done} image(s) left; they keep their earlier score"
+                )
+                break
+            path = datastore.get_image_uri(image_id)
+            rank = spatial_rank_of_name(path)
+            name = next((n for n, t in tasks.items() if t.input_rank == rank), None)
+            if name is None:
+                skipped[image_id] = f"no served model takes {rank}D images"
+                continue
+            if not force and self._current(datastore.get_image_info(image_id), name, stamps):
+                current += 1  # scored by the model served now: nothing would change
+                continue
+            try:
+                value = self._score(tasks[name], path)
+            except Exception as e:  # one unreadable image does not stop the others
+                logger.warning(f"{SCORING_NAME}: {image_id} not scored: {type(e).__name__}: {e}")
+                skipped[image_id] = type(e).__name__
+                continue
+            datastore.update_image_info(
+                image_id, {SCORE_KEY: value, MODEL_KEY: name, WEIGHTS_KEY: stamps[name], TIME_KEY: int(time.time())}
+            )
+            scored[image_id] = value
+        logger.info(f"{SCORING_NAME}: scored {len(scored)} image(s) in {time.monotonic() - started:.1f} s: {scored}")
+        left = len(images) - len(scored) - len(skipped) - current
+        return {"scored": len(scored), "current": current, "left": left, "skipped": skipped}
+
+    def _score(self, task: Any, path: str) -> float:
+        data = {"image": path, "device": self.device}
+        data = run_transforms(data, task.pre_transforms(data), log_prefix="SCORING")
+        network = task._get_network(self.device, data)
+        image = torch.as_tensor(data["image"]).float().to(self.device)
+        return image_uncertainty(image, network, self.batch_size)
+
+
+class UncertaintyStrategy(Strategy):
+    """The unlabelled image with the highest :data:`SCORE_KEY` (see the module docstring).
+
+    Args:
+        hold_seconds: an image any strategy served within this many seconds is not served again, unless every
+            unlabelled image was (then the one served longest ago). Defaults to a day (MONAI Label's Epistemic).
+
+    Raises:
+        ValueError: ``hold_seconds`` < 0.
+    """
+
+    def __init__(self, hold_seconds: float = DEFAULT_HOLD_SECONDS) -> None:
+        if not float(hold_seconds) >= 0:
+            raise ValueError(f"hold_seconds must be >= 0, got {hold_seconds!r}.")
+        super().__init__(
+            f"The unlabelled image the served model is least sure of (highest {SCORE_KEY!r}, scoring method "
+            f"{SCORING_NAME!r}); random while no image has a score"
+        )
+        self.hold_seconds = float(hold_seconds)
+
+    def __call__(self, request: Mapping[str, Any], datastore: Datastore) -> dict[str, Any] | None:
+        images = datastore.get_unlabeled_images(request.get("label_tag"), request.get("labels"))
+        if not images:
+            return None
+        now = time.time()
+        infos = {i: datastore.get_image_info(i) for i in images}
+        served = {i: max([s.get("ts", 0) for s in (infos[i].get("strategy") or {}).values()
+                          if isinstance(s, Mapping) and isinstance(s.get("ts", 0), (int, float))] or [0])
+                  for i in images}  # fmt: skip
+        free = [i for i in images if now - served[i] >= self.hold_seconds]
+        if not free:  # every unlabelled image was just served: the one served longest ago
+            image = min(images, key=lambda i: served[i])
+            return {"id": image, "selection": f"every unlabelled image was served within {self.hold_seconds:.0f} s; "
+                                              "the one served longest ago"}  # fmt: skip
+        scores = {i: _finite_score(infos[i]) for i in free}
+        ranked = [i for i in free if scores[i] is not None]
+        if not ranked:
+            image = random.choice(free)
+            note = (f"random: no unlabelled image has an uncertainty score yet (train a model, then POST "
+                    f"/scoring/{SCORING_NAME})")  # fmt: skip
+            logger.info(f"{STRATEGY_NAME}: {note}: {image}")
+            return {"id": image, "selection": note}
+        image = max(ranked, key=lambda i: (scores[i], -images.index(i)))
+        logger.info(f"{STRATEGY_NAME}: {image} ({SCORE_KEY} {scores[image]:.4f}, {len(ranked)} scored)")
+        return {"id": image, SCORE_KEY: scores[image], "selection": f"highest {SCORE_KEY} of {len(ranked)} scored"}
+
+
+def scoring_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``--conf`` settings of scoring and the strategy: ``scoring_max_seconds``, ``scoring_batch_size``,
+    ``uncertainty_hold_seconds`` as keyword arguments (defaults: 600; None, the device's :data:`DEFAULT_BATCH_SIZE`;
+    86400), checked as numbers.
+
+    Raises:
+        ValueError: a value that is not a number, naming the setting.
+    """
+    out: dict[str, Any] = {}
+    for key, arg, kind, default in (
+        ("scoring_max_seconds", "max_seconds", float, DEFAULT_MAX_SECONDS),
+        ("scoring_batch_size", "batch_size", int, None),
+        ("uncertainty_hold_seconds", "hold_seconds", float, DEFAULT_HOLD_SECONDS),
+    ):
+        text = conf.get(key)
+        try:
+            out[arg] = kind(text) if text not in (None, "") else default
+        except (TypeError, ValueError):
+            raise ValueError(f"--conf {key} must be a number, got {text!r}.") from None
+    return out
+
+
+def default_device() -> str:
+    """The device the server scores on: ``cuda`` when torch sees a GPU, else ``cpu`` (``MONAI_LABEL`` infers the
+    same way)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
