@@ -560,7 +560,8 @@ class SpectraFlowApp(MONAILabelApp):
     def async_scoring(self, method: str | None, params: dict[str, Any] | None = None) -> Any:
         """MONAI Label's scoring in the background, except its automatic runs (at start, after a training, after each
         *Next Sample*) while no unlabelled image needs a new score: each would start a process that loads the app
-        only to find nothing to do."""
+        only to find nothing to do. A run that cannot be started (outside the server, MONAI Label posts to it) is
+        logged, never raised: the training or next sample that triggered it has succeeded."""
         scoring = self._scoring_methods.get(SCORING_NAME)
         if method is None and not params and isinstance(scoring, UncertaintyScoring):
             try:
@@ -569,7 +570,13 @@ class SpectraFlowApp(MONAILabelApp):
                     return {}
             except Exception as e:  # a datastore that cannot be listed: let MONAI Label's run report it
                 logger.warning(f"{SCORING_NAME}: could not count the images to score ({type(e).__name__}: {e})")
-        return super().async_scoring(method, params)
+        try:
+            return super().async_scoring(method, params)
+        except Exception as e:
+            # outside the server process (a background training) MONAI Label asks the server over HTTP; a server
+            # that cannot be reached must not turn a finished training into a failed one
+            logger.warning(f"scoring was not started ({type(e).__name__}: {e}); POST /scoring/{SCORING_NAME} starts it")
+            return {}
 
     def served_infer_tasks(self) -> dict[str, InferTask]:
         """The inference tasks of the bundles served now (a model trained or uploaded since start included)."""

@@ -108,7 +108,8 @@ def test_random_arms_table(tmp_path, monkeypatch):
     assert {c["settings"]["data_seed"] for c in calls} == {0, 1}
     with open(tmp_path / "active_learning.csv") as f:
         assert [float(r["mDSC"]) for r in csv.DictReader(f)] == [SUMMARY["mDSC"]] * 4
-    assert "| 4 | random | 81.25 [81.25, 81.25] | 68.75 [68.75, 68.75] |" in (tmp_path / "active_learning.md").read_text()
+    table = (tmp_path / "active_learning.md").read_text()
+    assert "| 4 | random | 81.25 [81.25, 81.25] | 68.75 [68.75, 68.75] |" in table
 
 
 @pytest.mark.parametrize(

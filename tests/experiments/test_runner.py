@@ -86,6 +86,7 @@ def test_paper_datasets_are_the_defaults(tmp_path, capsys):
     assert PAPER_DATASETS == {
         "robustness": "kvasir", "low-data": "isic2016", "stage1": "isic2016", "decoder": "isic2016",
         "finetune": "isic2016", "dispersive-weight": "kvasir", "figures": "isic2016",
+        "active-learning": "kvasir",  # not a paper experiment: the MONAI Label app's first 2D use
     }  # fmt: skip
     assert {name: ABLATIONS[name].dataset for name in ABLATIONS} == {
         "stage1": "isic2016", "decoder": "isic2016", "finetune": "isic2016", "dispersive-weight": "kvasir"

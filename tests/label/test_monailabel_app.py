@@ -191,10 +191,13 @@ def _bundle_inference(name: str, bundle: Path, image: Path, out_dir: Path) -> Pa
 
 @pytest.fixture(autouse=True)
 def _quiet_app(monkeypatch):
-    """One thread, no datastore file watcher threads left behind, and sys.path restored (the Bundle tasks edit it)."""
+    """One thread, no datastore file watcher threads nor automatic scoring, and sys.path restored (the Bundle tasks
+    edit it)."""
     from monailabel.config import settings
 
     monkeypatch.setattr(settings, "MONAI_LABEL_DATASTORE_AUTO_RELOAD", False)
+    # no automatic scoring: outside a server it would post to 127.0.0.1:<MONAI Label's port>
+    monkeypatch.setattr(settings, "MONAI_LABEL_AUTO_UPDATE_SCORING", False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     saved_path = list(sys.path)

@@ -202,3 +202,19 @@ def test_automatic_scoring_starts_only_when_an_image_needs_a_score(tmp_path, set
     assert started == ["scoring"]  # every unlabelled image is scored by the served model: no process started
     app.async_scoring("uncertainty")  # asked for by name: always runs
     assert started == ["scoring", "scoring"]
+
+
+def test_a_scoring_trigger_that_fails_does_not_fail_the_training(tmp_path, settings_saved, monkeypatch):
+    """A background training runs outside the server process, where MONAI Label starts the scoring over HTTP; with
+    the server unreachable the trigger raised and the finished training was reported as failed."""
+    import requests
+
+    def refused(*args, **kwargs):
+        raise requests.exceptions.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(requests, "post", refused)
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    app = _app(bundles, studies, models=NAME_2D)
+    assert app.async_scoring(None) == {}  # not in server mode: MONAI Label would post to 127.0.0.1
