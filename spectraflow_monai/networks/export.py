@@ -180,11 +180,14 @@ class OnnxNetwork(nn.Module):
         optimization: onnxruntime's graph optimisation level, one of ``"disable"``, ``"basic"``, ``"extended"``,
             ``"all"``. Defaults to ``"all"``.
         providers: onnxruntime execution providers, in order of preference. Defaults to ``("CPUExecutionProvider",)``.
+        image_size: the spatial size ``H`` (= ``W``) or ``(H, W)`` the model must take (e.g. the model record's
+            ``image_size``), checked here; None: not checked. Defaults to None.
 
     Raises:
         ImportError: onnxruntime is not installed (naming the ``onnx`` extra).
         FileNotFoundError: ``path`` is not a file.
-        ValueError: ``threads`` or ``optimization`` is not valid, or the file is not an ONNX model onnxruntime reads.
+        ValueError: ``threads`` or ``optimization`` is not valid, the file is not an ONNX model onnxruntime reads, or
+            it takes another spatial size than ``image_size``.
     """
 
     def __init__(
@@ -193,6 +196,7 @@ class OnnxNetwork(nn.Module):
         threads: int | None = None,
         optimization: str = "all",
         providers: Sequence[str] = ("CPUExecutionProvider",),
+        image_size: int | Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
@@ -222,6 +226,13 @@ class OnnxNetwork(nn.Module):
         model_input = self.session.get_inputs()[0]
         self.input_name = model_input.name
         self.input_shape = tuple(model_input.shape)  # the batch axis a name (free) or an int
+        if image_size is not None:
+            size = [image_size] * 2 if isinstance(image_size, int) else [int(n) for n in image_size]
+            if list(self.input_shape[-2:]) != size:
+                raise ValueError(
+                    f"{self.path} takes {'x'.join(str(n) for n in self.input_shape[-2:])} images, the model settings "
+                    f"say image_size {image_size}: export the model again (spectraflow export-onnx)."
+                )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         expected = self.input_shape
