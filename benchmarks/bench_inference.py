@@ -14,7 +14,8 @@ The issue's target: SpectraFlowNet-S >= 0.85x the bare encoder on 2 CPU threads.
 
 ``--onnx`` (CPU; the ``onnx`` extra) adds SpectraFlowNet-S exported to ONNX
 (:func:`spectraflow_monai.networks.export.export_onnx`, a free batch axis) and run by onnxruntime
-(:class:`~spectraflow_monai.networks.export.OnnxNetwork`) with ``--threads`` intra-op threads, one row per variant:
+(:class:`~spectraflow_monai.networks.export.OnnxNetwork`) with ``--threads`` intra-op threads (that sleep between runs
+instead of spinning, so as not to take CPU from the model timed next), one row per variant:
 a graph optimisation level (``disable``, ``basic``, ``extended``, ``all``) of the float32 model, or ``int8``: the
 ViT's linear layers dynamically quantised to int8 (onnxruntime's ``quantize_dynamic``; the decoder and the frequency
 transforms stay float32), at level ``all``. They are timed in the same interleaved rounds as the PyTorch models (the
@@ -117,13 +118,20 @@ def build_onnx_models(
     from spectraflow_monai.networks.export import OnnxNetwork, export_onnx
 
     fp32 = export_onnx(network, folder / "spectraflow.onnx", image_size=size, atol=1e-3)
+    # onnxruntime's threads sleep after a run instead of spinning, so that they take no CPU from the PyTorch model
+    # timed next in the same round (spinning would make onnxruntime look faster and PyTorch slower)
+    calm = {"session.intra_op.allow_spinning": "0"}
     models = {}
     for variant in variants:
         if variant == "int8":
             path = quantize_encoder_linear(fp32, folder / "spectraflow_int8.onnx")
-            models["SpectraFlowNet-S ONNX, int8 ViT linears (opt all)"] = OnnxNetwork(path, threads=threads)
+            models["SpectraFlowNet-S ONNX, int8 ViT linears (opt all)"] = OnnxNetwork(
+                path, threads=threads, session_config=calm
+            )
         else:
-            models[f"SpectraFlowNet-S ONNX (opt {variant})"] = OnnxNetwork(fp32, threads=threads, optimization=variant)
+            models[f"SpectraFlowNet-S ONNX (opt {variant})"] = OnnxNetwork(
+                fp32, threads=threads, optimization=variant, session_config=calm
+            )
     return models
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -182,6 +182,9 @@ class OnnxNetwork(nn.Module):
         providers: onnxruntime execution providers, in order of preference. Defaults to ``("CPUExecutionProvider",)``.
         image_size: the spatial size ``H`` (= ``W``) or ``(H, W)`` the model must take (e.g. the model record's
             ``image_size``), checked here; None: not checked. Defaults to None.
+        session_config: onnxruntime session configuration entries, e.g.
+            ``{"session.intra_op.allow_spinning": "0"}`` (threads that sleep instead of spinning between runs).
+            Defaults to None.
 
     Raises:
         ImportError: onnxruntime is not installed (naming the ``onnx`` extra).
@@ -197,6 +200,7 @@ class OnnxNetwork(nn.Module):
         optimization: str = "all",
         providers: Sequence[str] = ("CPUExecutionProvider",),
         image_size: int | Sequence[int] | None = None,
+        session_config: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
@@ -219,6 +223,8 @@ class OnnxNetwork(nn.Module):
         }[optimization]
         if threads:
             options.intra_op_num_threads = threads
+        for key, value in (session_config or {}).items():
+            options.add_session_config_entry(str(key), str(value))
         try:
             self.session = onnxruntime.InferenceSession(self.path, options, providers=list(providers))
         except Exception as err:  # onnxruntime raises its own exception types for unreadable models
