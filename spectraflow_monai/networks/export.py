@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from spectraflow_monai.utils.files import atomic_path
 
 __all__ = ["OnnxNetwork", "export_onnx", "set_batch_free_conv", "set_real_dft"]
 
@@ -114,9 +115,7 @@ def export_onnx(
     example = torch.randn(batch_size or 2, channels, *size, device=device)
     dynamic_shapes = None if batch_size is not None else ({0: torch.export.Dim("batch", min=1)},)
     path = Path(path)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    try:
+    with atomic_path(path, suffix=".tmp") as temp_name:  # moved to `path` only when the block ends without error
         with torch.no_grad():
             torch.onnx.export(
                 model, (example,), temp_name, input_names=["image"], output_names=["logits"], dynamo=True,
@@ -124,10 +123,6 @@ def export_onnx(
             )  # fmt: skip
         if verify:
             _check_export(network, temp_name, path, [(b, channels, *size) for b in checked], device, atol)
-        os.replace(temp_name, path)
-    finally:
-        if os.path.exists(temp_name):
-            os.remove(temp_name)
     return path
 
 

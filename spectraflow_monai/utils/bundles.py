@@ -14,6 +14,7 @@ from spectraflow_monai.utils.errors import SettingError
 __all__ = [
     "BUNDLE_NAMES",
     "COMMANDS",
+    "INFERENCE_LAYERS",
     "LAYERED_LAST",
     "bundle_command",
     "check_run_configs",
