@@ -84,7 +84,7 @@ def test_onnx_export_has_a_free_batch_axis(kwargs, tmp_path):
         p.data += 0.05 * torch.randn_like(p)
     path = export_onnx(net, tmp_path / "net.onnx", image_size=28, atol=1e-3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]  # one file, weights inside, no leftover
-    runner = OnnxNetwork(path, threads=1)
+    runner = OnnxNetwork(path, threads=1, image_size=28, session_config={"session.intra_op.allow_spinning": "0"})
     assert runner.input_shape[1:] == (net.in_channels, 28, 28) and not isinstance(runner.input_shape[0], int)
     for batch in (1, 3):
         x = torch.randn(batch, net.in_channels, 28, 28)
@@ -92,6 +92,8 @@ def test_onnx_export_has_a_free_batch_axis(kwargs, tmp_path):
             torch.testing.assert_close(runner(x), net(x), rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match="net.onnx takes input of shape"):
         runner(torch.randn(1, net.in_channels, 42, 28))
+    with pytest.raises(ValueError, match="net.onnx takes 28x28 images, the model settings say image_size 42"):
+        OnnxNetwork(path, image_size=42)
 
 
 def test_onnx_export_that_fails_its_check_writes_nothing(tmp_path):
