@@ -102,8 +102,8 @@ def test_onnx_export_that_fails_its_check_writes_nothing(tmp_path):
     from spectraflow_monai.networks.export import export_onnx
 
     (tmp_path / "net.onnx").write_bytes(b"earlier")
-    with pytest.raises(ValueError, match="differs from the network"):
-        export_onnx(_net(), tmp_path / "net.onnx", image_size=28, atol=-1.0)
+    with pytest.raises(ValueError, match="differs from the network"):  # a check no export passes
+        export_onnx(torch.nn.Conv2d(3, 2, 3, padding=1), tmp_path / "net.onnx", image_size=8, in_channels=3, atol=-1.0)
     assert [p.name for p in tmp_path.iterdir()] == ["net.onnx"] and (tmp_path / "net.onnx").read_bytes() == b"earlier"
 
 
