@@ -15,7 +15,8 @@ The issue's target: SpectraFlowNet-S >= 0.85x the bare encoder on 2 CPU threads.
 ``--onnx`` (CPU; the ``onnx`` extra) adds SpectraFlowNet-S exported to ONNX
 (:func:`spectraflow_monai.networks.export.export_onnx`, a free batch axis) and run by onnxruntime
 (:class:`~spectraflow_monai.networks.export.OnnxNetwork`) with ``--threads`` intra-op threads (that sleep between runs
-instead of spinning, so as not to take CPU from the model timed next), one row per variant:
+instead of spinning, so as not to take CPU from the model timed next; ``--onnx-spinning``: they spin, onnxruntime's
+default), one row per variant:
 a graph optimisation level (``disable``, ``basic``, ``extended``, ``all``) of the float32 model, or ``int8``: the
 ViT's linear layers dynamically quantised to int8 (onnxruntime's ``quantize_dynamic``; the decoder and the frequency
 transforms stay float32), at level ``all``. They are timed in the same interleaved rounds as the PyTorch models (the
@@ -65,6 +66,18 @@ def fill_skipped_init(model: nn.Module) -> nn.Module:
     return model
 
 
+def fill_zero_heads(model: nn.Module, std: float = 0.1) -> nn.Module:
+    """Give the decoder's zero-initialised parameters (FDConv's and DAF's attention heads, ...) N(0, ``std``)
+    values, as training would: the logits then depend on the encoder's features, so that the agreement of an
+    onnxruntime variant with PyTorch says something (the timing does not change: every branch runs either way)."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.decoder.parameters():
+            if not p.abs().gt(0).any():
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model
+
+
 #: the models ``--models`` chooses from, in table order
 MODEL_KEYS = ("encoder", "spectraflow", "unet", "swinunetr")
 #: the ONNX variants ``--onnx`` chooses from: onnxruntime's graph optimisation levels, and int8 (at level "all")
@@ -79,7 +92,8 @@ def build_models(size: int, refine: str, keys: tuple[str, ...] = MODEL_KEYS) -> 
     builders = {
         "encoder": ("DINOv2 ViT-S encoder (bare)", lambda: BareEncoder(size)),
         "spectraflow": (
-            f"SpectraFlowNet-S (DAF + {refine})", lambda: SpectraFlowNet(out_channels=1, img_size=size, refine=refine)
+            f"SpectraFlowNet-S (DAF + {refine})",
+            lambda: fill_zero_heads(SpectraFlowNet(out_channels=1, img_size=size, refine=refine)),
         ),
         "unet": (
             "MONAI UNet 2D",
@@ -112,15 +126,15 @@ def quantize_encoder_linear(source: Path, target: Path) -> Path:
 
 
 def build_onnx_models(
-    network: nn.Module, size: int, threads: int, variants: list[str], folder: Path
+    network: nn.Module, size: int, threads: int, variants: list[str], folder: Path, spinning: bool = False
 ) -> dict[str, nn.Module]:
     """SpectraFlowNet-S exported once (checked at batch 1 and 3), one onnxruntime session per variant."""
     from spectraflow_monai.networks.export import OnnxNetwork, export_onnx
 
     fp32 = export_onnx(network, folder / "spectraflow.onnx", image_size=size, atol=1e-3)
-    # onnxruntime's threads sleep after a run instead of spinning, so that they take no CPU from the PyTorch model
-    # timed next in the same round (spinning would make onnxruntime look faster and PyTorch slower)
-    calm = {"session.intra_op.allow_spinning": "0"}
+    # by default onnxruntime's threads sleep after a run instead of spinning, so that they take no CPU from the
+    # PyTorch model timed next in the same round (--onnx-spinning: onnxruntime's own default, spinning)
+    calm = {"session.intra_op.allow_spinning": "1" if spinning else "0"}
     models = {}
     for variant in variants:
         if variant == "int8":
@@ -164,6 +178,8 @@ def main() -> None:
                         help="SpectraFlowNet-S through onnxruntime (CPU, the onnx extra), one row per variant: a graph "
                         "optimisation level, or int8 (the ViT's linear layers quantised); needs 'spectraflow' in "
                         "--models (default: none)")  # fmt: skip
+    parser.add_argument("--onnx-spinning", action="store_true",
+                        help="onnxruntime's threads spin between runs (its default) instead of sleeping")
     args = parser.parse_args()
     if args.onnx and ("spectraflow" not in args.models or args.device != "cpu" or "fp32" not in args.precision):
         parser.error("--onnx needs --device cpu, 'spectraflow' in --models and fp32 in --precision.")
@@ -177,7 +193,9 @@ def main() -> None:
     temp = tempfile.TemporaryDirectory(prefix="bench_onnx_")
     onnx_models = {}
     if args.onnx:
-        onnx_models = build_onnx_models(models[eager], args.size, args.threads, args.onnx, Path(temp.name))
+        onnx_models = build_onnx_models(
+            models[eager], args.size, args.threads, args.onnx, Path(temp.name), args.onnx_spinning
+        )
     torch.set_num_threads(args.threads)  # the export's check may have changed it
     models.update(onnx_models)
     params.update({name: params[eager] for name in onnx_models})
