@@ -18,8 +18,9 @@ The issue's target: SpectraFlowNet-S >= 0.85x the bare encoder on 2 CPU threads.
 instead of spinning, so as not to take CPU from the model timed next; ``--onnx-spinning``: they spin, onnxruntime's
 default), one row per variant:
 a graph optimisation level (``disable``, ``basic``, ``extended``, ``all``) of the float32 model, or ``int8``: the
-ViT's linear layers dynamically quantised to int8 (onnxruntime's ``quantize_dynamic``; the decoder and the frequency
-transforms stay float32), at level ``all``. They are timed in the same interleaved rounds as the PyTorch models (the
+ViT's linear layers dynamically quantised to int8
+(:func:`~spectraflow_monai.networks.export.quantize_encoder_linear`; the decoder and the frequency transforms stay
+float32), at level ``all``. They are timed in the same interleaved rounds as the PyTorch models (the
 ``precision`` setting does not reach onnxruntime: each ONNX row runs once per round, under ``fp32``), and a second
 table gives each one's throughput against SpectraFlowNet-S in PyTorch fp32 eager (the issue's target: >= 1.2x at
 batch 4 on 2 threads) with its agreement with PyTorch on the timed batch: the largest logit difference, relative to
@@ -104,32 +105,11 @@ def build_models(size: int, refine: str, keys: tuple[str, ...] = MODEL_KEYS) -> 
     return {builders[k][0]: builders[k][1]() for k in MODEL_KEYS if k in keys}
 
 
-def quantize_encoder_linear(source: Path, target: Path) -> Path:
-    """Dynamic int8 quantisation (onnxruntime's ``quantize_dynamic``, int8 weights) of the MatMul / Gemm nodes of the
-    exported model that are the ViT encoder's linear layers (the exporter's node metadata names the module and the
-    ``aten.linear`` it came from); the decoder and the real DFT matrix products stay float32."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    def meta(node, key: str) -> str:
-        return next((p.value for p in node.metadata_props if p.key == key), "")
-
-    graph = onnx.load(str(source), load_external_data=False).graph
-    nodes = [
-        n.name for n in graph.node
-        if n.op_type in ("MatMul", "Gemm") and "/encoder" in meta(n, "namespace")
-        and "aten.linear" in meta(n, "pkg.torch.onnx.fx_node")
-    ]  # fmt: skip
-    quantize_dynamic(str(source), str(target), nodes_to_quantize=nodes, weight_type=QuantType.QInt8)
-    print(f"int8: {len(nodes)} linear layers of the encoder quantised", flush=True)
-    return target
-
-
 def build_onnx_models(
     network: nn.Module, size: int, threads: int, variants: list[str], folder: Path, spinning: bool = False
 ) -> dict[str, nn.Module]:
     """SpectraFlowNet-S exported once (checked at batch 1 and 3), one onnxruntime session per variant."""
-    from spectraflow_monai.networks.export import OnnxNetwork, export_onnx
+    from spectraflow_monai.networks.export import OnnxNetwork, export_onnx, quantize_encoder_linear
 
     fp32 = export_onnx(network, folder / "spectraflow.onnx", image_size=size, atol=1e-3)
     # by default onnxruntime's threads sleep after a run instead of spinning, so that they take no CPU from the

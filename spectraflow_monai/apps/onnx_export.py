@@ -26,6 +26,7 @@ def export_model_file(
     model_file: str | os.PathLike = "models/model.pt",
     output: str | os.PathLike | None = None,
     atol: float = DEFAULT_ATOL,
+    int8_encoder: bool = False,
 ) -> Path:
     """Export the model of a bundle's model file to ONNX, beside it by default (``models/model.onnx``).
 
@@ -37,6 +38,10 @@ def export_model_file(
         model_file: the trained model (``models/model.pt``). Defaults to ``"models/model.pt"``.
         output: the ONNX file written. Defaults to ``model_file`` with the extension ``.onnx``.
         atol: the largest absolute difference of the logits the check accepts. Defaults to 1e-3.
+        int8_encoder: quantise the ViT encoder's linear layers to int8
+            (:func:`~spectraflow_monai.networks.export.quantize_encoder_linear`): faster on the CPU, not equal to
+            the network within float round-off (the check's ``atol`` may need raising; compare the masks of
+            ``inference.yaml`` and ``inference_onnx.yaml`` on own images before deploying it). Defaults to False.
 
     Returns:
         the path written.
@@ -72,11 +77,14 @@ def export_model_file(
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"{model_file}: not a model of the network recorded beside it ({first}).") from err
     output = Path(output) if output is not None else Path(os.path.splitext(model_file)[0] + ".onnx")
-    return export_onnx(network, output, image_size=record.image_size, in_channels=network.in_channels, atol=atol)
+    return export_onnx(
+        network, output, image_size=record.image_size, in_channels=network.in_channels, atol=atol,
+        int8_encoder=int8_encoder,
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx") -> int:
-    """``spectraflow export-onnx [--model models/model.pt] [--output FILE] [--atol 1e-3]``.
+    """``spectraflow export-onnx [--model models/model.pt] [--output FILE] [--atol 1e-3] [--int8-encoder]``.
 
     Args:
         argv: the arguments after the command name; None reads ``sys.argv[1:]``.
@@ -97,11 +105,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx
                         help="the ONNX file written (default: the model's path with the extension .onnx)")
     parser.add_argument("--atol", type=float, default=DEFAULT_ATOL,
                         help="largest difference of the logits from PyTorch's the check at batch 1 and 3 accepts "
-                        f"(default: {DEFAULT_ATOL})")  # fmt: skip
+                        f"(default: {DEFAULT_ATOL})")
+    parser.add_argument("--int8-encoder", action="store_true",
+                        help="quantise the ViT encoder's linear layers to int8: faster on the CPU, logits no longer "
+                        "equal to PyTorch's (raise --atol if the check asks; compare the masks on own images)",
+                        )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        path = export_model_file(args.model, args.output, atol=args.atol)
+        path = export_model_file(args.model, args.output, atol=args.atol, int8_encoder=args.int8_encoder)
     except (OSError, ValueError, ImportError) as e:  # bad input: one line naming the file, no traceback
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     print(path)

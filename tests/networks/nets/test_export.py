@@ -96,6 +96,30 @@ def test_onnx_export_has_a_free_batch_axis(kwargs, tmp_path):
         OnnxNetwork(path, image_size=42)
 
 
+def test_onnx_export_with_int8_encoder_linears(tmp_path):
+    """The ViT's linear layers quantised to int8 (and nothing else): a free batch axis, logits close to PyTorch's."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from spectraflow_monai.networks.export import OnnxNetwork, export_onnx, quantize_encoder_linear
+
+    net = _net(encoder_kwargs={"depth": 2})
+    path = export_onnx(net, tmp_path / "net.onnx", image_size=28, atol=0.05, int8_encoder=True)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("DynamicQuantizeLinear") > 0 and ops.count("MatMulInteger") == 2 * 4  # 2 blocks, 4 linears each
+    runner = OnnxNetwork(path, threads=1)
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, 28, 28)
+        with torch.no_grad():
+            torch.testing.assert_close(runner(x), net(x), rtol=0.05, atol=0.05)
+    with pytest.raises(ValueError, match="no linear layer of an encoder"):
+        export_onnx(torch.nn.Conv2d(3, 2, 3), tmp_path / "conv.onnx", image_size=8, in_channels=3, int8_encoder=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]
+    with pytest.raises(ValueError, match="no linear layer of an encoder"):
+        quantize_encoder_linear(path, tmp_path / "again.onnx")  # already quantised: no float linear left
+
+
 def test_onnx_export_that_fails_its_check_writes_nothing(tmp_path):
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")
