@@ -20,7 +20,7 @@ def test_every_command_has_help(name, capsys):
     assert f"spectraflow {name}" in out and "--output" in out
 
 
-@pytest.mark.parametrize("name", ["demo", "report", "synthetic-2d", "synthetic-ct", "experiment"])
+@pytest.mark.parametrize("name", ["demo", "report", "synthetic-2d", "synthetic-ct", "experiment", "export-onnx"])
 def test_help_loads_neither_torch_nor_monai(name):
     """``spectraflow <command> --help`` answers without importing torch or MONAI (lazy package exports), so it takes
     a fraction of a second instead of the 10+ s their import takes on a loaded machine."""

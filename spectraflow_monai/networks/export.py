@@ -1,15 +1,25 @@
-"""Deployment exports of the SpectraFlow networks: ONNX (with the frequency transforms as real matrix products)."""
+"""Deployment exports of the SpectraFlow networks: ONNX (with the frequency transforms as real matrix products and
+FDConv's per-sample convolution in a batch-free form), and :class:`OnnxNetwork`, which runs an exported model with
+onnxruntime as a ``torch.nn.Module`` (MONAI inferers and evaluators take it in place of the network)."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-__all__ = ["export_onnx", "set_real_dft"]
+from spectraflow_monai.utils.files import atomic_path
+
+__all__ = ["OnnxNetwork", "export_onnx", "quantize_encoder_linear", "set_batch_free_conv", "set_real_dft"]
+
+#: the install hint of the ``onnx`` extra
+ONNX_EXTRA_HINT = 'install the onnx extra: pip install -e ".[onnx]" (onnx, onnxscript, onnxruntime)'
+#: onnxruntime's graph optimisation levels by name (``OnnxNetwork(optimization=...)``)
+OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
 logger = logging.getLogger(__name__)
 
@@ -28,63 +38,258 @@ def set_real_dft(network: nn.Module, enabled: bool = True) -> nn.Module:
     return network
 
 
+def set_batch_free_conv(network: nn.Module, enabled: bool = True) -> nn.Module:
+    """Switch FDConv's per-sample convolution in every ``FDConv2d`` of ``network`` to its batch-free form.
+
+    FDConv convolves every sample with its own kernel; PyTorch does it with one grouped convolution whose group count
+    is the batch size, which an export records as a constant (ONNX's ``Conv`` takes ``group`` as an attribute). With
+    ``enabled`` the same sums are computed from the ``k * k`` shifted slices of the padded input and one batched
+    matrix product (equal within float32 round-off; tested), so an exported model takes any batch size. Returns
+    ``network``.
+    """
+    for module in network.modules():
+        if hasattr(module, "batch_free_conv"):
+            module.batch_free_conv = bool(enabled)
+    return network
+
+
 def export_onnx(
     network: nn.Module,
     path: str | os.PathLike,
     image_size: int | tuple[int, int] = 224,
     in_channels: int | None = None,
-    batch_size: int = 1,
+    batch_size: int | None = None,
     verify: bool = True,
     atol: float = 1e-4,
+    verify_batch_sizes: Sequence[int] = (1, 3),
+    int8_encoder: bool = False,
 ) -> Path:
     """Export ``network`` (e.g. ``SpectraFlowNet``) to ONNX at a fixed image size, and check it with onnxruntime.
 
-    A copy of the network in ``eval`` mode with :func:`set_real_dft` is exported with ``torch.onnx.export(...,
-    dynamo=True)`` (needs the ``onnx`` and ``onnxscript`` packages: the ``onnx`` extra); input ``image``
-    ``(batch_size, C, H, W)``, output ``logits``. The shapes are static: FDConv convolves every sample with its own
-    kernel as one grouped convolution whose group count is the batch size, and ONNX's ``Conv`` takes the group count
-    as a constant. With ``verify`` and onnxruntime installed, the ONNX model's logits on a random batch must equal
-    the network's own (eager, complex FFTs) within ``atol``.
+    A copy of the network in ``eval`` mode with :func:`set_real_dft` (no complex tensor) and
+    :func:`set_batch_free_conv` (no batch-sized group count) is exported with ``torch.onnx.export(..., dynamo=True)``
+    (needs the ``onnx`` and ``onnxscript`` packages: the ``onnx`` extra, ``pip install -e ".[onnx]"``) into one
+    self-contained file (weights inside); input ``image`` ``(batch, C, H, W)``, output ``logits``. The batch axis is
+    free unless ``batch_size`` fixes it; ``H`` and ``W`` are fixed (the ViT's position embedding is resized to them
+    at build time). With ``verify`` and onnxruntime installed, the ONNX model's logits on random batches of each of
+    ``verify_batch_sizes`` (``batch_size`` when given) must equal the network's own (eager, complex FFTs, grouped
+    convolution) within ``atol``. The file is written under a temporary name and moved to ``path`` only after the
+    check, so a failed export leaves any earlier ``path`` as it was.
 
     Args:
         network: the network; it is not modified.
         path: the ``.onnx`` file written.
         image_size: ``H`` (= ``W``) or ``(H, W)``, multiples of the patch size. Defaults to 224.
         in_channels: input channels. Defaults to ``network.in_channels`` (or 3).
-        batch_size: the batch size of the exported model, >= 1. Defaults to 1.
+        batch_size: None for a free batch axis, or the one batch size the model takes (>= 1). Defaults to None.
         verify: run the check with onnxruntime (skipped with a log line where it is not installed). Defaults to True.
         atol: the largest absolute difference of the logits the check accepts. Defaults to 1e-4.
+        verify_batch_sizes: the batch sizes checked when the batch axis is free. Defaults to ``(1, 3)``.
+        int8_encoder: quantise the ViT encoder's linear layers to int8 (:func:`quantize_encoder_linear`; faster on
+            the CPU, no longer equal to the network within float round-off: give an ``atol`` that suits the model
+            and compare the masks on own images). Defaults to False.
 
     Returns:
         the path written.
 
     Raises:
-        ValueError: ``batch_size`` < 1, or the exported model's logits differ from the network's by more than ``atol``.
+        ValueError: ``batch_size`` or ``verify_batch_sizes`` not positive integers, or the exported model's logits
+            differ from the network's by more than ``atol``.
+        ImportError: the ``onnx`` extra is not installed.
     """
     import copy
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    def positive(value: object) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+    if batch_size is not None and not positive(batch_size):
+        raise ValueError(f"batch_size must be None (a free batch axis) or a positive integer, got {batch_size!r}.")
+    checked = [batch_size] if batch_size is not None else list(verify_batch_sizes)
+    if not checked or not all(positive(b) for b in checked):
+        raise ValueError(f"verify_batch_sizes must be positive integers, got {verify_batch_sizes!r}.")
+    try:
+        import onnxscript  # noqa: F401  (the dynamo exporter's translator)
+    except ImportError as err:
+        raise ImportError(f"the ONNX export needs onnx and onnxscript: {ONNX_EXTRA_HINT}.") from err
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     channels = int(in_channels if in_channels is not None else getattr(network, "in_channels", 3))
-    model = set_real_dft(copy.deepcopy(network).eval())
-    example = torch.randn(batch_size, channels, *size, device=next(network.parameters()).device)
+    model = set_batch_free_conv(set_real_dft(copy.deepcopy(network).eval()))
+    device = next(network.parameters()).device
+    # a free axis is traced at batch 2: torch.export specialises an example size of 1
+    example = torch.randn(batch_size or 2, channels, *size, device=device)
+    dynamic_shapes = None if batch_size is not None else ({0: torch.export.Dim("batch", min=1)},)
     path = Path(path)
-    with torch.no_grad():
-        torch.onnx.export(model, (example,), str(path), input_names=["image"], output_names=["logits"], dynamo=True)
-    if not verify:
-        return path
+    with atomic_path(path, suffix=".tmp") as temp_name:  # moved to `path` only when the block ends without error
+        with torch.no_grad():
+            torch.onnx.export(
+                model, (example,), temp_name, input_names=["image"], output_names=["logits"], dynamo=True,
+                dynamic_shapes=dynamic_shapes, external_data=False,
+            )  # fmt: skip
+        if int8_encoder:
+            quantize_encoder_linear(temp_name, temp_name)
+        if verify:
+            _check_export(network, temp_name, path, [(b, channels, *size) for b in checked], device, atol)
+    return path
+
+
+def quantize_encoder_linear(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Quantise the ViT encoder's linear layers of an exported SpectraFlowNet to int8 (dynamic quantisation).
+
+    onnxruntime's ``quantize_dynamic`` (int8 weights, activations quantised per call) is applied to the ``MatMul`` /
+    ``Gemm`` nodes that the exporter's node metadata names as an ``aten.linear`` of the ``encoder`` module (the
+    attention and MLP projections, about two thirds of SpectraFlowNet-S's CPU time); the decoder, FDConv and the real
+    DFT matrix products stay float32. ``target`` may be ``source``.
+
+    Args:
+        source: the float32 ONNX file written by :func:`export_onnx`.
+        target: the ONNX file written.
+
+    Returns:
+        the path written.
+
+    Raises:
+        ValueError: ``source`` has no such linear layer (not an export of a network with an ``encoder``).
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    def meta(node: object, key: str) -> str:
+        return next((p.value for p in node.metadata_props if p.key == key), "")
+
+    graph = onnx.load(os.fspath(source), load_external_data=False).graph
+    nodes = [
+        n.name for n in graph.node
+        if n.op_type in ("MatMul", "Gemm") and "/encoder" in meta(n, "namespace")
+        and "aten.linear" in meta(n, "pkg.torch.onnx.fx_node")
+    ]  # fmt: skip
+    if not nodes:
+        raise ValueError(f"{source}: no linear layer of an encoder found to quantise.")
+    target = Path(target)
+    with atomic_path(target, suffix=".tmp") as temp_name:
+        quantize_dynamic(os.fspath(source), temp_name, nodes_to_quantize=nodes, weight_type=QuantType.QInt8)
+    logger.info("%s: %d linear layers of the encoder quantised to int8", target, len(nodes))
+    return target
+
+
+def _check_export(
+    network: nn.Module,
+    onnx_file: str,
+    path: Path,
+    shapes: Sequence[tuple[int, ...]],
+    device: torch.device,
+    atol: float,
+) -> None:
+    """Compare the logits of the exported model ``onnx_file`` with ``network``'s on a random batch of each shape."""
     try:
         import onnxruntime
     except ImportError:
         logger.info("onnxruntime is not installed: the ONNX export %s was not checked", path)
-        return path
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = torch.from_numpy(session.run(None, {"image": example.cpu().numpy()})[0])
-    with torch.no_grad():
-        want = network.eval()(example).cpu()
-    diff = float((got - want).abs().max())
-    if not diff <= atol:
-        raise ValueError(f"the ONNX export {path} differs from the network by {diff:.3g} (atol={atol}).")
-    logger.info("ONNX export %s: logits within %.3g of the network's", path, diff)
-    return path
+        return
+    session = onnxruntime.InferenceSession(onnx_file, providers=["CPUExecutionProvider"])
+    was_training = network.training
+    network.eval()
+    try:
+        for shape in shapes:
+            example = torch.randn(*shape, device=device)
+            got = torch.from_numpy(session.run(None, {"image": example.cpu().numpy()})[0])
+            with torch.no_grad():
+                want = network(example).float().cpu()
+            diff = float((got - want).abs().max())
+            if not diff <= atol:
+                raise ValueError(
+                    f"the ONNX export {path} differs from the network by {diff:.3g} at batch {shape[0]} (atol={atol})."
+                )
+            logger.info("ONNX export %s: logits within %.3g of the network's at batch %d", path, diff, shape[0])
+    finally:
+        network.train(was_training)
+
+
+class OnnxNetwork(nn.Module):
+    """An exported ONNX model run by onnxruntime, as a ``torch.nn.Module`` (input and output torch tensors).
+
+    MONAI's inferers and evaluators take it in place of the network (the bundles' ``configs/inference_onnx.yaml``):
+    the input is sent to onnxruntime as float32 and the output comes back as a float32 tensor on the input's device.
+    It has no parameters and ignores ``torch.autocast`` (onnxruntime runs the graph as exported, float32). The model's
+    input shape is read from the file; an input whose channels or spatial size differ from it is refused naming the
+    file and both shapes (a free batch axis takes any batch size).
+
+    Args:
+        path: the ``.onnx`` file (:func:`export_onnx`).
+        threads: onnxruntime's intra-op threads; None or 0: onnxruntime's default (one per physical core).
+            Defaults to None.
+        optimization: onnxruntime's graph optimisation level, one of ``"disable"``, ``"basic"``, ``"extended"``,
+            ``"all"``. Defaults to ``"all"``.
+        providers: onnxruntime execution providers, in order of preference. Defaults to ``("CPUExecutionProvider",)``.
+        image_size: the spatial size ``H`` (= ``W``) or ``(H, W)`` the model must take (e.g. the model record's
+            ``image_size``), checked here; None: not checked. Defaults to None.
+        session_config: onnxruntime session configuration entries, e.g.
+            ``{"session.intra_op.allow_spinning": "0"}`` (threads that sleep instead of spinning between runs).
+            Defaults to None.
+
+    Raises:
+        ImportError: onnxruntime is not installed (naming the ``onnx`` extra).
+        FileNotFoundError: ``path`` is not a file.
+        ValueError: ``threads`` or ``optimization`` is not valid, the file is not an ONNX model onnxruntime reads, or
+            it takes another spatial size than ``image_size``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        threads: int | None = None,
+        optimization: str = "all",
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        image_size: int | Sequence[int] | None = None,
+        session_config: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+            raise ValueError(f"threads must be None or a non-negative integer, got {threads!r}.")
+        if optimization not in OPTIMIZATION_LEVELS:
+            raise ValueError(f"optimization must be one of {OPTIMIZATION_LEVELS}, got {optimization!r}.")
+        try:
+            import onnxruntime
+        except ImportError as err:
+            raise ImportError(f"running an ONNX model needs onnxruntime: {ONNX_EXTRA_HINT}.") from err
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise FileNotFoundError(f"{self.path}: no such ONNX model file.")
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = {
+            "disable": onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[optimization]
+        if threads:
+            options.intra_op_num_threads = threads
+        for key, value in (session_config or {}).items():
+            options.add_session_config_entry(str(key), str(value))
+        try:
+            self.session = onnxruntime.InferenceSession(self.path, options, providers=list(providers))
+        except Exception as err:  # onnxruntime raises its own exception types for unreadable models
+            raise ValueError(f"{self.path}: not an ONNX model onnxruntime can run ({err}).") from err
+        model_input = self.session.get_inputs()[0]
+        self.input_name = model_input.name
+        self.input_shape = tuple(model_input.shape)  # the batch axis a name (free) or an int
+        if image_size is not None:
+            size = [image_size] * 2 if isinstance(image_size, int) else [int(n) for n in image_size]
+            if list(self.input_shape[-2:]) != size:
+                raise ValueError(
+                    f"{self.path} takes {'x'.join(str(n) for n in self.input_shape[-2:])} images, the model settings "
+                    f"say image_size {image_size}: export the model again (spectraflow export-onnx)."
+                )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        expected = self.input_shape
+        fixed = [(i, n) for i, n in enumerate(expected) if isinstance(n, int)]
+        if x.dim() != len(expected) or any(x.shape[i] != n for i, n in fixed):
+            raise ValueError(
+                f"{self.path} takes input of shape {list(expected)} (a name: any size), got {list(x.shape)}."
+            )
+        array = x.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+        out = self.session.run(None, {self.input_name: array})[0]
+        return torch.from_numpy(out).to(x.device)
+
+    def extra_repr(self) -> str:
+        return f"path={self.path!r}, input_shape={list(self.input_shape)}"

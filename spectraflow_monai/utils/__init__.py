@@ -5,8 +5,8 @@ from spectraflow_monai._lazy import lazy_exports
 #: module -> the names it exports (imported when a name is first used: the command line stays light)
 _EXPORTS: dict[str, tuple[str, ...]] = {
     ".bundles": (
-        "BUNDLE_NAMES", "COMMANDS", "LAYERED_LAST", "bundle_command", "check_run_configs", "bundle_config_files",
-        "bundle_parser",
+        "BUNDLE_NAMES", "COMMANDS", "INFERENCE_LAYERS", "LAYERED_LAST", "bundle_command", "check_run_configs",
+        "bundle_config_files", "bundle_parser",
         "bundle_path", "run_bundle_configs",
     ),
     ".files": ("atomic_path", "require_file", "require_items", "require_weights", "write_text_atomic"),

@@ -14,6 +14,7 @@ from spectraflow_monai.utils.errors import SettingError
 __all__ = [
     "BUNDLE_NAMES",
     "COMMANDS",
+    "INFERENCE_LAYERS",
     "LAYERED_LAST",
     "bundle_command",
     "check_run_configs",
@@ -65,10 +66,13 @@ def bundle_path(name: str = "spectraflow_2d_segmentation") -> Path:
 LAYERED_LAST: tuple[str, ...] = ("train_stage1.yaml", "evaluate.yaml", "multi_gpu_train.yaml")
 #: the configs that run alone
 STANDALONE: tuple[str, ...] = ("train.yaml", "inference.yaml")
+#: the configs layered over ``configs/inference.yaml`` (at most one, after it): inference through onnxruntime
+INFERENCE_LAYERS: tuple[str, ...] = ("inference_onnx.yaml",)
 #: the runs of a bundle, as its README lists them (what an error about a config list names)
 COMMANDS: str = (
     "--config_file configs/train.yaml (Stage-2) | \"['configs/train.yaml','configs/train_stage1.yaml']\" (Stage-1) | "
-    "\"['configs/train.yaml','configs/evaluate.yaml']\" (evaluation) | configs/inference.yaml; multi-GPU: add "
+    "\"['configs/train.yaml','configs/evaluate.yaml']\" (evaluation) | configs/inference.yaml | "
+    "\"['configs/inference.yaml','configs/inference_onnx.yaml']\" (inference through onnxruntime); multi-GPU: add "
     "'configs/multi_gpu_train.yaml' last"
 )
 
@@ -79,7 +83,7 @@ def bundle_config_files(bundle: str | os.PathLike, configs: Sequence[str]) -> li
 
     A bundle folder stands alone, as model-zoo bundles do: ``train.yaml`` (Stage-2) and ``inference.yaml`` run
     alone; ``train_stage1.yaml``, ``evaluate.yaml`` and ``multi_gpu_train.yaml`` are layered after ``train.yaml``
-    (in that order; a baseline network's config in between).
+    (in that order; a baseline network's config in between); ``inference_onnx.yaml`` after ``inference.yaml``.
 
     Args:
         bundle: the bundle folder.
@@ -97,8 +101,10 @@ def bundle_config_files(bundle: str | os.PathLike, configs: Sequence[str]) -> li
     problem = None
     if not names:
         problem = "no config file was given"
-    elif names[0] == "inference.yaml" and len(names) > 1:
-        problem = "configs/inference.yaml runs alone"
+    elif names[0] == "inference.yaml" and len(names) > 1 and names[1:] != list(INFERENCE_LAYERS):
+        problem = f"configs/inference.yaml runs alone or with {', '.join(INFERENCE_LAYERS)} after it"
+    elif names[0] in INFERENCE_LAYERS:
+        problem = f"{names[0]} is layered over configs/inference.yaml, which comes first"
     elif names[0] not in STANDALONE:
         problem = f"{names[0]} is layered over configs/train.yaml, which comes first"
     else:

@@ -26,13 +26,13 @@ RUNS = {
         ["train.yaml", "unetpp_monai_baseline.yaml"],
         ["train.yaml", "unetpp_zhou_literal_baseline.yaml", "evaluate.yaml"],
         ["train.yaml", "multi_gpu_train.yaml"], ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
-        ["inference.yaml"],
+        ["inference.yaml"], ["inference.yaml", "inference_onnx.yaml"],
     ],
     SYNAPSE: [
         ["train.yaml"], ["train.yaml", "train_stage1.yaml"], ["train.yaml", "evaluate.yaml"],
         ["train.yaml", "paper_protocol.yaml"], ["train.yaml", "paper_protocol.yaml", "train_stage1.yaml"],
         ["train.yaml", "multi_gpu_train.yaml"], ["train.yaml", "train_stage1.yaml", "multi_gpu_train.yaml"],
-        ["inference.yaml"],
+        ["inference.yaml"], ["inference.yaml", "inference_onnx.yaml"],
     ],
 }  # fmt: skip
 REFERENCE = re.compile(r"@([A-Za-z_][\w#]*)")

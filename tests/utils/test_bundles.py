@@ -64,6 +64,7 @@ def test_bundle_command_lists_the_configs(tmp_path):
         ["train.yaml", "multi_gpu_train.yaml"],
         ["train.yaml", "unetpp_baseline.yaml", "evaluate.yaml"],
         ["inference.yaml"],
+        ["inference.yaml", "inference_onnx.yaml"],
     ],
 )
 def test_config_lists_that_run(configs):
@@ -80,6 +81,7 @@ def test_config_lists_that_run(configs):
         (["train.yaml", "evaluate.yaml", "unetpp_baseline.yaml"], "not last"),
         (["train.yaml", "train_stage1.yaml", "evaluate.yaml"], "separate runs"),
         (["inference.yaml", "evaluate.yaml"], "runs alone"),
+        (["inference_onnx.yaml", "inference.yaml"], "inference_onnx.yaml is layered over configs/inference.yaml"),
         (["train.yaml", "no_such.yaml"], "no_such.yaml does not exist"),
         ([], "no config file"),
     ],

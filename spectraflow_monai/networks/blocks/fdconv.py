@@ -55,7 +55,8 @@ class FDConv2d(nn.Conv2d):
 
     At initialisation the layer computes exactly the static convolution with :meth:`static_weight` (up to float
     round-off), so :meth:`from_conv2d` converts a trained ``nn.Conv2d`` without changing its output. The per-sample
-    kernels are applied with one grouped convolution (``groups=B``). FFTs run in float32 (float64 for double modules)
+    kernels are applied with one grouped convolution (``groups=B``), or, with ``batch_free_conv`` (exports), with
+    shifted slices and one batched matrix product, whose shapes do not depend on the batch size. FFTs run in float32 (float64 for double modules)
     with autocast disabled around them. A state dict holding a plain ``weight`` (e.g. from an ``nn.Conv2d``) is
     converted to ``dft_weight`` on load.
 
@@ -88,7 +89,8 @@ class FDConv2d(nn.Conv2d):
 
     Notes:
         ``torch.jit.script`` works for any input size. ``torch.jit.trace`` works too, but the traced graph is
-        specialised to the traced input shape (the batch size is the ``groups`` of the per-sample convolution).
+        specialised to the traced input shape (the batch size is the ``groups`` of the per-sample convolution;
+        with ``batch_free_conv`` it is not).
         Code that initialises ``module.weight`` of every ``nn.Conv2d`` must skip this class (use
         :meth:`reset_parameters` or :meth:`from_conv2d`).
 
@@ -207,6 +209,10 @@ class FDConv2d(nn.Conv2d):
         # the frequency transforms as real matrix products instead of complex FFTs (for exports: ONNX, TensorRT);
         # :func:`spectraflow_monai.networks.export.set_real_dft` switches it on every FDConv2d / FBM of a network
         self.real_dft = False
+        # the per-sample convolution as shifted slices and one batched matrix product instead of a grouped
+        # convolution with ``groups=B`` (exports with a free batch axis); see :meth:`_sliced_conv` and
+        # :func:`spectraflow_monai.networks.export.set_batch_free_conv`
+        self.batch_free_conv = False
 
         weight = self.weight.detach()
         del self.weight
@@ -392,6 +398,31 @@ class FDConv2d(nn.Conv2d):
             out = F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, batch)
         return out.reshape(batch, self.out_channels, out.shape[-2], out.shape[-1])
 
+    def _sliced_conv(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """:meth:`_grouped_conv` without a batch-sized group count (``batch_free_conv``): the ``k * k`` shifted,
+        strided slices of the padded input stacked to ``(B, Cin * k * k, Ho * Wo)`` (the layout of ``F.unfold``) and
+        multiplied by the kernels ``(B, Cout, Cin * k * k)`` in one batched matrix product. The same sums as the
+        grouped convolution (equal within float round-off; tested), with shapes that hold for any batch size, so an
+        ONNX export keeps the batch axis free."""
+        k_h, k_w = weight.shape[-2], weight.shape[-1]
+        mode = "constant" if self.padding_mode == "zeros" else self.padding_mode
+        x = F.pad(x, self._reversed_padding_repeated_twice, mode=mode)
+        (s_h, s_w), (d_h, d_w) = self.stride, self.dilation
+        out_h = (x.shape[-2] - d_h * (k_h - 1) - 1) // s_h + 1
+        out_w = (x.shape[-1] - d_w * (k_w - 1) - 1) // s_w + 1
+        shifted = []
+        for i in range(k_h):
+            for j in range(k_w):
+                top, left = i * d_h, j * d_w
+                bottom, right = top + (out_h - 1) * s_h + 1, left + (out_w - 1) * s_w + 1
+                shifted.append(x[:, :, top:bottom:s_h, left:right:s_w])
+        columns = torch.stack(shifted, dim=2).flatten(1, 2).flatten(2)  # (B, Cin * k * k, Ho * Wo)
+        out = torch.matmul(weight.flatten(2), columns)  # (B, Cout, Ho * Wo)
+        bias = self.bias
+        if bias is not None:
+            out = out + bias[:, None]
+        return out.reshape(out.shape[0], self.out_channels, out_h, out_w)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"FDConv2d expects input of shape (B, {self.in_channels}, H, W), got {list(x.shape)}.")
@@ -412,6 +443,8 @@ class FDConv2d(nn.Conv2d):
             weight = weight * self.ksm_local(pooled)
         if self.fbm is not None:
             x = self.fbm(x)
+        if self.batch_free_conv:
+            return self._sliced_conv(x, weight.to(x.dtype))
         return self._grouped_conv(x, weight.to(x.dtype))
 
     def extra_repr(self) -> str:

@@ -118,6 +118,43 @@ class TestFDConv2dEquivalence(unittest.TestCase):
                 self.assertEqual(out.shape, expected.shape)
                 np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
 
+    @parameterized.expand(
+        [
+            # cin, cout, k, stride, padding, dilation, padding_mode, (H, W)
+            (24, 32, 3, 1, None, 1, "zeros", (12, 10)),
+            (20, 20, 3, 2, None, 1, "zeros", (9, 11)),
+            (17, 36, 1, 1, None, 1, "zeros", (8, 8)),
+            (32, 24, 3, 1, None, 2, "reflect", (7, 9)),
+            (24, 24, 3, 2, 0, 1, "zeros", (9, 8)),
+            (24, 24, 3, 1, "same", 2, "zeros", (7, 7)),
+            (24, 24, 3, 1, "valid", 1, "circular", (6, 9)),
+        ]
+    )
+    def test_batch_free_conv_matches_grouped(self, cin, cout, k, stride, padding, dilation, padding_mode, size):
+        """The export form (shifted slices and a batched matrix product) computes the grouped convolution's sums,
+        with random weights, at several batch sizes; a trace of it is not tied to the traced batch size."""
+        torch.manual_seed(3)
+        module = FDConv2d(cin, cout, k, stride, padding, dilation, padding_mode=padding_mode).eval()
+        _perturb(module, std=0.2)
+        with torch.no_grad():
+            module.dft_weight.add_(0.05 * torch.randn_like(module.dft_weight))
+        for batch in (1, 2, 5):
+            x = torch.randn(batch, cin, *size)
+            with torch.no_grad():
+                module.batch_free_conv = False
+                want = module(x)
+                module.batch_free_conv = True
+                got = module(x)
+            self.assertEqual(got.shape, want.shape)
+            np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scripted = torch.jit.script(module)
+            traced = torch.jit.trace(module, torch.randn(2, cin, *size))  # the grouped form bakes groups=2 in
+        with torch.no_grad():
+            np.testing.assert_allclose(scripted(x), want, atol=2e-5, rtol=1e-5)
+            np.testing.assert_allclose(traced(x), want, atol=2e-5, rtol=1e-5)
+
     def test_float64_roundtrip_is_exact(self):
         torch.manual_seed(1)
         conv = nn.Conv2d(20, 24, 3, padding=1).double()

@@ -71,17 +71,88 @@ def test_real_dft_matches_complex_fft(kwargs):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_onnx_export_matches_pytorch(tmp_path):
-    """ONNX (dynamo exporter, real DFT) run by onnxruntime: logits within 1e-4 of PyTorch's (about 1e-7 seen)."""
+@pytest.mark.parametrize("kwargs", [{}, {"in_channels": 1, "out_channels": 3, "refine": "fdconv_cbam"}])
+def test_onnx_export_has_a_free_batch_axis(kwargs, tmp_path):
+    """ONNX (dynamo exporter; real DFT and the batch-free FDConv form) run by onnxruntime at batch 1 and 3, with
+    FDConv away from its initialisation: logits within 1e-3 of PyTorch's (about 1e-6 seen)."""
     pytest.importorskip("onnxscript")
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
+    from spectraflow_monai.networks.export import OnnxNetwork, export_onnx
+
+    net = _net(**kwargs)
+    for p in net.decoder.parameters():  # move FDConv / FBM away from their identity initialisation
+        p.data += 0.05 * torch.randn_like(p)
+    path = export_onnx(net, tmp_path / "net.onnx", image_size=28, atol=1e-3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]  # one file, weights inside, no leftover
+    runner = OnnxNetwork(path, threads=1, image_size=28, session_config={"session.intra_op.allow_spinning": "0"})
+    assert runner.input_shape[1:] == (net.in_channels, 28, 28) and not isinstance(runner.input_shape[0], int)
+    for batch in (1, 3):
+        x = torch.randn(batch, net.in_channels, 28, 28)
+        with torch.no_grad():
+            torch.testing.assert_close(runner(x), net(x), rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="net.onnx takes input of shape"):
+        runner(torch.randn(1, net.in_channels, 42, 28))
+    with pytest.raises(ValueError, match="net.onnx takes 28x28 images, the model settings say image_size 42"):
+        OnnxNetwork(path, image_size=42)
+
+
+def test_onnx_export_with_int8_encoder_linears(tmp_path):
+    """The ViT's linear layers quantised to int8 (and nothing else): a free batch axis, logits close to PyTorch's."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from spectraflow_monai.networks.export import OnnxNetwork, export_onnx, quantize_encoder_linear
+
+    net = _net(encoder_kwargs={"depth": 2})
+    path = export_onnx(net, tmp_path / "net.onnx", image_size=28, atol=0.05, int8_encoder=True)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("DynamicQuantizeLinear") > 0 and ops.count("MatMulInteger") == 2 * 4  # 2 blocks, 4 linears each
+    runner = OnnxNetwork(path, threads=1)
+    for batch in (1, 3):
+        x = torch.randn(batch, 3, 28, 28)
+        with torch.no_grad():
+            torch.testing.assert_close(runner(x), net(x), rtol=0.05, atol=0.05)
+    with pytest.raises(ValueError, match="no linear layer of an encoder"):
+        export_onnx(torch.nn.Conv2d(3, 2, 3), tmp_path / "conv.onnx", image_size=8, in_channels=3, int8_encoder=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.onnx"]
+    with pytest.raises(ValueError, match="no linear layer of an encoder"):
+        quantize_encoder_linear(path, tmp_path / "again.onnx")  # already quantised: no float linear left
+
+
+def test_onnx_export_that_fails_its_check_writes_nothing(tmp_path):
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
     from spectraflow_monai.networks.export import export_onnx
 
-    net = _net()
-    path = export_onnx(net, tmp_path / "net.onnx", image_size=28, batch_size=2, verify=True, atol=1e-4)
-    x = torch.randn(2, 3, 28, 28)
-    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"image": x.numpy()})[0]
-    with torch.no_grad():
-        torch.testing.assert_close(torch.from_numpy(got), net(x), rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="batch_size"):
-        export_onnx(net, tmp_path / "x.onnx", batch_size=0)
+    (tmp_path / "net.onnx").write_bytes(b"earlier")
+    with pytest.raises(ValueError, match="differs from the network"):  # a check no export passes
+        export_onnx(torch.nn.Conv2d(3, 2, 3, padding=1), tmp_path / "net.onnx", image_size=8, in_channels=3, atol=-1.0)
+    assert [p.name for p in tmp_path.iterdir()] == ["net.onnx"] and (tmp_path / "net.onnx").read_bytes() == b"earlier"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"batch_size": 0}, "batch_size"), ({"batch_size": True}, "batch_size"), ({"verify_batch_sizes": ()}, "verify_")],
+)
+def test_onnx_export_arguments(kwargs, message, tmp_path):
+    from spectraflow_monai.networks.export import export_onnx
+
+    with pytest.raises(ValueError, match=message):
+        export_onnx(_net(), tmp_path / "x.onnx", **kwargs)
+    assert not list(tmp_path.iterdir())
+
+
+def test_onnx_network_arguments(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from spectraflow_monai.networks.export import OnnxNetwork
+
+    with pytest.raises(FileNotFoundError, match="no such ONNX model"):
+        OnnxNetwork(tmp_path / "missing.onnx")
+    (tmp_path / "bad.onnx").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="bad.onnx: not an ONNX model"):
+        OnnxNetwork(tmp_path / "bad.onnx")
+    with pytest.raises(ValueError, match="optimization"):
+        OnnxNetwork(tmp_path / "bad.onnx", optimization="fast")
+    with pytest.raises(ValueError, match="threads"):
+        OnnxNetwork(tmp_path / "bad.onnx", threads=-1)

@@ -1,0 +1,124 @@
+"""``spectraflow export-onnx``: write the ONNX file of a bundle's model beside it, for inference with onnxruntime.
+
+From a bundle folder, ``python -m spectraflow_monai export-onnx`` reads ``models/model.pt`` and the model settings
+recorded beside it (``models/model.json``: encoder, image size, decoder, classes), builds the network as inference
+does (:func:`~spectraflow_monai.apps.workflow.recorded_network`), loads the weights and writes ``models/model.onnx``
+with :func:`~spectraflow_monai.networks.export.export_onnx` (a free batch axis; checked with onnxruntime at batch 1
+and 3). ``configs/inference_onnx.yaml`` layered on ``configs/inference.yaml`` then segments with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["export_model_file", "main"]
+
+#: the largest difference of the logits the export's check accepts by default (the issue's bound; about 1e-6 seen)
+DEFAULT_ATOL = 1e-3
+
+
+def export_model_file(
+    model_file: str | os.PathLike = "models/model.pt",
+    output: str | os.PathLike | None = None,
+    atol: float = DEFAULT_ATOL,
+    int8_encoder: bool = False,
+) -> Path:
+    """Export the model of a bundle's model file to ONNX, beside it by default (``models/model.onnx``).
+
+    The network is built from the settings recorded beside ``model_file`` (``model.json``, which inference through
+    the ONNX file reads too), the weights are loaded with ``torch.load(..., weights_only=True)``, and the export is
+    checked against the network at batch 1 and 3 within ``atol``.
+
+    Args:
+        model_file: the trained model (``models/model.pt``). Defaults to ``"models/model.pt"``.
+        output: the ONNX file written. Defaults to ``model_file`` with the extension ``.onnx``.
+        atol: the largest absolute difference of the logits the check accepts. Defaults to 1e-3.
+        int8_encoder: quantise the ViT encoder's linear layers to int8
+            (:func:`~spectraflow_monai.networks.export.quantize_encoder_linear`): faster on the CPU, not equal to
+            the network within float round-off (the check's ``atol`` may need raising; compare the masks of
+            ``inference.yaml`` and ``inference_onnx.yaml`` on own images before deploying it). Defaults to False.
+
+    Returns:
+        the path written.
+
+    Raises:
+        FileNotFoundError: ``model_file`` does not exist.
+        SettingError: no model settings recorded beside ``model_file``.
+        ValueError: ``model_file`` is not a model of the recorded network, or the check fails.
+    """
+    import torch  # here, so that `spectraflow export-onnx --help` answers without importing torch or MONAI
+    from ignite.handlers import Checkpoint
+
+    from spectraflow_monai.apps.workflow import recorded_network
+    from spectraflow_monai.networks.export import export_onnx
+    from spectraflow_monai.utils.errors import SettingError
+    from spectraflow_monai.utils.run_record import ModelRecord, read_model_settings
+    from spectraflow_monai.utils.settings import model_settings_path
+
+    model_file = os.fspath(model_file)
+    if not os.path.isfile(model_file):
+        raise FileNotFoundError(f"{model_file}: no such model file (train the model first: configs/train.yaml).")
+    if read_model_settings(model_file) is None:
+        raise SettingError(
+            f"{model_file}: no model settings recorded beside it ({model_settings_path(model_file)}, written by "
+            "training); the network cannot be built without them."
+        )
+    record = ModelRecord(model_file)
+    network = recorded_network(record, record.out_channels)
+    try:
+        state = torch.load(model_file, map_location="cpu", weights_only=True)
+        Checkpoint.load_objects({"model": network}, state)
+    except (RuntimeError, KeyError, TypeError, ValueError, EOFError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{model_file}: not a model of the network recorded beside it ({first}).") from err
+    output = Path(output) if output is not None else Path(os.path.splitext(model_file)[0] + ".onnx")
+    return export_onnx(
+        network, output, image_size=record.image_size, in_channels=network.in_channels, atol=atol,
+        int8_encoder=int8_encoder,
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx") -> int:
+    """``spectraflow export-onnx [--model models/model.pt] [--output FILE] [--atol 1e-3] [--int8-encoder]``.
+
+    Args:
+        argv: the arguments after the command name; None reads ``sys.argv[1:]``.
+        prog: program name shown in the usage and error lines. Defaults to ``"spectraflow export-onnx"``.
+
+    Returns:
+        0 on success (the path written is printed); bad input exits with status 2 and one error line.
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Write the ONNX file of a bundle's model (default: models/model.pt -> models/model.onnx, beside "
+        "its settings record models/model.json) for configs/inference_onnx.yaml. Needs the onnx extra: "
+        'pip install -e ".[onnx]".',
+    )
+    parser.add_argument("--model", default="models/model.pt", metavar="FILE",
+                        help="the trained model, with its model.json beside it (default: models/model.pt)")
+    parser.add_argument("--output", default=None, metavar="FILE",
+                        help="the ONNX file written (default: the model's path with the extension .onnx)")
+    parser.add_argument("--atol", type=float, default=DEFAULT_ATOL,
+                        help="largest difference of the logits from PyTorch's the check at batch 1 and 3 accepts "
+                        f"(default: {DEFAULT_ATOL})")
+    parser.add_argument("--int8-encoder", action="store_true",
+                        help="quantise the ViT encoder's linear layers to int8: faster on the CPU, logits no longer "
+                        "equal to PyTorch's (raise --atol if the check asks; compare the masks on own images)",
+                        )  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        path = export_model_file(args.model, args.output, atol=args.atol, int8_encoder=args.int8_encoder)
+    except (OSError, ValueError, ImportError) as e:  # bad input: one line naming the file, no traceback
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m spectraflow_monai.apps.onnx_export"))

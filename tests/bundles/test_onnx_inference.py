@@ -1,0 +1,139 @@
+"""Bundle inference through onnxruntime: ``spectraflow export-onnx`` writes ``models/model.onnx`` beside
+``models/model.pt`` (and its ``model.json``), and ``['configs/inference.yaml','configs/inference_onnx.yaml']`` run in
+a lone copy of the bundle writes the masks the PyTorch inference writes, without reading ``model.pt``. Skipped where
+the ``onnx`` extra is not installed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from spectraflow_monai.utils.bundles import bundle_path
+from tests.bundles.helpers import run_bundle
+
+pytest.importorskip("onnxscript")
+pytest.importorskip("onnxruntime")
+
+TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"
+
+
+def _lone_copy(bundle: str, tmp_path: Path) -> Path:
+    target = tmp_path / "somewhere" / bundle
+    shutil.copytree(bundle_path(bundle), target, symlinks=True)
+    return target
+
+
+def _write_model(folder: Path, out_channels: int, num_classes: int | None) -> Path:
+    """models/model.pt (a state dict, as training saves it) with model.json beside it: a 28 px, 2-block network
+    whose decoder is moved away from its initialisation, so that the masks depend on every part of it."""
+    from spectraflow_monai.apps.workflow import recorded_network
+    from spectraflow_monai.utils.run_record import ModelRecord, write_model_settings
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    model = folder / "models" / "model.pt"
+    model.parent.mkdir()
+    settings = ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=out_channels,
+                             num_classes=num_classes, image_mean=[0.5, 0.4, 0.3], image_std=[0.25, 0.2, 0.3])  # fmt: skip
+    write_model_settings(model, settings)
+    torch.manual_seed(0)
+    network = recorded_network(ModelRecord(model), out_channels)
+    with torch.no_grad():
+        for p in network.decoder.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    torch.save(network.state_dict(), model)
+    return model
+
+
+def _images(folder: Path) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for name, (h, w) in (("a.png", (40, 36)), ("b.png", (30, 50)), ("c.png", (28, 28))):
+        smooth = np.kron(rng.uniform(0, 255, (h // 2 + 1, w // 2 + 1, 3)), np.ones((2, 2, 1)))[:h, :w]
+        Image.fromarray(smooth.astype(np.uint8)).save(folder / name)
+    return folder
+
+
+def _volumes(folder: Path) -> Path:
+    import nibabel as nib
+
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for name in ("case1.nii.gz", "case2.nii.gz"):
+        volume = rng.uniform(-200, 300, (40, 36, 6)).astype(np.float32)
+        nib.save(nib.Nifti1Image(volume, np.diag([0.8, 0.8, 2.5, 1.0])), folder / name)
+    return folder
+
+
+def _read(path: Path) -> np.ndarray:
+    if path.suffix == ".png":
+        from PIL import Image
+
+        return np.asarray(Image.open(path))
+    import nibabel as nib
+
+    return np.asarray(nib.load(path).dataobj)
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+def test_onnx_inference_writes_the_pytorch_masks(bundle, tmp_path):
+    from spectraflow_monai.cli import main
+
+    folder = _lone_copy(bundle, tmp_path)
+    model = _write_model(folder, 1 if bundle == TWO_D else 9, None if bundle == TWO_D else 9)
+    inputs = _images(tmp_path / "images") if bundle == TWO_D else _volumes(tmp_path / "ct")
+    common = {"bundle_root": str(folder), "input_dir": str(inputs), "device": "$torch.device('cpu')"}
+    if bundle == SYNAPSE:
+        common["sw_batch_size"] = 4  # 6 slices: batches of 4 and 2 through the free batch axis
+    meta = str(folder / "configs" / "metadata.json")
+
+    # the documented command, from the bundle folder's models/model.pt: models/model.onnx beside it
+    assert main(["export-onnx", "--model", str(model)]) == 0
+    assert (folder / "models" / "model.onnx").is_file()
+
+    run_bundle(str(folder / "configs" / "inference.yaml"), meta, output_dir=str(tmp_path / "torch"),
+               precision="fp32", **common)  # fmt: skip
+    model.rename(tmp_path / "model.pt.away")  # the ONNX inference needs model.onnx and model.json only
+    configs = [str(folder / "configs" / "inference.yaml"), str(folder / "configs" / "inference_onnx.yaml")]
+    run_bundle(configs, meta, output_dir=str(tmp_path / "onnx"), **common)
+
+    want = sorted(p.relative_to(tmp_path / "torch") for p in (tmp_path / "torch").rglob("*") if p.is_file())
+    got = sorted(p.relative_to(tmp_path / "onnx") for p in (tmp_path / "onnx").rglob("*") if p.is_file())
+    assert got == want and len(want) == (3 if bundle == TWO_D else 2)
+    values = set()
+    for name in want:
+        mask = _read(tmp_path / "torch" / name)
+        np.testing.assert_array_equal(_read(tmp_path / "onnx" / name), mask)
+        values |= set(np.unique(mask).tolist())
+    assert len(values) > 1  # not a constant mask: the comparison sees the network's output
+
+
+def test_onnx_inference_without_model_onnx_names_the_command(tmp_path):
+    folder = _lone_copy(TWO_D, tmp_path)
+    _write_model(folder, 1, None)
+    configs = [str(folder / "configs" / "inference.yaml"), str(folder / "configs" / "inference_onnx.yaml")]
+    with pytest.raises(Exception) as exc:  # MONAI wraps the initialize step's error in a RuntimeError
+        run_bundle(configs, str(folder / "configs" / "metadata.json"), bundle_root=str(folder),
+                   input_dir=str(_images(tmp_path / "images")))  # fmt: skip
+    error = exc.value.__cause__ or exc.value
+    assert isinstance(error, FileNotFoundError) and "model.onnx' does not exist" in str(error)
+    assert "python -m spectraflow_monai export-onnx --model models/model.pt" in str(error)
+
+
+def test_export_onnx_command_errors_are_one_line(tmp_path, capsys):
+    from spectraflow_monai.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["export-onnx", "--model", str(tmp_path / "missing.pt")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing.pt: no such model file" in err[0]
+    torch.save({}, tmp_path / "model.pt")
+    with pytest.raises(SystemExit):
+        main(["export-onnx", "--model", str(tmp_path / "model.pt")])
+    assert "no model settings recorded beside it" in capsys.readouterr().err
