@@ -21,18 +21,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("spectraflow_monai.visualize.cli", "write report.md (metrics, curves, overlays) of an evaluation run"),
     "synthetic-2d": ("spectraflow_monai.apps.seg2d.synthetic", "write the synthetic 2D lesion set (images/, masks/)"),
     "synthetic-ct": ("spectraflow_monai.apps.synapse.phantom", "write the synthetic Synapse-like CT phantom (NIfTI)"),
-<<<<<<< HEAD
-    "experiment": (
-        "spectraflow_monai.experiments.cli",
-        "the paper's experiments (robustness, low-data, ablations, figures) and active-learning",
-    ),
-=======
     "export-onnx": (
         "spectraflow_monai.apps.onnx_export",
         "write a bundle model's ONNX file beside it (models/model.onnx) for inference with onnxruntime",
     ),
-    "experiment": ("spectraflow_monai.experiments.cli", "the paper's experiments: robustness, low-data"),
->>>>>>> issue-onnx
+    "experiment": (
+        "spectraflow_monai.experiments.cli",
+        "the paper's experiments (robustness, low-data, ablations, figures) and active-learning",
+    ),
 }
 
 
