@@ -154,3 +154,23 @@ def test_gpu_benchmarks_dry_run(tmp_path):
                 "inference_images_per_s", "encoder_images_per_s", "protocol_minutes"):  # fmt: skip
         assert key in record and record[key] is not None, key
     assert record["dry_run"] is True and not list((BENCH / "results").glob("dry*"))
+
+
+def test_compare_masks(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    for folder, value in (("a", 255), ("b", 0)):
+        (tmp_path / folder).mkdir()
+        mask = np.zeros((10, 10), np.uint8)
+        mask[:5] = 255
+        mask[0, 0] = value  # one pixel of 100 differs
+        Image.fromarray(mask).save(tmp_path / folder / "x.png")
+    out = subprocess.run([sys.executable, str(BENCH / "compare_masks.py"), str(tmp_path / "a"), str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "1 masks | pixels differing: mean 1.0000 %" in out.stdout and "identical: 0" in out.stdout
+    (tmp_path / "b" / "y.png").write_bytes((tmp_path / "b" / "x.png").read_bytes())
+    out = subprocess.run([sys.executable, str(BENCH / "compare_masks.py"), str(tmp_path / "a"), str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and "in one folder only" in out.stderr
