@@ -39,6 +39,7 @@ from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.utils.settings import (
+    ENCODER_FIELDS,
     IMAGENET_MEAN,
     IMAGENET_STD,
     ModelSettings,
@@ -67,6 +68,8 @@ RECORD_FILE = "run_record.json"
 #: the layout of run records and model records: 2 = the settings objects written whole (format 1, unnumbered: the
 #: settings listed by the bundle configs)
 RECORD_FORMAT = 2
+# settings an earlier record derives from others (out_channels: num_classes), never reported as missing
+_DERIVED = ("out_channels",)
 # the parts of a record that must agree for a restart to continue the run
 _COMPARED = ("settings", "model", "data", "label_setup", "seed", "precision")
 
@@ -262,12 +265,16 @@ def check_model_settings(
 ) -> None:
     """Raise :class:`SettingError` naming each of ``given`` that differs from the record beside ``model_file``.
 
-    Settings the record does not hold, and files without a record, are not checked.
+    Settings the record does not hold, the encoder settings of a baseline's record (its architecture does not read
+    them), and files without a record, are not checked.
     """
     recorded = read_model_settings(model_file)
     if recorded is None:
         return
-    diffs = [d for k, v in given.items() if k in recorded for d in _differences(recorded[k], _plain(v), k)]
+    unread = ENCODER_FIELDS if recorded.get("architecture", "spectraflow") != "spectraflow" else ()
+    diffs = [
+        d for k, v in given.items() if k in recorded and k not in unread for d in _differences(recorded[k], _plain(v), k)
+    ]
     if diffs:
         lines = "\n".join(f"  - {name}: {a!r} in the record, {b!r} given" for name, a, b in diffs)
         raise SettingError(
@@ -288,13 +295,16 @@ class ModelRecord:
 
     The settings are a :class:`~spectraflow_monai.utils.settings.ModelSettings` (``.settings``): its fields are
     this object's attributes (``image_mean`` and ``image_std`` included, so a model trained with its own
-    normalisation is evaluated and served with it). A record of an earlier version without them reads as DINOv2's
-    ImageNet normalisation, with a warning.
+    normalisation is evaluated and served with it), the architecture and its arguments (a baseline is rebuilt as
+    the network it is), and the Synapse bundle's preprocessing (``hu_window``, ``label_map``, ``class_names``,
+    ``nonfinite``, ``nonfinite_value``: a model trained with a label map writes the source label values). A record of
+    an earlier version without the normalisation reads as DINOv2's ImageNet normalisation, and one without a
+    setting of ``defaults`` reads as that default; a warning names them.
 
     Args:
         model_file: the model file (``models/model.pt``).
-        defaults: values of the settings a record does not hold, or of a model file without a record (written by
-            hand; a warning says so), over :class:`~spectraflow_monai.utils.settings.ModelSettings`'s defaults.
+        defaults: values of the settings a record does not hold (an earlier version's record; a warning names
+            them), or of a model file without a record (written by hand; a warning says so), over :class:`~spectraflow_monai.utils.settings.ModelSettings`'s defaults.
             Defaults to None.
         given: ``{setting: value}`` given on the command line; None values are not given. Each given value is
             checked against the record and replaces the read one. Defaults to None.
@@ -321,6 +331,14 @@ class ModelRecord:
                 f"{model_settings_path(self.model_file)} was written before the normalisation was recorded: "
                 f"DINOv2's ImageNet image_mean {list(IMAGENET_MEAN)} / image_std {list(IMAGENET_STD)} assumed."
             )
+        if self.recorded is not None:
+            earlier = {k: v for k, v in (defaults or {}).items() if k not in self.recorded and k not in _DERIVED}
+            if earlier:
+                logger.warning(
+                    f"{model_settings_path(self.model_file)} was written before these settings were recorded: "
+                    + ", ".join(f"{k} {_plain(v)!r}" for k, v in earlier.items())
+                    + " assumed (the defaults of this config)."
+                )
         given = {k: _plain(v) for k, v in (given or {}).items() if v is not None}
         self.check(**given)
         values = {**dict(defaults or {}), **(self.recorded or {}), **given}

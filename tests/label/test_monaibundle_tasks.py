@@ -33,7 +33,8 @@ TINY_TRAIN = {
     "num_workers": 0, "progress_bar": False, "batch_size": 2, "val_batch_size": 2, "precision": "fp32",
 }  # fmt: skip
 MODEL = {NAME_2D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}),
-         NAME_3D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=9, num_classes=9)}  # fmt: skip
+         NAME_3D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=9, num_classes=9,
+                                hu_window=[-125.0, 275.0], nonfinite="error")}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
