@@ -272,9 +272,8 @@ def check_model_settings(
     if recorded is None:
         return
     unread = ENCODER_FIELDS if recorded.get("architecture", "spectraflow") != "spectraflow" else ()
-    diffs = [
-        d for k, v in given.items() if k in recorded and k not in unread for d in _differences(recorded[k], _plain(v), k)
-    ]
+    checked = {k: v for k, v in given.items() if k in recorded and k not in unread}
+    diffs = [d for k, v in checked.items() for d in _differences(recorded[k], _plain(v), k)]
     if diffs:
         lines = "\n".join(f"  - {name}: {a!r} in the record, {b!r} given" for name, a, b in diffs)
         raise SettingError(
@@ -304,7 +303,8 @@ class ModelRecord:
     Args:
         model_file: the model file (``models/model.pt``).
         defaults: values of the settings a record does not hold (an earlier version's record; a warning names
-            them), or of a model file without a record (written by hand; a warning says so), over :class:`~spectraflow_monai.utils.settings.ModelSettings`'s defaults.
+            them), or of a model file without a record (written by hand; a warning says so), over
+            :class:`~spectraflow_monai.utils.settings.ModelSettings`'s defaults.
             Defaults to None.
         given: ``{setting: value}`` given on the command line; None values are not given. Each given value is
             checked against the record and replaces the read one. Defaults to None.

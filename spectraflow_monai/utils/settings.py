@@ -316,7 +316,7 @@ class ModelSettings(SettingsObject):
             object.__setattr__(self, "hu_window", (low, high))
         if self.label_map is not None:
             if not isinstance(self.label_map, Mapping):
-                raise SettingError(f"label_map must be a mapping {{source value: class}} or null, got {self.label_map!r}.")
+                raise SettingError(f"label_map must be a mapping {{source value: class}}, got {self.label_map!r}.")
             try:
                 mapping = {int(k): int(v) for k, v in self.label_map.items()}
             except (TypeError, ValueError) as exc:

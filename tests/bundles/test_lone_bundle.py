@@ -145,9 +145,9 @@ def test_a_synapse_model_is_served_with_its_window_and_label_map(tmp_path):
     assert record["hu_window"] == window and record["label_map"] == {"0": 0, "1": 1, "6": 2}
     assert record["class_names"] == ["background", "class_1", "class_2"] and record["nonfinite"] == "error"
     parser = parse_config(str(folder / "configs" / "inference.yaml"), bundle_root=str(folder))
-    assert (_window(parser.get_parsed_content("preprocessing")).scaler.a_min, parser.get_parsed_content("label_map")) == (
-        -200.0, label_map,
-    )  # fmt: skip
+    window_transform = _window(parser.get_parsed_content("preprocessing"))
+    assert (window_transform.scaler.a_min, window_transform.scaler.a_max) == (-200.0, 300.0)
+    assert parser.get_parsed_content("label_map") == label_map
     assert prediction_values(parser.get_parsed_content("label_map"), None, 3) == [0, 1, 6]
     _ok(_run(folder, "configs/inference.yaml", num_workers=0))  # told nothing but where the model is
     written = sorted((folder / "predictions").glob("*_seg.nii.gz"))
