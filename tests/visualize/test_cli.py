@@ -35,17 +35,23 @@ def test_cli(run_dir, tmp_path, capsys):
     assert "nowhere" in capsys.readouterr().err
 
 
-def test_cli_output_and_image_size(run_dir, tmp_path, capsys, monkeypatch):
-    """``--output`` names the evaluation folder (``--eval-dir`` is its former name); ``--image-size`` sets the size of
-    the overlay panels."""
-    import spectraflow_monai.visualize.report as rep
-
+def _eval_folder(run_dir, tmp_path):
+    """An evaluation folder (summary.md, the run's predictions) and ``tmp_path/dl.json`` listing 3 of its images."""
     root, datalist = run_dir
     ev = tmp_path / "eval"
     os.makedirs(ev)
     os.symlink(root / "eval" / "predictions", ev / "predictions")
     (ev / "summary.md").write_text(SUMMARY)
     (tmp_path / "dl.json").write_text(json.dumps(datalist[:3]))
+    return ev
+
+
+def test_cli_output_and_image_size(run_dir, tmp_path, capsys, monkeypatch):
+    """``--output`` names the evaluation folder (``--eval-dir`` is its former name); ``--image-size`` sets the size of
+    the overlay panels."""
+    import spectraflow_monai.visualize.report as rep
+
+    ev = _eval_folder(run_dir, tmp_path)
     sizes = []
     real = rep.plot_overlays
     monkeypatch.setattr(rep, "plot_overlays", lambda *a, **k: sizes.append(k["size"]) or real(*a, **k))
@@ -127,12 +133,7 @@ def test_cli_reads_the_image_size_from_the_model_record(run_dir, tmp_path, capsy
     from spectraflow_monai.utils.run_record import write_model_settings
     from spectraflow_monai.utils.settings import ModelSettings
 
-    root, datalist = run_dir
-    ev = tmp_path / "eval"
-    os.makedirs(ev)
-    os.symlink(root / "eval" / "predictions", ev / "predictions")
-    (ev / "summary.md").write_text(SUMMARY)
-    (tmp_path / "dl.json").write_text(json.dumps(datalist[:3]))
+    ev = _eval_folder(run_dir, tmp_path)
     model = tmp_path / "models" / "model.pt"
     os.makedirs(model.parent)
     torch.save({}, model)
