@@ -136,6 +136,18 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, A
     return [] if old == new else [(prefix, old, new)]
 
 
+def _added_later(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The settings and model fields of ``new`` that the earlier record ``old`` (of the same format) does not hold:
+    fields added to the settings objects since it was written (e.g. ``model.architecture``)."""
+    return [
+        f"{part}.{key}"
+        for part in ("settings", "model")
+        if isinstance(old.get(part), Mapping) and isinstance(new.get(part), Mapping)
+        for key in new[part]
+        if key not in old[part]
+    ]
+
+
 def _read_json(path: str) -> dict | None:
     if not os.path.isfile(path):
         return None
@@ -158,13 +170,15 @@ def record_run(
     precision: Any = None,
     resume: bool | str = True,
     not_compared: Mapping[str, Any] | None = None,
+    resolved: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the record of the run that starts in ``run_dir``; stop when it would continue a different run.
 
     With ``resume`` true and a checkpoint in ``run_dir`` (the run would continue from it), the record already there
     must agree on ``settings``, ``model``, the data fingerprints, the label setup, the seed and the precision;
     otherwise a :class:`SettingError` lists every difference (recorded value, value now) and says how to go on. A
-    checkpoint without a record (a run of an earlier version) is continued with a warning. Starting over keeps the
+    checkpoint without a record (a run of an earlier version) is continued with a warning, and so is a record without
+    a settings or model field added since it was written (that field is not compared). Starting over keeps the
     earlier run aside: with ``resume`` false the whole folder (``<run_dir>.bak-<time>``, its checkpoints and record),
     without checkpoints the earlier record (``run_record.json.bak-<time>``).
 
@@ -184,6 +198,9 @@ def record_run(
         resume: the bundle's ``resume`` setting. Defaults to True.
         not_compared: settings recorded but free to change between restarts (``max_epochs``, ``num_workers``, the
             device). Defaults to None.
+        resolved: what the settings resolved to when the run started (Stage-2's ``encoder_start``: where
+            ``encoder_init: auto`` started the encoder), recorded and compared under ``settings.resolved``.
+            Defaults to None.
 
     Returns:
         the record written.
@@ -193,6 +210,8 @@ def record_run(
     """
     resume = as_bool(resume, "resume")
     settings = {**_plain(settings), **({} if data_settings is None else {"data": _plain(data_settings)})}
+    if resolved:
+        settings["resolved"] = _plain(dict(resolved))
     folder = os.fspath(run_dir)
     path = os.path.join(folder, RECORD_FILE)
     record = {
@@ -217,7 +236,14 @@ def record_run(
             f"record format: continue that run with that version, or start over here with --resume false."
         )
     elif continuing:
-        diffs = [d for part in _COMPARED for d in _differences(old.get(part), record[part], part)]
+        later = _added_later(old, record)
+        if later:
+            logger.warning(
+                f"{path} was written before {', '.join(later)} were recorded: continuing without comparing them."
+            )
+        diffs = [
+            d for part in _COMPARED for d in _differences(old.get(part), record[part], part) if d[0] not in later
+        ]
         if diffs:
             lines = "\n".join(f"  - {name}: recorded {a!r}, now {b!r}" for name, a, b in diffs)
             raise SettingError(

@@ -86,8 +86,8 @@ ENCODER_FIELDS: tuple[str, ...] = ("encoder_name", "encoder_kwargs", "fusion", "
 NONFINITE_MODES: tuple[str, ...] = ("error", "replace")
 #: the training data path: MONAI's per-sample loader, or the cache on the training device with batched augmentation
 DATA_PATHS: tuple[str, ...] = ("monai", "device")
-#: where Stage-2's encoder starts
-ENCODER_INITS: tuple[str, ...] = ("stage1", "pretrained", "random")
+#: where Stage-2's encoder starts (``auto``: the Stage-1 export when there is one, else ``pretrained``)
+ENCODER_INITS: tuple[str, ...] = ("auto", "stage1", "pretrained", "random")
 #: the Stage-1 objective: the paper's Mixed-Domain MeanFlow, or the mixed-domain MAE of the Table 2 ablation
 STAGE1_OBJECTIVES: tuple[str, ...] = ("meanflow", "mae")
 
@@ -388,9 +388,11 @@ class Stage2Settings(SettingsObject):
     """How Stage-2 fine-tunes (Chen et al., Sec. 4.2 and 5.2): encoder start, optimisation, the boundary weight.
 
     Args:
-        pretrained_weights: where the encoder's weights come from when ``encoder_init`` is ``pretrained``:
-            ``timm`` | a DINOv2 checkpoint file | ``none``.
-        encoder_init: ``stage1`` (the Stage-1 export) | ``pretrained`` | ``random``.
+        pretrained_weights: where the encoder's weights come from when ``encoder_init`` is ``pretrained`` (or
+            ``auto`` without a Stage-1 export): ``timm`` | a DINOv2 checkpoint file | ``none``.
+        encoder_init: ``auto`` (the Stage-1 export when there is one, else ``pretrained_weights``; the run logs and
+            records which) | ``stage1`` (the Stage-1 export; an error when it is missing) | ``pretrained`` |
+            ``random``.
         trainable_blocks: encoder blocks trained (the paper: 1, the last; ``all``).
         batch_size: mini-batch size (> 1: DAF's global branch has BatchNorm).
         learning_rate, weight_decay: AdamW's (the 2D bundle's ``configs/unetpp_zhou_literal_baseline.yaml`` uses
@@ -400,7 +402,7 @@ class Stage2Settings(SettingsObject):
     """
 
     pretrained_weights: Any = "timm"
-    encoder_init: str = "stage1"
+    encoder_init: str = "auto"
     trainable_blocks: Any = 1
     batch_size: int = 8
     learning_rate: float = 1e-4

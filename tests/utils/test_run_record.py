@@ -73,6 +73,18 @@ def test_a_restart_that_differs_is_named(tmp_path, change, named):
     assert json.loads((tmp_path / "run" / RECORD_FILE).read_text())["seed"] == change.get("seed", 0)
 
 
+def test_a_run_recorded_before_new_fields_continues(tmp_path, caplog):
+    """A run recorded before a field was added (model.architecture, settings.resolved) continues after an upgrade,
+    with a warning naming them; a field it holds is still compared."""
+    record_run(tmp_path / "run", Stage2Settings(), model={"image_size": 224})
+    torch.save({}, tmp_path / "run" / "checkpoint_epoch=1.pt")
+    model = ModelSettings(image_size=224)
+    record_run(tmp_path / "run", Stage2Settings(), model=model, resolved={"encoder_start": "pretrained"})
+    assert "model.architecture" in caplog.text and "settings.resolved" in caplog.text
+    with pytest.raises(SettingError, match="model.image_size: recorded 224, now 448"):
+        record_run(tmp_path / "run", Stage2Settings(), model=model.replace(image_size=448))
+
+
 def test_data_settings_are_recorded_with_the_settings(tmp_path):
     """The run's data settings are recorded under settings.data, beside the stage's settings."""
     record_run(tmp_path / "run", {"learning_rate": 1}, data_settings={"hu_window": [-125, 275]})
