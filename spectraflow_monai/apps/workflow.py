@@ -199,17 +199,43 @@ def stage1_export_settings(model: ModelSettings) -> dict[str, Any]:
 
 
 def recorded_network(
-    record: Any, out_channels: int, image_size: int | None = None, in_channels: int = 3
+    record: Any,
+    out_channels: int | None = None,
+    image_size: int | None = None,
+    in_channels: int = 3,
+    trainable_blocks: Any = None,
+    **given: Any,
 ) -> nn.Module:
     """The network of a model file, built from the model settings of its
     :class:`~spectraflow_monai.utils.run_record.ModelRecord` (or a
     :class:`~spectraflow_monai.utils.settings.ModelSettings`), for the weights of that file (evaluation, inference,
     MONAI Label) or for training a baseline: a :class:`~spectraflow_monai.networks.SpectraFlowNet` (encoder, image
     size, fusion, refinement), MONAI's ``UNet`` or :class:`~spectraflow_monai.networks.UNetPlusPlus` (2D, of the
-    record's ``network_kwargs``), as its ``architecture`` says. ``image_size``: the config's value when given (it is
-    checked against the record), else the record's."""
+    record's ``network_kwargs``), as its ``architecture`` says.
+
+    Args:
+        record: the model settings (``encoder_name``, ``image_size``, ``fusion``, ``architecture``, ...).
+        out_channels: the network's output channels. Defaults to None: the record's.
+        image_size: the config's value when given (it is checked against the record), else the record's.
+        in_channels: image channels. Defaults to 3.
+        trainable_blocks: SpectraFlow's trained encoder blocks (Stage-2's ``trainable_blocks``). Defaults to None:
+            the network's default.
+        given: any other argument (a config key such as ``network_def#img_size``) is refused: the network is the
+            record's, so that the run record holds what trains.
+
+    Raises:
+        SettingError: an argument beside the settings, naming the setting to give instead.
+    """
+    if given:
+        named = ", ".join(f"network_def#{k}={v!r}" for k, v in given.items())
+        raise SettingError(
+            f"{named}: the network is built from model_settings (the run record and model.json); give the model "
+            "setting instead (--image_size, --encoder_name, --encoder_kwargs, --fusion, --refine, --network_kwargs)."
+        )
     architecture = getattr(record, "architecture", "spectraflow")
+    out_channels = record.out_channels if out_channels is None else out_channels
     if architecture == "spectraflow":
+        blocks = {} if trainable_blocks is None else {"trainable_blocks": trainable_blocks}
         return SpectraFlowNet(
             in_channels=in_channels,
             out_channels=out_channels,
@@ -218,6 +244,7 @@ def recorded_network(
             encoder_kwargs=record.encoder_kwargs,
             fusion=record.fusion,
             refine=record.refine,
+            **blocks,
         )
     kwargs = {"spatial_dims": 2, **dict(record.network_kwargs or {})}
     if architecture == "unet":

@@ -143,3 +143,25 @@ def test_the_stage2_optimizer_and_loss_are_the_records(bundle, tmp_path):
     assert "train#optimizer#lr=0.01 (give --learning_rate instead)" in text and isinstance(
         info.value.__cause__ or info.value, SettingError
     )
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+def test_the_training_network_is_the_model_settings(bundle, tmp_path):
+    """train.yaml's network_def is built from model_settings (what model.json records) and Stage-2's trainable
+    blocks; a value set on network_def itself is refused in one line naming the settings to give."""
+    from spectraflow_monai.networks import SpectraFlowNet
+    from spectraflow_monai.utils.errors import SettingError
+    from tests.bundles.helpers import parse_config
+
+    train = str(BUNDLES / bundle / "configs" / "train.yaml")
+    common = {"bundle_root": str(tmp_path), "encoder_kwargs": {"depth": 2}, "image_size": 42, "fusion": "concat",
+              "trainable_blocks": "all", "pretrained_weights": "none"}  # fmt: skip
+    parser = parse_config(train, **common)
+    network, model = parser.get_parsed_content("network_def"), parser.get_parsed_content("model_settings")
+    assert isinstance(network, SpectraFlowNet) and network.encoder.img_size == model.image_size == 42
+    assert model.fusion == "concat" and all(p.requires_grad for p in network.encoder.parameters())
+    parser = parse_config(train, **common, **{"network_def#img_size": 56})
+    with pytest.raises(Exception) as info:
+        parser.get_parsed_content("network_def")
+    error = info.value.__cause__ or info.value
+    assert isinstance(error, SettingError) and "network_def#img_size=56" in str(error) and "--image_size" in str(error)
