@@ -27,8 +27,9 @@ Settings (``--conf KEY VALUE``):
 - ``overrides.<bundle name>``: the same for one bundle (applied after ``overrides``).
 - ``pretrained_weights``, ``encoder_init``: the encoder weights training starts from, passed to every bundle's
   training as the bundle settings of the same name (README "Encoder weights"): ``pretrained_weights`` is ``timm``,
-  a DINOv2 checkpoint file on the server or ``none``; ``encoder_init`` is ``stage1`` (the bundle's
-  ``models/encoder_stage1.pt``), ``pretrained`` or ``random``. Left out: the bundle's values (``timm`` / ``stage1``).
+  a DINOv2 checkpoint file on the server or ``none``; ``encoder_init`` is ``auto`` (the bundle's
+  ``models/encoder_stage1.pt`` when it exists, else ``pretrained_weights``), ``stage1`` (that export; an error when
+  it is missing), ``pretrained`` or ``random``. Left out: the bundle's values (``timm`` / ``auto``).
   A fine-tuning run that starts from ``models/model.pt`` loads it after this initialisation.
 - ``precision``: the bundles' numeric precision setting for inference and training (README "Precision"):
   ``auto`` (the bundles' default: bfloat16 on a CPU with native bfloat16 and on a GPU that supports it, float16

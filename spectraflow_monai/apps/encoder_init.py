@@ -4,14 +4,17 @@ training, so that a missing Stage-1 export, a missing file or an unreachable hub
 
 - ``pretrained_weights``, where Stage-1 (and a Stage-2 run without Stage-1) starts: ``"timm"``, a local DINOv2
   checkpoint file, or ``"none"`` (random initialisation);
-- ``encoder_init``, where Stage-2 starts: ``"stage1"`` (this bundle's Stage-1 export; an error naming the file when
-  it is absent), ``"pretrained"`` (``pretrained_weights``: the paper's "no Stage-1" row) or ``"random"``.
+- ``encoder_init``, where Stage-2 starts: ``"auto"`` (the default: the Stage-1 export when there is one, else
+  ``pretrained_weights``; :func:`resolve_encoder_start` logs which, and the run record holds it), ``"stage1"`` (this
+  bundle's Stage-1 export; an error naming the file when it is absent), ``"pretrained"`` (``pretrained_weights``:
+  the paper's "no Stage-1" row) or ``"random"``.
 
 Evaluation and inference load ``models/model.pt`` only.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,10 +28,41 @@ from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.run_record import check_model_settings
 from spectraflow_monai.utils.settings import ENCODER_INITS
 
-__all__ = ["ENCODER_INIT_CHOICES", "initialize_encoder", "resolve_encoder_init"]
+__all__ = ["ENCODER_INIT_CHOICES", "initialize_encoder", "resolve_encoder_init", "resolve_encoder_start"]
 
 #: values of the Stage-2 setting ``encoder_init``
 ENCODER_INIT_CHOICES = ENCODER_INITS
+
+logger = logging.getLogger(__name__)
+
+
+def _choice(encoder_init: Any) -> str:
+    choice = encoder_init.strip().lower() if isinstance(encoder_init, str) else encoder_init
+    if choice not in ENCODER_INIT_CHOICES:
+        raise SettingError(f"encoder_init must be one of {list(ENCODER_INIT_CHOICES)}, got {encoder_init!r}.")
+    return choice
+
+
+def resolve_encoder_start(encoder_init: str, stage1_export: str | os.PathLike | None) -> str:
+    """Where Stage-2's encoder starts, as one of ``"stage1"``, ``"pretrained"``, ``"random"``: ``encoder_init``
+    itself, or for ``"auto"`` the Stage-1 export when it is a file, else ``"pretrained"`` (``pretrained_weights``),
+    logged. The bundles' ``encoder_start`` (recorded in the run record, loaded by ``encoder_initialization``).
+
+    Raises:
+        SettingError: an unknown ``encoder_init``, naming the value.
+    """
+    choice = _choice(encoder_init)
+    if choice != "auto":
+        return choice
+    export = None if stage1_export is None else os.fspath(stage1_export)
+    if export is not None and Path(export).expanduser().is_file():
+        logger.info(f"encoder_init auto: Stage-2 starts from the Stage-1 export {export}.")
+        return "stage1"
+    logger.info(
+        f"encoder_init auto: no Stage-1 export at {export!r}: Stage-2 starts from pretrained_weights (run Stage-1 "
+        "first to start from its export)."
+    )
+    return "pretrained"
 
 
 def resolve_encoder_init(
@@ -37,7 +71,7 @@ def resolve_encoder_init(
     """The weights Stage-2 starts from: the Stage-1 export, ``pretrained_weights`` or ``None`` (random).
 
     Args:
-        encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``.
+        encoder_init: ``"auto"``, ``"stage1"``, ``"pretrained"`` or ``"random"`` (:func:`resolve_encoder_start`).
         stage1_export: the Stage-1 encoder export of the bundle (``models/encoder_stage1.pt``).
         pretrained_weights: ``"timm"``, a DINOv2 checkpoint file or ``None`` / ``"none"``.
 
@@ -48,9 +82,7 @@ def resolve_encoder_init(
         SettingError: an unknown ``encoder_init``, or ``"stage1"`` while the export does not exist (the message names
             the file and the two ways forward).
     """
-    choice = encoder_init.strip().lower() if isinstance(encoder_init, str) else encoder_init
-    if choice not in ENCODER_INIT_CHOICES:
-        raise SettingError(f"encoder_init must be one of {list(ENCODER_INIT_CHOICES)}, got {encoder_init!r}.")
+    choice = resolve_encoder_start(encoder_init, stage1_export)
     if choice == "random":
         return None
     if choice == "pretrained":
@@ -75,13 +107,13 @@ def initialize_encoder(
     """A bundle run's step before training: resolve the settings and load the encoder weights of ``network``.
 
     Stage-1 calls it with ``encoder_init="pretrained"`` (it starts from ``pretrained_weights``); Stage-2 with the
-    bundle's ``encoder_init`` (``"stage1"`` by default). Running it before any data is read means that a missing
+    bundle's ``encoder_start`` (``encoder_init`` resolved: ``"auto"`` by default). Running it before any data is read means that a missing
     Stage-1 export, a missing file or an unreachable hub stops the run before any training.
 
     Args:
         network: a :class:`~spectraflow_monai.networks.SpectraFlowNet` (possibly DDP-wrapped) or a
             :class:`~spectraflow_monai.networks.DINOv2Encoder`.
-        encoder_init: ``"stage1"``, ``"pretrained"`` or ``"random"``. Defaults to ``"pretrained"``.
+        encoder_init: ``"auto"``, ``"stage1"``, ``"pretrained"`` or ``"random"``. Defaults to ``"pretrained"``.
         pretrained_weights: ``"timm"``, a DINOv2 checkpoint file, or ``None`` / ``"none"``. Defaults to ``None``.
         stage1_export: the Stage-1 encoder export (needed for ``encoder_init="stage1"``).
         model_settings: the model settings of this run; when the Stage-1 export has its settings recorded beside it
@@ -94,8 +126,8 @@ def initialize_encoder(
     Raises:
         SettingError: see :func:`resolve_encoder_init` and :func:`load_encoder_weights`.
     """
-    source = resolve_encoder_init(encoder_init, stage1_export, pretrained_weights)
-    choice = encoder_init.strip().lower()
+    choice = resolve_encoder_start(encoder_init, stage1_export)
+    source = resolve_encoder_init(choice, stage1_export, pretrained_weights)
     if choice == "stage1":
         label = "stage1"
         check_model_settings(

@@ -6,6 +6,10 @@ these objects for everything its two bundles share:
 - :class:`Stage2TrainHandlers` and :class:`Stage2ValidationHandlers`: the Stage-2 trainer's and evaluator's
   handlers beyond MONAI's ``ValidationHandler`` (loss terms and the boundary-weight ramp, logs, progress, the
   learning-rate plateau, early stopping, the best model with its settings beside it);
+- :func:`stage2_optimizer` and :func:`stage2_loss`: Stage-2's AdamW and its Dice + (B)CE + boundary loss, built
+  from the run's :class:`~spectraflow_monai.utils.settings.Stage2Settings` (a value a config sets on the component
+  itself, e.g. ``train#optimizer#lr``, is refused naming the setting to give instead: the run record holds what
+  trains);
 - :func:`run_stage2`: the Stage-2 ``run`` step (resumable checkpoints, the resume decision, training);
 - :class:`Stage1Program`: all of Stage-1 (Mixed-Domain MeanFlow + dispersive, or mixed-domain MAE), which
   ``configs/train_stage1.yaml`` runs over the same ``train.yaml``: its data, transforms and settings objects.
@@ -57,19 +61,89 @@ from spectraflow_monai.handlers import (
     SafeCheckpointSaver,
     StopOnNonFiniteLoss,
 )
-from spectraflow_monai.losses import DispersiveLoss, MAELoss, MeanFlowLoss
+from spectraflow_monai.losses import DiceBCEBoundaryLoss, DispersiveLoss, MAELoss, MeanFlowLoss
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder, MeanFlowHead
 from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.transforms import MixedDomainCollate, RandMixedDomainBatchd
 from spectraflow_monai.utils.checkpoint import resume_checkpoint
+from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.precision import Precision
 from spectraflow_monai.utils.run_record import record_run
 from spectraflow_monai.utils.settings import DataSettings, ModelSettings, Stage1Settings, Stage2Settings
 
-__all__ = ["Stage1Program", "Stage2TrainHandlers", "Stage2ValidationHandlers", "run_stage2"]
+__all__ = [
+    "Stage1Program",
+    "Stage2TrainHandlers",
+    "Stage2ValidationHandlers",
+    "run_stage2",
+    "stage2_loss",
+    "stage2_optimizer",
+]
 
 #: the validation metric that selects the model, steps the learning-rate plateau and stops early
 KEY_METRIC = "val_mean_dice"
+
+
+#: the settings behind the arguments of Stage-2's optimizer and loss (``train#optimizer#<argument>``,
+#: ``train#loss#<argument>``)
+_SETTING_OF_ARGUMENT = {
+    "lr": "learning_rate",
+    "weight_decay": "weight_decay",
+    "beta": "boundary_beta",
+    "beta_max": "boundary_beta_max",
+    "ramp_epochs": "boundary_ramp_epochs",
+}
+
+
+def _refuse_component_values(component: str, given: dict[str, Any]) -> None:
+    """A value set on a Stage-2 component beside its settings would train unrecorded: one line naming it."""
+    if given:
+        named = ", ".join(
+            f"{component}#{k}={v!r} (give --{_SETTING_OF_ARGUMENT.get(k, 'the setting')} instead)"
+            for k, v in given.items()
+        )
+        raise SettingError(
+            f"{named}: Stage-2 builds {component} from stage2_settings, so that the run record holds what trains."
+        )
+
+
+def stage2_optimizer(network: nn.Module, settings: Stage2Settings, **given: Any) -> torch.optim.AdamW:
+    """Stage-2's AdamW (Chen et al., Sec. 5.2) over the trainable parameters of ``network`` (frozen encoder blocks
+    left out), with the ``learning_rate`` and ``weight_decay`` of ``settings``.
+
+    Raises:
+        SettingError: any other argument (a config key such as ``train#optimizer#lr``), naming the setting to give.
+    """
+    _refuse_component_values("train#optimizer", given)
+    return torch.optim.AdamW(
+        trainable_parameters(network), lr=settings.learning_rate, weight_decay=settings.weight_decay
+    )
+
+
+def stage2_loss(
+    settings: Stage2Settings, distance_backend: str = "auto", label_setup: Any = None, **given: Any
+) -> DiceBCEBoundaryLoss:
+    """Stage-2's loss, Dice + (B)CE + beta * boundary (eq. 7), with the boundary weight ramp of ``settings``
+    (``boundary_beta`` to ``boundary_beta_max`` over ``boundary_ramp_epochs``).
+
+    Args:
+        settings: the run's :class:`~spectraflow_monai.utils.settings.Stage2Settings`.
+        distance_backend: the signed distance maps' backend. Defaults to ``"auto"``.
+        label_setup: the 2D bundle's :class:`~spectraflow_monai.apps.seg2d.LabelSetup` (binary masks: sigmoid Dice +
+            BCE; label classes: softmax Dice + CE); None: softmax Dice + CE over one-hot classes (the Synapse
+            organs). Defaults to None.
+
+    Raises:
+        SettingError: any other argument (a config key such as ``train#loss#beta``), naming the setting to give.
+    """
+    _refuse_component_values("train#loss", given)
+    weights = dict(
+        beta=settings.boundary_beta, beta_max=settings.boundary_beta_max, ramp_epochs=settings.boundary_ramp_epochs,
+        distance_backend=distance_backend,
+    )  # fmt: skip
+    if label_setup is not None:
+        return label_setup.loss(**weights)
+    return DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True, **weights)
 
 
 class _HandlerGroup:

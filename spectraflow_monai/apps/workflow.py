@@ -32,15 +32,23 @@ import torch.nn as nn
 from ignite.engine import Engine
 from monai.data import CacheDataset, DataLoader, Dataset
 from monai.handlers import CheckpointLoader, MeanDice, MeanIoUHandler, from_engine
+from monai.networks.nets import UNet
 from monai.transforms import Compose, RandomizableTrait, Transform
 
 from spectraflow_monai.data.device_cache import DeviceCache, DeviceCacheLoader
 from spectraflow_monai.data.validation import check_foreground
 from spectraflow_monai.handlers import HD95, HD95EmptyAsDiagonal
 from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
+from spectraflow_monai.networks.nets.unetpp import UNetPlusPlus
 from spectraflow_monai.transforms.batched import BatchCompose, batched_twins
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.settings import DATA_PATHS, ModelSettings, check_image_size
+from spectraflow_monai.utils.settings import (
+    ARCHITECTURES,
+    DATA_PATHS,
+    PATCH_SIZE,
+    ModelSettings,
+    check_image_size,
+)
 
 __all__ = [
     "bundle_dataset",
@@ -61,11 +69,24 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def prepare_run(seed: int, folders: Sequence[str | os.PathLike] = (), image_size: int | None = None) -> None:
+def prepare_run(
+    seed: int, folders: Sequence[str | os.PathLike] = (), image_size: int | None = None, model: Any = None
+) -> None:
     """Check ``image_size`` (when given), make the run deterministic (``monai.utils.set_determinism(seed)``) and
-    create ``folders``."""
+    create ``folders``.
+
+    Args:
+        seed: the run's seed.
+        folders: folders to create. Defaults to none.
+        image_size: the image side to check, by ``model``'s rule when given (a multiple of 14 for SpectraFlow, of 16
+            for U-Net++), else as a multiple of 14. Defaults to None: ``model``'s image size, if any.
+        model: the run's :class:`~spectraflow_monai.utils.settings.ModelSettings` or a
+            :class:`~spectraflow_monai.utils.run_record.ModelRecord` (built, it has checked its own image size).
+            Defaults to None.
+    """
+    settings = getattr(model, "settings", model)
     if image_size is not None:
-        check_image_size(image_size)
+        check_image_size(image_size, multiple=settings.size_multiple() if settings is not None else PATCH_SIZE)
     monai.utils.set_determinism(seed=seed)
     for folder in folders:
         os.makedirs(folder, exist_ok=True)
@@ -178,21 +199,59 @@ def stage1_export_settings(model: ModelSettings) -> dict[str, Any]:
 
 
 def recorded_network(
-    record: Any, out_channels: int, image_size: int | None = None, in_channels: int = 3
-) -> SpectraFlowNet:
-    """The :class:`~spectraflow_monai.networks.SpectraFlowNet` of a model file, built from the model settings of its
-    :class:`~spectraflow_monai.utils.run_record.ModelRecord` (encoder, image size, fusion, refinement), for the
-    weights of that file (evaluation, inference, MONAI Label); ``image_size``: the config's value when given (it is
-    checked against the record), else the record's."""
-    return SpectraFlowNet(
-        in_channels=in_channels,
-        out_channels=out_channels,
-        encoder=record.encoder_name,
-        img_size=record.image_size if image_size is None else image_size,
-        encoder_kwargs=record.encoder_kwargs,
-        fusion=record.fusion,
-        refine=record.refine,
-    )
+    record: Any,
+    out_channels: int | None = None,
+    image_size: int | None = None,
+    in_channels: int = 3,
+    trainable_blocks: Any = None,
+    **given: Any,
+) -> nn.Module:
+    """The network of a model file, built from the model settings of its
+    :class:`~spectraflow_monai.utils.run_record.ModelRecord` (or a
+    :class:`~spectraflow_monai.utils.settings.ModelSettings`), for the weights of that file (evaluation, inference,
+    MONAI Label) or for training a baseline: a :class:`~spectraflow_monai.networks.SpectraFlowNet` (encoder, image
+    size, fusion, refinement), MONAI's ``UNet`` or :class:`~spectraflow_monai.networks.UNetPlusPlus` (2D, of the
+    record's ``network_kwargs``), as its ``architecture`` says.
+
+    Args:
+        record: the model settings (``encoder_name``, ``image_size``, ``fusion``, ``architecture``, ...).
+        out_channels: the network's output channels. Defaults to None: the record's.
+        image_size: the config's value when given (it is checked against the record), else the record's.
+        in_channels: image channels. Defaults to 3.
+        trainable_blocks: SpectraFlow's trained encoder blocks (Stage-2's ``trainable_blocks``). Defaults to None:
+            the network's default.
+        given: any other argument (a config key such as ``network_def#img_size``) is refused: the network is the
+            record's, so that the run record holds what trains.
+
+    Raises:
+        SettingError: an argument beside the settings, naming the setting to give instead.
+    """
+    if given:
+        named = ", ".join(f"network_def#{k}={v!r}" for k, v in given.items())
+        raise SettingError(
+            f"{named}: the network is built from model_settings (the run record and model.json); give the model "
+            "setting instead (--image_size, --encoder_name, --encoder_kwargs, --fusion, --refine, --network_kwargs)."
+        )
+    architecture = getattr(record, "architecture", "spectraflow")
+    out_channels = record.out_channels if out_channels is None else out_channels
+    if architecture == "spectraflow":
+        blocks = {} if trainable_blocks is None else {"trainable_blocks": trainable_blocks}
+        return SpectraFlowNet(
+            in_channels=in_channels,
+            out_channels=out_channels,
+            encoder=record.encoder_name,
+            img_size=record.image_size if image_size is None else image_size,
+            encoder_kwargs=record.encoder_kwargs,
+            fusion=record.fusion,
+            refine=record.refine,
+            **blocks,
+        )
+    kwargs = {"spatial_dims": 2, **dict(record.network_kwargs or {})}
+    if architecture == "unet":
+        return UNet(in_channels=in_channels, out_channels=out_channels, **kwargs)
+    if architecture == "unetpp":
+        return UNetPlusPlus(in_channels=in_channels, out_channels=out_channels, **kwargs)
+    raise SettingError(f"architecture must be one of {list(ARCHITECTURES)}, got {architecture!r}.")
 
 
 def start_training(

@@ -34,13 +34,11 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform, Transform
 
 from spectraflow_monai.utils.errors import DataError
+from spectraflow_monai.utils.settings import NONFINITE_MODES  # the accepted values of ``mode``
 
 __all__ = ["NONFINITE_MODES", "count_nonfinite", "check_finite", "check_nonfinite_args", "CheckFinite", "CheckFinited"]
 
 logger = logging.getLogger(__name__)
-
-#: the accepted values of ``mode`` (the bundles' ``nonfinite`` setting).
-NONFINITE_MODES: tuple[str, ...] = ("error", "replace")
 
 
 def check_nonfinite_args(mode: Any, value: Any, mode_name: str = "mode", value_name: str = "value") -> float:

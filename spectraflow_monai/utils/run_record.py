@@ -39,6 +39,7 @@ from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.utils.settings import (
+    ENCODER_FIELDS,
     IMAGENET_MEAN,
     IMAGENET_STD,
     ModelSettings,
@@ -67,6 +68,8 @@ RECORD_FILE = "run_record.json"
 #: the layout of run records and model records: 2 = the settings objects written whole (format 1, unnumbered: the
 #: settings listed by the bundle configs)
 RECORD_FORMAT = 2
+# settings an earlier record derives from others (out_channels: num_classes), never reported as missing
+_DERIVED = ("out_channels",)
 # the parts of a record that must agree for a restart to continue the run
 _COMPARED = ("settings", "model", "data", "label_setup", "seed", "precision")
 
@@ -133,6 +136,18 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, A
     return [] if old == new else [(prefix, old, new)]
 
 
+def _added_later(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The settings and model fields of ``new`` that the earlier record ``old`` (of the same format) does not hold:
+    fields added to the settings objects since it was written (e.g. ``model.architecture``)."""
+    return [
+        f"{part}.{key}"
+        for part in ("settings", "model")
+        if isinstance(old.get(part), Mapping) and isinstance(new.get(part), Mapping)
+        for key in new[part]
+        if key not in old[part]
+    ]
+
+
 def _read_json(path: str) -> dict | None:
     if not os.path.isfile(path):
         return None
@@ -155,13 +170,15 @@ def record_run(
     precision: Any = None,
     resume: bool | str = True,
     not_compared: Mapping[str, Any] | None = None,
+    resolved: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the record of the run that starts in ``run_dir``; stop when it would continue a different run.
 
     With ``resume`` true and a checkpoint in ``run_dir`` (the run would continue from it), the record already there
     must agree on ``settings``, ``model``, the data fingerprints, the label setup, the seed and the precision;
     otherwise a :class:`SettingError` lists every difference (recorded value, value now) and says how to go on. A
-    checkpoint without a record (a run of an earlier version) is continued with a warning. Starting over keeps the
+    checkpoint without a record (a run of an earlier version) is continued with a warning, and so is a record without
+    a settings or model field added since it was written (that field is not compared). Starting over keeps the
     earlier run aside: with ``resume`` false the whole folder (``<run_dir>.bak-<time>``, its checkpoints and record),
     without checkpoints the earlier record (``run_record.json.bak-<time>``).
 
@@ -181,6 +198,9 @@ def record_run(
         resume: the bundle's ``resume`` setting. Defaults to True.
         not_compared: settings recorded but free to change between restarts (``max_epochs``, ``num_workers``, the
             device). Defaults to None.
+        resolved: what the settings resolved to when the run started (Stage-2's ``encoder_start``: where
+            ``encoder_init: auto`` started the encoder), recorded and compared under ``settings.resolved``.
+            Defaults to None.
 
     Returns:
         the record written.
@@ -190,6 +210,8 @@ def record_run(
     """
     resume = as_bool(resume, "resume")
     settings = {**_plain(settings), **({} if data_settings is None else {"data": _plain(data_settings)})}
+    if resolved:
+        settings["resolved"] = _plain(dict(resolved))
     folder = os.fspath(run_dir)
     path = os.path.join(folder, RECORD_FILE)
     record = {
@@ -214,7 +236,14 @@ def record_run(
             f"record format: continue that run with that version, or start over here with --resume false."
         )
     elif continuing:
-        diffs = [d for part in _COMPARED for d in _differences(old.get(part), record[part], part)]
+        later = _added_later(old, record)
+        if later:
+            logger.warning(
+                f"{path} was written before {', '.join(later)} were recorded: continuing without comparing them."
+            )
+        diffs = [
+            d for part in _COMPARED for d in _differences(old.get(part), record[part], part) if d[0] not in later
+        ]
         if diffs:
             lines = "\n".join(f"  - {name}: recorded {a!r}, now {b!r}" for name, a, b in diffs)
             raise SettingError(
@@ -262,12 +291,15 @@ def check_model_settings(
 ) -> None:
     """Raise :class:`SettingError` naming each of ``given`` that differs from the record beside ``model_file``.
 
-    Settings the record does not hold, and files without a record, are not checked.
+    Settings the record does not hold, the encoder settings of a baseline's record (its architecture does not read
+    them), and files without a record, are not checked.
     """
     recorded = read_model_settings(model_file)
     if recorded is None:
         return
-    diffs = [d for k, v in given.items() if k in recorded for d in _differences(recorded[k], _plain(v), k)]
+    unread = ENCODER_FIELDS if recorded.get("architecture", "spectraflow") != "spectraflow" else ()
+    checked = {k: v for k, v in given.items() if k in recorded and k not in unread}
+    diffs = [d for k, v in checked.items() for d in _differences(recorded[k], _plain(v), k)]
     if diffs:
         lines = "\n".join(f"  - {name}: {a!r} in the record, {b!r} given" for name, a, b in diffs)
         raise SettingError(
@@ -288,13 +320,17 @@ class ModelRecord:
 
     The settings are a :class:`~spectraflow_monai.utils.settings.ModelSettings` (``.settings``): its fields are
     this object's attributes (``image_mean`` and ``image_std`` included, so a model trained with its own
-    normalisation is evaluated and served with it). A record of an earlier version without them reads as DINOv2's
-    ImageNet normalisation, with a warning.
+    normalisation is evaluated and served with it), the architecture and its arguments (a baseline is rebuilt as
+    the network it is), and the Synapse bundle's preprocessing (``hu_window``, ``label_map``, ``class_names``,
+    ``nonfinite``, ``nonfinite_value``: a model trained with a label map writes the source label values). A record of
+    an earlier version without the normalisation reads as DINOv2's ImageNet normalisation, and one without a
+    setting of ``defaults`` reads as that default; a warning names them.
 
     Args:
         model_file: the model file (``models/model.pt``).
-        defaults: values of the settings a record does not hold, or of a model file without a record (written by
-            hand; a warning says so), over :class:`~spectraflow_monai.utils.settings.ModelSettings`'s defaults.
+        defaults: values of the settings a record does not hold (an earlier version's record; a warning names
+            them), or of a model file without a record (written by hand; a warning says so), over
+            :class:`~spectraflow_monai.utils.settings.ModelSettings`'s defaults.
             Defaults to None.
         given: ``{setting: value}`` given on the command line; None values are not given. Each given value is
             checked against the record and replaces the read one. Defaults to None.
@@ -321,6 +357,14 @@ class ModelRecord:
                 f"{model_settings_path(self.model_file)} was written before the normalisation was recorded: "
                 f"DINOv2's ImageNet image_mean {list(IMAGENET_MEAN)} / image_std {list(IMAGENET_STD)} assumed."
             )
+        if self.recorded is not None:
+            earlier = {k: v for k, v in (defaults or {}).items() if k not in self.recorded and k not in _DERIVED}
+            if earlier:
+                logger.warning(
+                    f"{model_settings_path(self.model_file)} was written before these settings were recorded: "
+                    + ", ".join(f"{k} {_plain(v)!r}" for k, v in earlier.items())
+                    + " assumed (the defaults of this config)."
+                )
         given = {k: _plain(v) for k, v in (given or {}).items() if v is not None}
         self.check(**given)
         values = {**dict(defaults or {}), **(self.recorded or {}), **given}

@@ -23,11 +23,14 @@ import numpy as np
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
+    "ARCHITECTURES",
     "CORRUPTION_KINDS",
     "DATA_PATHS",
     "DataSettings",
+    "ENCODER_FIELDS",
     "ENCODER_INITS",
     "FUSION_MODES",
+    "NONFINITE_MODES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "ModelSettings",
@@ -74,10 +77,17 @@ IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
 FUSION_MODES: tuple[str, ...] = ("daf", "concat", "add")
 #: refinement of the decoder (paper Table 3: FDConv, a standard convolution; CBAM variants)
 REFINE_MODES: tuple[str, ...] = ("fdconv", "standard", "cbam", "fdconv_cbam")
+#: the networks a model file may hold: SpectraFlowNet (the paper's), MONAI's UNet and U-Net++ (the 2D bundle's
+#: baselines, ``configs/unet_baseline.yaml``, ``configs/unetpp_baseline.yaml``)
+ARCHITECTURES: tuple[str, ...] = ("spectraflow", "unet", "unetpp")
+#: the SpectraFlow fields of :class:`ModelSettings` a baseline (``unet``, ``unetpp``) does not read (recorded as None)
+ENCODER_FIELDS: tuple[str, ...] = ("encoder_name", "encoder_kwargs", "fusion", "refine")
+#: what a CT input's NaN / infinite voxels do (the Synapse bundle's ``nonfinite``)
+NONFINITE_MODES: tuple[str, ...] = ("error", "replace")
 #: the training data path: MONAI's per-sample loader, or the cache on the training device with batched augmentation
 DATA_PATHS: tuple[str, ...] = ("monai", "device")
-#: where Stage-2's encoder starts
-ENCODER_INITS: tuple[str, ...] = ("stage1", "pretrained", "random")
+#: where Stage-2's encoder starts (``auto``: the Stage-1 export when there is one, else ``pretrained``)
+ENCODER_INITS: tuple[str, ...] = ("auto", "stage1", "pretrained", "random")
 #: the Stage-1 objective: the paper's Mixed-Domain MeanFlow, or the mixed-domain MAE of the Table 2 ablation
 STAGE1_OBJECTIVES: tuple[str, ...] = ("meanflow", "mae")
 
@@ -206,14 +216,20 @@ class SettingsObject:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings(SettingsObject):
-    """What builds a SpectraFlow model and prepares its input (Chen et al., Sec. 4): the record beside every model
-    file (``models/model.json``, ``models/encoder_stage1.json``). Evaluation, inference and the MONAI Label app
-    build the network and normalise images from it.
+    """What builds a model and prepares its input (Chen et al., Sec. 4): the record beside every model file
+    (``models/model.json``, ``models/encoder_stage1.json``). Evaluation, inference and the MONAI Label app build the
+    network, normalise images and write predictions from it, so that a model is served as it was trained.
+
+    The network is a SpectraFlowNet (``architecture`` ``spectraflow``: the encoder, fusion and refinement fields)
+    or one of the 2D bundle's baselines (``unet``: MONAI's ``UNet``; ``unetpp``:
+    :class:`~spectraflow_monai.networks.UNetPlusPlus`), built from ``network_kwargs``; the encoder fields of a
+    baseline are None. The image side follows the architecture's rule: a multiple of the DINOv2 patch (14), of 16
+    for U-Net++ (four poolings), of the product of the strides for the UNet.
 
     Args:
         encoder_name: timm DINOv2 model name. Defaults to ``"vit_small_patch14_dinov2"``.
         encoder_kwargs: extra ``timm.create_model`` arguments (e.g. ``{"depth": 2}``), or None.
-        image_size: the network's input side, a multiple of 14. Defaults to 224.
+        image_size: the network's input side. Defaults to 224.
         fusion: skip fusion, one of :data:`FUSION_MODES`. Defaults to ``"daf"`` (eqs. 8-9).
         refine: refinement, one of :data:`REFINE_MODES`. Defaults to ``"fdconv"`` (eqs. 10-11).
         image_mean: per-channel mean subtracted from images in [0, 1] (also the masks shown to Stage-1). Defaults
@@ -223,31 +239,54 @@ class ModelSettings(SettingsObject):
         out_channels: output channels of the network (1: a binary sigmoid output). Defaults to 1.
         label_classes: the 2D bundle's ``label_classes`` (None: binary masks). Defaults to None.
         num_classes: the Synapse bundle's number of classes, background included (None elsewhere).
+        architecture: one of :data:`ARCHITECTURES`. Defaults to ``"spectraflow"``.
+        network_kwargs: the arguments of a baseline network besides its channels (e.g. U-Net++'s ``features``,
+            ``norm``), or None. Defaults to None.
+        hu_window: the Synapse bundle's CT window ``[a_min, a_max]`` in HU (None elsewhere).
+        label_map: the Synapse bundle's ``{source label value: class}`` (None: the presets' BTCV map, or the
+            identity); predictions carry the source values back.
+        class_names: the name of every class, background first (the Synapse bundle's ``class_names``), or None.
+        nonfinite: the Synapse bundle's rule for NaN / infinite voxels, one of :data:`NONFINITE_MODES`, or None.
+        nonfinite_value: the replacement of ``nonfinite: replace`` (None: the window's lower bound).
 
     Raises:
         SettingError: (a ``ValueError``) a value out of its range, naming the setting and the value.
     """
 
-    encoder_name: str = "vit_small_patch14_dinov2"
+    encoder_name: Any = "vit_small_patch14_dinov2"
     encoder_kwargs: Any = None
     image_size: int = 224
-    fusion: str = "daf"
-    refine: str = "fdconv"
+    fusion: Any = "daf"
+    refine: Any = "fdconv"
     image_mean: tuple[float, ...] = IMAGENET_MEAN
     image_std: tuple[float, ...] = IMAGENET_STD
     in_channels: int = 3
     out_channels: int = 1
     label_classes: Any = None
     num_classes: Any = None
+    architecture: str = "spectraflow"
+    network_kwargs: Any = None
+    hu_window: Any = None
+    label_map: Any = None
+    class_names: Any = None
+    nonfinite: Any = None
+    nonfinite_value: Any = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.encoder_name, str) or not self.encoder_name:
-            raise SettingError(f"encoder_name must be a timm model name, got {self.encoder_name!r}.")
-        if self.encoder_kwargs is not None and not isinstance(self.encoder_kwargs, Mapping):
-            raise SettingError(f"encoder_kwargs must be a mapping or null, got {self.encoder_kwargs!r}.")
-        check_image_size(self.image_size)
-        _choice("fusion", self.fusion, FUSION_MODES)
-        _choice("refine", self.refine, REFINE_MODES)
+        _choice("architecture", self.architecture, ARCHITECTURES)
+        if self.network_kwargs is not None and not isinstance(self.network_kwargs, Mapping):
+            raise SettingError(f"network_kwargs must be a mapping or null, got {self.network_kwargs!r}.")
+        if self.architecture == "spectraflow":
+            if not isinstance(self.encoder_name, str) or not self.encoder_name:
+                raise SettingError(f"encoder_name must be a timm model name, got {self.encoder_name!r}.")
+            if self.encoder_kwargs is not None and not isinstance(self.encoder_kwargs, Mapping):
+                raise SettingError(f"encoder_kwargs must be a mapping or null, got {self.encoder_kwargs!r}.")
+            _choice("fusion", self.fusion, FUSION_MODES)
+            _choice("refine", self.refine, REFINE_MODES)
+        else:  # a baseline has no DINOv2 encoder: its settings are not read, and recorded as null
+            for name in ENCODER_FIELDS:
+                object.__setattr__(self, name, None)
+        check_image_size(self.image_size, multiple=self.size_multiple())
         _number("in_channels", self.in_channels, 1, integer=True)
         _number("out_channels", self.out_channels, 1, integer=True)
         for name in ("image_mean", "image_std"):
@@ -260,9 +299,45 @@ class ModelSettings(SettingsObject):
                             for v in value)
             object.__setattr__(self, name, numbers)
         object.__setattr__(self, "image_size", int(self.image_size))
-        if self.encoder_kwargs is not None:
-            object.__setattr__(self, "encoder_kwargs", _plain_value(self.encoder_kwargs))
-        object.__setattr__(self, "label_classes", _plain_value(self.label_classes))
+        for name in ("encoder_kwargs", "network_kwargs", "label_classes", "class_names"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _plain_value(getattr(self, name)))
+        self._check_preprocessing()
+
+    def _check_preprocessing(self) -> None:
+        """The Synapse bundle's preprocessing fields (None: not this bundle's)."""
+        if self.hu_window is not None:
+            window = self.hu_window
+            if isinstance(window, (str, bytes)) or not isinstance(window, (list, tuple)) or len(window) != 2:
+                raise SettingError(f"hu_window must be [a_min, a_max], got {window!r}.")
+            low, high = (_number("hu_window", v, -math.inf) for v in window)
+            if low >= high:
+                raise SettingError(f"hu_window must be [a_min, a_max] with a_min < a_max, got {window!r}.")
+            object.__setattr__(self, "hu_window", (low, high))
+        if self.label_map is not None:
+            if not isinstance(self.label_map, Mapping):
+                raise SettingError(f"label_map must be a mapping {{source value: class}}, got {self.label_map!r}.")
+            try:
+                mapping = {int(k): int(v) for k, v in self.label_map.items()}
+            except (TypeError, ValueError) as exc:
+                raise SettingError(f"label_map must map integers to integers, got {self.label_map!r}.") from exc
+            object.__setattr__(self, "label_map", mapping)
+        if self.nonfinite is not None:
+            _choice("nonfinite", self.nonfinite, NONFINITE_MODES)
+        if self.nonfinite_value is not None:
+            object.__setattr__(self, "nonfinite_value", _number("nonfinite_value", self.nonfinite_value, -math.inf))
+
+    def size_multiple(self) -> int:
+        """What the image side must be a multiple of: the DINOv2 patch (14) for SpectraFlow, 16 for U-Net++ (four
+        poolings by 2), the product of the strides for the UNet (default four strides of 2)."""
+        if self.architecture == "spectraflow":
+            return PATCH_SIZE
+        if self.architecture == "unetpp":
+            return 16
+        multiple = 1
+        for stride in dict(self.network_kwargs or {}).get("strides", (2, 2, 2, 2)):
+            multiple *= int(np.prod(stride))
+        return multiple
 
     def encoder(self) -> dict[str, Any]:
         """The settings that build the encoder alone (``encoder_stage1.json`` compares them on Stage-2's start)."""
@@ -313,9 +388,11 @@ class Stage2Settings(SettingsObject):
     """How Stage-2 fine-tunes (Chen et al., Sec. 4.2 and 5.2): encoder start, optimisation, the boundary weight.
 
     Args:
-        pretrained_weights: where the encoder's weights come from when ``encoder_init`` is ``pretrained``:
-            ``timm`` | a DINOv2 checkpoint file | ``none``.
-        encoder_init: ``stage1`` (the Stage-1 export) | ``pretrained`` | ``random``.
+        pretrained_weights: where the encoder's weights come from when ``encoder_init`` is ``pretrained`` (or
+            ``auto`` without a Stage-1 export): ``timm`` | a DINOv2 checkpoint file | ``none``.
+        encoder_init: ``auto`` (the Stage-1 export when there is one, else ``pretrained_weights``; the run logs and
+            records which) | ``stage1`` (the Stage-1 export; an error when it is missing) | ``pretrained`` |
+            ``random``.
         trainable_blocks: encoder blocks trained (the paper: 1, the last; ``all``).
         batch_size: mini-batch size (> 1: DAF's global branch has BatchNorm).
         learning_rate, weight_decay: AdamW's (the 2D bundle's ``configs/unetpp_zhou_literal_baseline.yaml`` uses
@@ -325,7 +402,7 @@ class Stage2Settings(SettingsObject):
     """
 
     pretrained_weights: Any = "timm"
-    encoder_init: str = "stage1"
+    encoder_init: str = "auto"
     trainable_blocks: Any = 1
     batch_size: int = 8
     learning_rate: float = 1e-4

@@ -131,8 +131,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow report") ->
     parser.add_argument("--title", default="SpectraFlow report", help="report title (default: SpectraFlow report)")
     parser.add_argument("--num-images", type=int, default=6, help="number of overlay images (default: 6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the overlay choice without metrics.csv")
-    parser.add_argument("--image-size", type=int, default=224,
-                        help="side length of the overlay panels in pixels, the evaluation resolution (default: 224)")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="side length of the overlay panels in pixels, the evaluation resolution (default: the "
+                        "image_size of --model's record, else 224)")
+    parser.add_argument("--model", metavar="FILE",
+                        help="the evaluated model (the bundle's models/model.pt): its record beside it (model.json) "
+                        "gives the image size and label_classes; a value given that contradicts it is refused")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
@@ -140,9 +144,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow report") ->
         parser.error("give either --datalist or --dataset, not both.")
     if args.dataset and not args.dataset_dir:
         parser.error("--dataset needs --dataset-dir.")
-    if args.image_size < 8:
+    if args.image_size is not None and args.image_size < 8:
         parser.error(f"--image-size must be >= 8, got {args.image_size}.")
     try:
+        args.image_size, args.label_classes = _recorded_settings(args.model, args.image_size, args.label_classes)
         from spectraflow_monai.apps.seg2d import build_datalist
         from spectraflow_monai.data import label_mode
         from spectraflow_monai.visualize.report import write_report
@@ -165,6 +170,21 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow report") ->
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     print(path)
     return 0
+
+
+def _recorded_settings(model: str | None, image_size: int | None, label_classes: Any) -> tuple[int, Any]:
+    """The image size and label classes of the report: the given ones, checked against the record beside ``model``
+    (:class:`~spectraflow_monai.utils.run_record.ModelRecord`: a contradiction is a ``SettingError`` naming both),
+    else the record's; without a model, the given ones or 224 and binary masks."""
+    if model is None:
+        return (224 if image_size is None else image_size), label_classes
+    from spectraflow_monai.utils.run_record import ModelRecord
+
+    if not os.path.isfile(model):
+        raise FileNotFoundError(f"--model {model!r} is not a file (the bundle's models/model.pt).")
+    given = {"image_size": image_size, "label_classes": label_classes}
+    record = ModelRecord(model, given=given)
+    return record.image_size, record.label_classes
 
 
 if __name__ == "__main__":

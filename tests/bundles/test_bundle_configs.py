@@ -114,3 +114,54 @@ def test_the_stage1_and_multi_gpu_configs_are_references_only():
         texts = [(BUNDLES / b / "configs" / name).read_text() for b in (TWO_D, SYNAPSE)]
         lines = [ln for ln in texts[0].splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         assert len(lines) <= 30, (name, len(lines))
+
+
+STAGE2_VALUES = {"learning_rate": 3e-4, "weight_decay": 0.02, "boundary_beta": 0.05, "boundary_beta_max": 0.3,
+                 "boundary_ramp_epochs": 7}  # fmt: skip
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+def test_the_stage2_optimizer_and_loss_are_the_records(bundle, tmp_path):
+    """Stage-2's optimizer and loss are built from stage2_settings, which the run record writes whole: non-default
+    values reach the running objects; a value set on the component itself is refused in one line."""
+    from spectraflow_monai.utils.errors import SettingError
+    from tests.bundles.helpers import parse_config
+
+    train = str(BUNDLES / bundle / "configs" / "train.yaml")
+    common = {"bundle_root": str(tmp_path), "encoder_kwargs": {"depth": 2}, "image_size": 28}
+    parser = parse_config(train, **common, **STAGE2_VALUES)
+    settings = parser.get_parsed_content("stage2_settings")
+    optimizer, loss = parser.get_parsed_content("train#optimizer"), parser.get_parsed_content("train#loss")
+    assert [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups] == [(3e-4, 0.02)]
+    assert (settings.learning_rate, settings.weight_decay) == (3e-4, 0.02)
+    assert (loss.beta_start, loss.beta_max, loss.ramp_epochs) == (0.05, 0.3, 7)
+    assert (settings.boundary_beta, settings.boundary_beta_max, settings.boundary_ramp_epochs) == (0.05, 0.3, 7)
+    parser = parse_config(train, **common, **{"train#optimizer#lr": 0.01})
+    with pytest.raises(Exception) as info:
+        parser.get_parsed_content("train#optimizer")
+    text = str(info.value.__cause__ or info.value)
+    assert "train#optimizer#lr=0.01 (give --learning_rate instead)" in text and isinstance(
+        info.value.__cause__ or info.value, SettingError
+    )
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+def test_the_training_network_is_the_model_settings(bundle, tmp_path):
+    """train.yaml's network_def is built from model_settings (what model.json records) and Stage-2's trainable
+    blocks; a value set on network_def itself is refused in one line naming the settings to give."""
+    from spectraflow_monai.networks import SpectraFlowNet
+    from spectraflow_monai.utils.errors import SettingError
+    from tests.bundles.helpers import parse_config
+
+    train = str(BUNDLES / bundle / "configs" / "train.yaml")
+    common = {"bundle_root": str(tmp_path), "encoder_kwargs": {"depth": 2}, "image_size": 42, "fusion": "concat",
+              "trainable_blocks": "all", "pretrained_weights": "none"}  # fmt: skip
+    parser = parse_config(train, **common)
+    network, model = parser.get_parsed_content("network_def"), parser.get_parsed_content("model_settings")
+    assert isinstance(network, SpectraFlowNet) and network.encoder.img_size == model.image_size == 42
+    assert model.fusion == "concat" and all(p.requires_grad for p in network.encoder.parameters())
+    parser = parse_config(train, **common, **{"network_def#img_size": 56})
+    with pytest.raises(Exception) as info:
+        parser.get_parsed_content("network_def")
+    error = info.value.__cause__ or info.value
+    assert isinstance(error, SettingError) and "network_def#img_size=56" in str(error) and "--image_size" in str(error)

@@ -104,7 +104,8 @@ def test_evaluation_and_inference_normalise_as_the_model_was_trained(bundle, tmp
     write_model_settings(
         tmp_path / "models" / "model.pt",
         ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, image_mean=MEAN, image_std=STD, out_channels=out,
-                      num_classes=None if bundle == TWO_D else 9),
+                      num_classes=None if bundle == TWO_D else 9,
+                      **({} if bundle == TWO_D else {"hu_window": [-125.0, 275.0], "nonfinite": "error"})),
     )  # fmt: skip
     configs = bundle_path(bundle) / "configs"
     evaluation = parse_config([str(configs / "train.yaml"), str(configs / "evaluate.yaml")], bundle_root=str(tmp_path))
@@ -116,3 +117,59 @@ def test_evaluation_and_inference_normalise_as_the_model_was_trained(bundle, tmp
         norm = _normalize(transforms).normalizer
         assert torch.allclose(torch.as_tensor(norm.subtrahend, dtype=torch.float), torch.tensor(MEAN))
         assert torch.allclose(torch.as_tensor(norm.divisor, dtype=torch.float), torch.tensor(STD))
+
+
+def _window(transforms):
+    from spectraflow_monai.apps.synapse import CTWindowd
+
+    (window,) = [t for t in getattr(transforms, "transforms", transforms) if isinstance(t, CTWindowd)]
+    return window
+
+
+def test_a_synapse_model_is_served_with_its_window_and_label_map(tmp_path):
+    """A model trained with its own HU window and label map records both in models/model.json; inference.yaml
+    alone windows as in training and writes the source label values (0, 1, 6), not the class indices."""
+    import nibabel as nib
+    import numpy as np
+
+    from spectraflow_monai.apps.synapse import prediction_values
+
+    folder = _lone_copy(SYNAPSE, tmp_path)
+    window, label_map = [-200.0, 300.0], {0: 0, 1: 1, 6: 2}
+    settings = {
+        **COMMON, **TINY[SYNAPSE], "encoder_init": "random", "max_epochs": 3, "num_classes": 3,
+        "hu_window": window, "label_map": label_map, "unmapped_labels": "background",
+    }  # fmt: skip
+    _ok(_run(folder, "configs/train.yaml", **settings))
+    record = json.loads((folder / "models" / "model.json").read_text())["model"]
+    assert record["hu_window"] == window and record["label_map"] == {"0": 0, "1": 1, "6": 2}
+    assert record["class_names"] == ["background", "class_1", "class_2"] and record["nonfinite"] == "error"
+    parser = parse_config(str(folder / "configs" / "inference.yaml"), bundle_root=str(folder))
+    window_transform = _window(parser.get_parsed_content("preprocessing"))
+    assert (window_transform.scaler.a_min, window_transform.scaler.a_max) == (-200.0, 300.0)
+    assert parser.get_parsed_content("label_map") == label_map
+    assert prediction_values(parser.get_parsed_content("label_map"), None, 3) == [0, 1, 6]
+    _ok(_run(folder, "configs/inference.yaml", num_workers=0))  # told nothing but where the model is
+    written = sorted((folder / "predictions").glob("*_seg.nii.gz"))
+    values = {int(v) for path in written for v in np.unique(np.asarray(nib.load(str(path)).dataobj))}
+    assert written and values == {0, 1, 6}, values  # the source values of the 3 classes (3 epochs find all)
+    # a window given that contradicts the record is refused in one line naming both
+    proc = _run(folder, "configs/inference.yaml", hu_window=[-125.0, 275.0])
+    assert proc.returncode != 0 and "hu_window: [-200.0, 300.0] in the record, [-125.0, 275.0] given" in proc.stderr
+
+
+def test_the_unetpp_baseline_trains_at_64_px_and_inference_alone_serves_it(tmp_path):
+    """U-Net++ takes 64 px (a multiple of 16, not of 14); models/model.json names the architecture and its
+    arguments, and inference.yaml alone rebuilds that network."""
+    folder = _lone_copy(TWO_D, tmp_path)
+    settings = {
+        **COMMON, **TINY[TWO_D], "image_size": 64, "max_epochs": 1, "network_kwargs#features": [4, 4, 8, 8, 16, 4],
+    }  # fmt: skip
+    _ok(_run(folder, "['configs/train.yaml','configs/unetpp_baseline.yaml']", **settings))
+    record = json.loads((folder / "models" / "model.json").read_text())["model"]
+    assert (record["architecture"], record["image_size"], record["encoder_name"]) == ("unetpp", 64, None)
+    assert record["network_kwargs"]["features"] == [4, 4, 8, 8, 16, 4] and record["network_kwargs"]["norm"] == "batch"
+    _ok(_run(folder, "configs/inference.yaml"))
+    assert sorted((folder / "predictions").glob("*.png"))
+    # evaluation rebuilds the recorded network whatever configs come before it
+    _ok(_run(folder, "['configs/train.yaml','configs/evaluate.yaml']", **TINY[TWO_D], num_workers=0))

@@ -162,11 +162,11 @@ def test_stage1_resume_continues(trained, tmp_path):
 # ---------------------------------------------------------------- 2. Stage-2
 def test_stage2_starts_from_stage1_export(trained):
     export = trained["export"]
-    # the network of train.yaml after its `initialize` step (Stage-2 at its start; encoder_init: stage1, the
-    # default) holds the exported encoder...
+    # the network of train.yaml after its `initialize` step (Stage-2 at its start; encoder_init: auto, the default,
+    # finds the export) holds the exported encoder...
     set_determinism(seed=0)
     parser = _parse(TRAIN, **trained["common"])
-    assert parser["encoder_init"] == "stage1"
+    assert parser["encoder_init"] == "auto" and parser.get_parsed_content("encoder_start") == "stage1"
     parser.get_parsed_content("encoder_initialization")
     start = parser.get_parsed_content("network_def").encoder.vit.state_dict()
     for key, value in export.items():
@@ -387,8 +387,9 @@ def test_unreachable_hub_stops_stage1_before_training(tmp_path, monkeypatch):
 
 
 def test_stage2_without_stage1_export_names_the_file_and_the_ways_forward(tmp_path):
-    with pytest.raises(Exception) as info:  # encoder_init: stage1, the bundle's default; no fallback
-        _run(TRAIN, bundle_root=str(tmp_path), num_workers=0, progress_bar=False, pretrained_weights="none", **NET)
+    with pytest.raises(Exception) as info:  # encoder_init: stage1 (auto, the default, falls back); no fallback
+        _run(TRAIN, bundle_root=str(tmp_path), num_workers=0, progress_bar=False, pretrained_weights="none",
+             encoder_init="stage1", **NET)  # fmt: skip
     text = _error_text(info.value)
     assert os.path.join(str(tmp_path), "models", "encoder_stage1.pt") in text, text
     assert "configs/train_stage1.yaml" in text and "--encoder_init pretrained" in text, text

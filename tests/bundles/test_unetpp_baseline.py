@@ -16,7 +16,7 @@ from spectraflow_monai.utils.bundles import bundle_parser
 TINY = {
     "dataset": "synthetic", "image_size": 112, "pretrained_weights": "none", "encoder_kwargs": {"depth": 2},
     "synthetic_size": {"num_train": 4, "num_val": 2}, "max_epochs": 1, "batch_size": 2, "val_batch_size": 2,
-    "num_workers": 0, "progress_bar": False, "precision": "fp32", "network_def#features": [4, 4, 8, 8, 16, 4],
+    "num_workers": 0, "progress_bar": False, "precision": "fp32", "network_kwargs#features": [4, 4, 8, 8, 16, 4],
 }  # fmt: skip
 LITERAL = "unetpp_zhou_literal_baseline.yaml"
 

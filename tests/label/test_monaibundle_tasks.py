@@ -27,13 +27,15 @@ from spectraflow_monai.utils.run_record import write_model_settings  # noqa: E40
 from spectraflow_monai.utils.settings import ModelSettings  # noqa: E402
 
 NAME_2D, NAME_3D = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"
-# what a user of the sample app edits in a bundle's configs/train.yaml for a CPU machine without the hub
+# what a user of the sample app edits in a bundle's configs/train.yaml for a CPU machine without the hub (encoder_init
+# stays the bundle's: auto, which starts from pretrained_weights while there is no Stage-1 export)
 TINY_TRAIN = {
-    "image_size": 28, "encoder_kwargs": {"depth": 2}, "pretrained_weights": "none", "encoder_init": "random",
+    "image_size": 28, "encoder_kwargs": {"depth": 2}, "pretrained_weights": "none",
     "num_workers": 0, "progress_bar": False, "batch_size": 2, "val_batch_size": 2, "precision": "fp32",
 }  # fmt: skip
 MODEL = {NAME_2D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}),
-         NAME_3D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=9, num_classes=9)}  # fmt: skip
+         NAME_3D: ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=9, num_classes=9,
+                                hu_window=[-125.0, 275.0], nonfinite="error")}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -122,7 +124,10 @@ def test_stock_train_task_trains_the_bundle_on_datastore_labels(tmp_path, name, 
     task = BundleTrainTask(str(folder), conf={})
     assert task.is_valid()
     task({"model": name, "max_epochs": 1, "device": "cpu", "val_split": 0.5, "multi_gpu": False}, datastore)
-    assert (folder / "models" / "stage2" / "run_record.json").is_file()  # the run list ran whole
+    run_record = __import__("json").loads((folder / "models" / "stage2" / "run_record.json").read_text())
+    assert not (folder / "models" / "encoder_stage1.pt").exists()  # no Stage-1 run: the bundle's encoder_init finds
+    assert run_record["settings"]["encoder_init"] == "auto"  # its way alone, and the record says where it started
+    assert run_record["settings"]["resolved"] == {"encoder_start": "pretrained"}
     assert (folder / "models" / "model.pt").read_bytes() != before
     record = ModelSettings.from_dict(
         __import__("json").loads((folder / "models" / "model.json").read_text())["model"]

@@ -259,7 +259,7 @@ def test_unknown_bundle_name_stops_the_app(served):
         ({"overrides": "{not json"}, "--conf overrides must be a JSON object"),
         ({"overrides": "[1, 2]"}, "--conf overrides must be a JSON object"),
         ({f"overrides.{NAME_2D}": '{"bundle_root": "/x"}'}, "must not set 'bundle_root'"),
-        ({"encoder_init": "stage2"}, r"--conf encoder_init must be one of \['stage1', 'pretrained', 'random'\]"),
+        ({"encoder_init": "stage2"}, r"--conf encoder_init must be one of \['auto', 'stage1', 'pretrained', 'random'\]"),
         ({"pretrained_weights": "$os.getcwd()"}, "--conf pretrained_weights must be a plain, non-empty string"),
     ],
 )

@@ -18,7 +18,7 @@ import torch
 from spectraflow_monai.handlers import save_encoder_export
 from spectraflow_monai.networks import DINOv2Encoder, SpectraFlowNet
 from spectraflow_monai.networks import weights
-from spectraflow_monai.apps.encoder_init import initialize_encoder, resolve_encoder_init
+from spectraflow_monai.apps.encoder_init import initialize_encoder, resolve_encoder_init, resolve_encoder_start
 from spectraflow_monai.networks.weights import load_encoder_weights
 from spectraflow_monai.utils import SettingError
 from tests.networks.encoders.test_dinov2 import _official_layout, _timm_model
@@ -232,7 +232,7 @@ def test_missing_stage1_export_is_an_error_not_a_fallback(tmp_path):
 
 @pytest.mark.parametrize("value", ["stage2", "", None, 1])
 def test_unknown_encoder_init_is_named(value):
-    with pytest.raises(SettingError, match=r"encoder_init must be one of \['stage1', 'pretrained', 'random'\]"):
+    with pytest.raises(SettingError, match=r"encoder_init must be one of \['auto', 'stage1', 'pretrained', 'rand"):
         resolve_encoder_init(value, None, None)
 
 
@@ -243,6 +243,24 @@ def test_resolve_encoder_init():
     assert resolve_encoder_init("random", None, "timm") is None
     with pytest.raises(SettingError, match="pretrained_weights must be"):
         resolve_encoder_init("pretrained", None, 3)
+
+
+def test_auto_starts_from_the_stage1_export_when_there_is_one(tmp_path, caplog):
+    """encoder_init auto: the Stage-1 export when it exists, else pretrained_weights, and the log says which;
+    stage1 keeps meaning the export (an error when it is missing)."""
+    export = tmp_path / "models" / "encoder_stage1.pt"
+    caplog.set_level(logging.INFO, logger="spectraflow_monai.apps.encoder_init")
+    assert resolve_encoder_start("auto", export) == "pretrained" and "no Stage-1 export at" in caplog.text
+    assert resolve_encoder_init("auto", export, "none") is None  # pretrained_weights none: random weights
+    net = _net(trainable_blocks="all")
+    assert initialize_encoder(net, "AUTO", pretrained_weights="none", stage1_export=export) is None
+    save_encoder_export(_net().encoder, export)
+    caplog.clear()
+    assert resolve_encoder_start(" auto", export) == "stage1" and str(export) in caplog.text
+    assert resolve_encoder_init("auto", export, "timm") == str(export)
+    assert [resolve_encoder_start(v, None) for v in ("stage1", "pretrained", "random")] == [
+        "stage1", "pretrained", "random",
+    ]  # fmt: skip
 
 
 # ---------------------------------------------------------------- the networks build the architecture only

@@ -73,6 +73,18 @@ def test_a_restart_that_differs_is_named(tmp_path, change, named):
     assert json.loads((tmp_path / "run" / RECORD_FILE).read_text())["seed"] == change.get("seed", 0)
 
 
+def test_a_run_recorded_before_new_fields_continues(tmp_path, caplog):
+    """A run recorded before a field was added (model.architecture, settings.resolved) continues after an upgrade,
+    with a warning naming them; a field it holds is still compared."""
+    record_run(tmp_path / "run", Stage2Settings(), model={"image_size": 224})
+    torch.save({}, tmp_path / "run" / "checkpoint_epoch=1.pt")
+    model = ModelSettings(image_size=224)
+    record_run(tmp_path / "run", Stage2Settings(), model=model, resolved={"encoder_start": "pretrained"})
+    assert "model.architecture" in caplog.text and "settings.resolved" in caplog.text
+    with pytest.raises(SettingError, match="model.image_size: recorded 224, now 448"):
+        record_run(tmp_path / "run", Stage2Settings(), model=model.replace(image_size=448))
+
+
 def test_data_settings_are_recorded_with_the_settings(tmp_path):
     """The run's data settings are recorded under settings.data, beside the stage's settings."""
     record_run(tmp_path / "run", {"learning_rate": 1}, data_settings={"hu_window": [-125, 275]})
@@ -157,3 +169,37 @@ def test_model_record_takes_the_given_settings(tmp_path):
     assert (record.encoder_name, record.fusion) == ("vit_small_patch14_dinov2", "concat")
     with pytest.raises(SettingError, match="fusion: 'concat' in the record, 'add' given"):
         ModelRecord(model, defaults, given={"fusion": "add"})
+
+
+def test_an_earlier_record_reads_the_preprocessing_defaults_with_a_warning(tmp_path, caplog):
+    """A Synapse model.json written before the preprocessing was recorded keeps working: the config's defaults
+    (TransUNet's window, no label map) are assumed and named; a recorded one is read back, label map keys as ints."""
+    model = tmp_path / "model.pt"
+    torch.save({}, model)
+    defaults = {"num_classes": 9, "out_channels": 9, "hu_window": [-125.0, 275.0], "label_map": None}
+    write_model_settings(model, {"image_size": 56, "num_classes": 9, "out_channels": 9})
+    record = ModelRecord(model, defaults=defaults)
+    assert (record.hu_window, record.label_map, record.architecture) == ((-125.0, 275.0), None, "spectraflow")
+    assert "hu_window [-125.0, 275.0], label_map None assumed" in caplog.text and "out_channels" not in caplog.text
+    caplog.clear()
+    write_model_settings(model, ModelSettings(num_classes=3, out_channels=3, hu_window=[-200, 300],
+                                              label_map={0: 0, 1: 1, 6: 2}))  # fmt: skip
+    record = ModelRecord(model, defaults=defaults)
+    assert (record.hu_window, record.label_map) == ((-200.0, 300.0), {0: 0, 1: 1, 6: 2}) and not caplog.text
+    record.check(label_map={0: 0, 1: 1, 6: 2})
+    with pytest.raises(SettingError, match=r"label_map.6: 2 in the record, 3 given"):
+        record.check(label_map={0: 0, 1: 1, 6: 3})
+
+
+@pytest.mark.parametrize(
+    "architecture, kwargs, taken, refused",
+    [("spectraflow", None, 56, 64), ("unetpp", {"features": [4, 4, 8, 8, 16, 4]}, 64, 56),
+     ("unet", {"strides": [2, 2]}, 12, 6)],
+)  # fmt: skip
+def test_the_image_size_follows_the_architecture(architecture, kwargs, taken, refused):
+    settings = ModelSettings(architecture=architecture, network_kwargs=kwargs, image_size=taken)
+    assert settings.image_size == taken
+    if architecture != "spectraflow":  # a baseline records no DINOv2 encoder
+        assert (settings.encoder_name, settings.fusion, settings.refine) == (None, None, None)
+    with pytest.raises(SettingError, match=f"image_size must be a positive int multiple of .* got {refused}"):
+        ModelSettings(architecture=architecture, network_kwargs=kwargs, image_size=refused)

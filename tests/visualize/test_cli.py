@@ -35,17 +35,23 @@ def test_cli(run_dir, tmp_path, capsys):
     assert "nowhere" in capsys.readouterr().err
 
 
-def test_cli_output_and_image_size(run_dir, tmp_path, capsys, monkeypatch):
-    """``--output`` names the evaluation folder (``--eval-dir`` is its former name); ``--image-size`` sets the size of
-    the overlay panels."""
-    import spectraflow_monai.visualize.report as rep
-
+def _eval_folder(run_dir, tmp_path):
+    """An evaluation folder (summary.md, the run's predictions) and ``tmp_path/dl.json`` listing 3 of its images."""
     root, datalist = run_dir
     ev = tmp_path / "eval"
     os.makedirs(ev)
     os.symlink(root / "eval" / "predictions", ev / "predictions")
     (ev / "summary.md").write_text(SUMMARY)
     (tmp_path / "dl.json").write_text(json.dumps(datalist[:3]))
+    return ev
+
+
+def test_cli_output_and_image_size(run_dir, tmp_path, capsys, monkeypatch):
+    """``--output`` names the evaluation folder (``--eval-dir`` is its former name); ``--image-size`` sets the size of
+    the overlay panels."""
+    import spectraflow_monai.visualize.report as rep
+
+    ev = _eval_folder(run_dir, tmp_path)
     sizes = []
     real = rep.plot_overlays
     monkeypatch.setattr(rep, "plot_overlays", lambda *a, **k: sizes.append(k["size"]) or real(*a, **k))
@@ -116,3 +122,28 @@ def test_cli_help_lists_the_bundles_sources(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "folder" in out and "--label-classes" in out
+
+
+def test_cli_reads_the_image_size_from_the_model_record(run_dir, tmp_path, capsys, monkeypatch):
+    """``--model``: the overlay size comes from the record beside the model (models/model.json); a size given that
+    contradicts it is refused in one error naming both."""
+    import torch
+
+    import spectraflow_monai.visualize.report as rep
+    from spectraflow_monai.utils.run_record import write_model_settings
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    ev = _eval_folder(run_dir, tmp_path)
+    model = tmp_path / "models" / "model.pt"
+    os.makedirs(model.parent)
+    torch.save({}, model)
+    write_model_settings(model, ModelSettings(architecture="unetpp", image_size=64))
+    sizes = []
+    real = rep.plot_overlays
+    monkeypatch.setattr(rep, "plot_overlays", lambda *a, **k: sizes.append(k["size"]) or real(*a, **k))
+    argv = ["--output", str(ev), "--datalist", str(tmp_path / "dl.json"), "--model", str(model)]
+    assert cli.main(argv) == 0 and sizes == [64]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--image-size", "224"])
+    assert "image_size: 64 in the record, 224 given" in capsys.readouterr().err

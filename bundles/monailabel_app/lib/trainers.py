@@ -179,14 +179,14 @@ WEIGHT_SETTINGS = ("pretrained_weights", "encoder_init")
 
 def weight_settings(conf: dict[str, Any]) -> dict[str, str]:
     """The encoder-weight settings of the app (``--conf pretrained_weights ...``, ``--conf encoder_init ...``) as
-    bundle config overrides for training; settings left out keep the bundle's values (``timm`` / ``stage1``).
+    bundle config overrides for training; settings left out keep the bundle's values (``timm`` / ``auto``).
 
     Args:
         conf: the app settings.
 
     Raises:
-        ValueError: ``encoder_init`` is not ``stage1`` / ``pretrained`` / ``random``, or ``pretrained_weights`` is
-            not a plain string (``timm``, ``none`` or a file path on the server).
+        ValueError: ``encoder_init`` is not one of ``auto`` / ``stage1`` / ``pretrained`` / ``random``, or
+            ``pretrained_weights`` is not a plain string (``timm``, ``none`` or a file path on the server).
     """
     from spectraflow_monai.apps.encoder_init import ENCODER_INIT_CHOICES
 

@@ -15,7 +15,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".augmentation": ("train_augmentation",),
     ".labels": (
         "LabelSetup", "OneHotOutput", "label_setup", "label_transform", "metric_suite_handler", "postprocessing",
-        "prediction_writer", "stage2_loss",
+        "prediction_writer",
     ),
 }
 

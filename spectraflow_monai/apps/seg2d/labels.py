@@ -37,7 +37,6 @@ __all__ = [
     "metric_suite_handler",
     "postprocessing",
     "prediction_writer",
-    "stage2_loss",
 ]
 
 
@@ -117,11 +116,6 @@ def label_setup(label_classes: Any = None) -> LabelSetup:
         SettingError: naming the setting and the value when it is none of the accepted forms.
     """
     return LabelSetup.read(label_classes)
-
-
-def stage2_loss(label_setup: LabelSetup, **kwargs: Any) -> DiceBCEBoundaryLoss:
-    """The 2D bundle's Stage-2 loss (config entry point): :meth:`LabelSetup.loss` of ``label_setup``."""
-    return label_setup.loss(**kwargs)
 
 
 # ---------------------------------------------------------------- config entry points: one component each

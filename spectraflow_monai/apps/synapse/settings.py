@@ -150,11 +150,13 @@ def prediction_values(label_map: Any, data_list_file_path: Any, num_classes: Any
     return inverse_label_map(resolve_label_map(label_map, data_list_file_path, num_classes), num_classes)
 
 
-def synapse_class_names(num_classes: int, data_list_file_path: Any = None) -> list[str]:
-    """Default ``class_names`` of the Synapse bundle: the 9 Synapse classes (background + 8 organs,
+def synapse_class_names(num_classes: int, data_list_file_path: Any = None, recorded: Any = None) -> list[str]:
+    """Default ``class_names`` of the Synapse bundle: ``recorded`` when given (the names a model was trained with,
+    from its ``model.json``), else the 9 Synapse classes (background + 8 organs,
     :data:`spectraflow_monai.apps.synapse.SYNAPSE_ORGANS`) when ``num_classes`` is 9 and the data are not a datalist JSON,
     else ``background, class_1, ..., class_<num_classes-1>``."""
-
+    if recorded is not None:
+        return list(recorded)
     if not data_list_file_path and num_classes == len(SYNAPSE_ORGANS):
         return list(SYNAPSE_ORGANS)
     return ["background", *(f"class_{i}" for i in range(1, int(num_classes)))]
