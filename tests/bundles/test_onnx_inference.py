@@ -36,8 +36,11 @@ def _write_model(folder: Path, out_channels: int, num_classes: int | None) -> Pa
 
     model = folder / "models" / "model.pt"
     model.parent.mkdir()
+    # a Synapse model carries its CT preprocessing, as its training records it
+    ct = {} if num_classes is None else {"hu_window": [-125.0, 275.0], "nonfinite": "error"}
     settings = ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=out_channels,
-                             num_classes=num_classes, image_mean=[0.5, 0.4, 0.3], image_std=[0.25, 0.2, 0.3])  # fmt: skip
+                             num_classes=num_classes, image_mean=[0.5, 0.4, 0.3], image_std=[0.25, 0.2, 0.3],
+                             **ct)  # fmt: skip
     write_model_settings(model, settings)
     torch.manual_seed(0)
     network = recorded_network(ModelRecord(model), out_channels)
