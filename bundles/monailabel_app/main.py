@@ -125,7 +125,6 @@ from lib.checks import (  # noqa: E402
     check_tag,
     client_request,
     finite_json,
-    install_server_checks,
     redact_paths,
     resolve_image,
     upload_extension,
@@ -161,7 +160,7 @@ from lib.trainers import (  # noqa: E402
     precision_setting,
     weight_settings,
 )
-from lib.uploads import DEFAULT_MAX_UPLOAD_MB, datastore_extensions  # noqa: E402
+from lib.uploads import DEFAULT_MAX_UPLOAD_MB, datastore_extensions, install_server_checks  # noqa: E402
 
 __all__ = [
     "DropSingletonChanneld",

@@ -42,6 +42,7 @@ from spectraflow_monai.apps.encoder_init import initialize_encoder
 from spectraflow_monai.apps.workflow import (
     bundle_dataset,
     prepare_run,
+    pretrainer_checkpoint,
     stage1_export_settings,
     start_training,
     total_iterations,
@@ -573,9 +574,8 @@ class Stage1Program:
         self.trainer = self._trainer(
             self.data_loader, self.encoder, self.ema_encoder, self.head, self.optimizer, handlers
         )
-        self.checkpoint = dict(
-            self.trainer.checkpoint_dict(self.lr_scheduler),
-            random_state=RandomStateHandler(transforms=[self.preprocessing]),
+        self.checkpoint = pretrainer_checkpoint(
+            self.trainer, self.lr_scheduler, RandomStateHandler(transforms=[self.preprocessing])
         )
         _checkpoint_loader_state(self.trainer, self.checkpoint)
         return self.trainer

@@ -24,6 +24,8 @@ from monai.config.type_definitions import NdarrayOrTensor
 from monai.transforms.transform import MapTransform, RandomizableTransform, Transform
 from monai.utils import convert_to_dst_type, convert_to_tensor
 
+from spectraflow_monai.utils.settings import IMAGENET_MEAN, IMAGENET_STD  # defined once, with the model settings
+
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -38,8 +40,6 @@ __all__ = [
     "mix_image_or_mask",
 ]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 DOMAIN_IMAGE = 0
 DOMAIN_MASK = 1

@@ -46,7 +46,6 @@ __all__ = [
     "PRECISION_SETTINGS",
     "as_bool",
     "check_image_size",
-    "check_unread_settings",
     "model_settings_path",
 ]
 
@@ -129,30 +128,6 @@ def as_bool(value: Any, name: str) -> bool:
 def model_settings_path(model_file: Any) -> str:
     """The settings record beside a model file: ``models/model.pt`` -> ``models/model.json``."""
     return os.path.splitext(os.fspath(model_file))[0] + ".json"
-
-
-def check_unread_settings(given: Mapping[str, Any], instead: Mapping[str, str], command: str) -> list[str]:
-    """Report the settings a command does not read: a warning for each of ``given`` that has a value (not None),
-    naming the setting the command reads instead (e.g. ``max_epochs`` on a Stage-1 run: ``stage1_epochs``).
-
-    A bundle config sets such a setting to ``null`` for the command; a value given on the command line (or by a
-    tool that passes the same overrides to every step) is then reported instead of being silently ignored.
-
-    Args:
-        given: ``{setting: value}`` of the settings the command does not read.
-        instead: ``{setting: the setting the command reads instead}``.
-        command: the command, for the message.
-
-    Returns:
-        the names of the settings reported.
-    """
-    reported = [name for name, value in given.items() if value is not None]
-    for name in reported:
-        logger.warning(
-            f"{name}={given[name]!r} is not read by {command}: it reads {instead.get(name, 'another setting')} "
-            f"(give --{instead.get(name, name)} to change it)."
-        )
-    return reported
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -21,8 +21,8 @@
   status (``GET /train/``) shows neither the server's bundle folder nor the paths of its log lines.
 
 MONAI Label's endpoints do not tell the app whether a request carried an upload, and they queue training in a
-background process whose failure the client never sees as an HTTP status. :func:`install_server_checks` (called by
-the app once the server runs it, ``server_mode(True)``) therefore wraps MONAI Label 0.8.5 endpoint helpers:
+background process whose failure the client never sees as an HTTP status. :func:`lib.uploads.install_server_checks`
+(called by the app once the server runs it, ``server_mode(True)``) therefore wraps MONAI Label 0.8.5 endpoint helpers:
 the upload routes are replaced by those of :mod:`lib.uploads` (checked before the upload is copied, the temporary
 file always removed; ``run_inference`` records what the request carries, :func:`client_request`), the
 ``AsyncTask`` of ``monailabel.endpoints.train``, ``.batch_infer`` and ``.scoring`` has the app check the request first
@@ -66,7 +66,9 @@ __all__ = [
     "client_request",
     "current_client_request",
     "finite_json",
-    "install_server_checks",
+    "install_session_checks",
+    "public_answer",
+    "relative_pair",
     "redact_paths",
     "resolve_image",
     "upload_extension",
@@ -376,7 +378,7 @@ def upload_id(image: Any, file: Any) -> Any:
     return os.path.basename(name).replace("".join(pathlib.PurePath(name).suffixes), "")
 
 
-def _relative_pair(pair: Any) -> Any:
+def relative_pair(pair: Any) -> Any:
     from monailabel.interfaces.utils.app import app_instance
 
     root = getattr(app_instance().datastore(), "_datastore_path", None)
@@ -408,7 +410,7 @@ def _public_task(task: Any) -> Any:
     return shown
 
 
-def _public_answer(helper: Any) -> Any:
+def public_answer(helper: Any) -> Any:
     """``helper`` (an endpoint's ``status`` or ``stop``) answering task records through :func:`_public_task`."""
 
     @functools.wraps(helper)
@@ -431,7 +433,7 @@ def public_session(answer: Any) -> Any:
     return answer
 
 
-def _install_session_checks() -> None:
+def install_session_checks() -> None:
     """Session ids are plain names (MONAI Label joins them into the session folder's paths, and removes that
     folder), answers name no server path, and archives are not unpacked (``uncompress``: MONAI Label unpacks an
     uploaded archive with ``shutil.unpack_archive``, whose tar members may point anywhere)."""
@@ -457,63 +459,3 @@ def _install_session_checks() -> None:
         wrapper.spectraflow_checked = True
     session_endpoint.get_session = checked_get_session
     session_endpoint.remove_session = checked_remove_session
-
-
-def install_server_checks() -> None:
-    """Wrap MONAI Label's inference, training and datastore endpoint helpers (see the module docstring);
-    idempotent."""
-    from monailabel.endpoints import batch_infer as batch_endpoint
-    from monailabel.endpoints import datastore as datastore_endpoint
-    from monailabel.endpoints import infer as infer_endpoint
-    from monailabel.endpoints import model as model_endpoint
-    from monailabel.endpoints import scoring as scoring_endpoint
-    from monailabel.endpoints import session as session_endpoint
-    from monailabel.endpoints import train as train_endpoint
-    from monailabel.endpoints import wsi_infer as wsi_endpoint
-
-    from . import uploads
-
-    # every upload route: checked before the upload is copied, its temporary file removed whatever the answer
-    run_inference = infer_endpoint.run_inference
-    if not getattr(run_inference, "spectraflow_checked", False):
-        run_inference = uploads.wrap_run_inference(run_inference)
-    for module, name, replacement in (
-        (infer_endpoint, "run_inference", run_inference),
-        (datastore_endpoint, "add_image", uploads.add_image),
-        (datastore_endpoint, "save_label", uploads.save_label),
-        (datastore_endpoint, "update_image_info", uploads.update_image_info),
-        (datastore_endpoint, "update_label_info", uploads.update_label_info),
-        (datastore_endpoint, "download_dataset", uploads.download_dataset),
-        (model_endpoint, "update_model", uploads.update_model),
-        (model_endpoint, "delete_model", uploads.delete_model),
-        (session_endpoint, "create_session", uploads.create_session),
-        (wsi_endpoint, "run_wsi_inference", uploads.run_wsi_inference),
-    ):
-        replacement.spectraflow_checked = True
-        setattr(module, name, replacement)
-    for module in (train_endpoint, batch_endpoint, scoring_endpoint):
-        if not (isinstance(module.AsyncTask, type) and issubclass(module.AsyncTask, CheckedAsyncTask)):
-            module.AsyncTask = CheckedAsyncTask
-        for name in ("status", "stop"):  # the task records of GET and DELETE without the server's folders
-            helper = getattr(module, name)
-            if not getattr(helper, "spectraflow_checked", False):
-                public = _public_answer(helper)
-                public.spectraflow_checked = True
-                setattr(module, name, public)
-
-    listing = datastore_endpoint.datastore
-    if not getattr(listing, "spectraflow_checked", False):
-
-        @functools.wraps(listing)
-        def public_listing(output=None):
-            # ?output=train lists the training pairs: file names relative to the studies folder, not server paths;
-            # records saved with NaN or Infinity before they were checked are answered with null in their place
-            result = finite_json(listing(output))
-            if isinstance(result, list):
-                result = [_relative_pair(pair) for pair in result]
-            return result
-
-        public_listing.spectraflow_checked = True
-        datastore_endpoint.datastore = public_listing
-
-    _install_session_checks()

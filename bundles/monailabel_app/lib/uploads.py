@@ -5,7 +5,7 @@ after a successful answer: each refused upload (an unknown image id, an unreadab
 unknown model) stayed in the temporary folder for good. These functions replace the endpoint helpers of
 ``monailabel.endpoints`` (``datastore.add_image``, ``datastore.save_label``, ``infer.run_inference``,
 ``model.update_model``, ``model.delete_model``, ``session.create_session``, ``wsi_infer.run_wsi_inference``;
-installed by :func:`lib.checks.install_server_checks`). Each one:
+installed by :func:`install_server_checks`). Each one:
 
 - checks what it can before the upload is copied: the model (404), the image id and label tag (400), the file name's
   extension (415: :data:`lib.checks.IMAGE_EXTENSIONS`, :data:`lib.checks.LABEL_EXTENSIONS`, ``.pt`` / ``.pth`` for
@@ -20,6 +20,7 @@ one kept as ``models/model.pt.previous`` (:func:`lib.served.replace_served_model
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -33,13 +34,18 @@ from .checks import (
     LABEL_EXTENSIONS,
     MAX_JSON_DEPTH,
     UNKNOWN_IMAGE,
+    CheckedAsyncTask,
     check_id,
     check_json_value,
     check_new_id,
     check_tag,
     client_request,
+    finite_json,
+    install_session_checks,
     plain_name,
+    public_answer,
     public_session,
+    relative_pair,
     upload_extension,
     upload_id,
 )
@@ -54,6 +60,7 @@ __all__ = [
     "datastore_extensions",
     "delete_model",
     "download_dataset",
+    "install_server_checks",
     "json_object",
     "run_wsi_inference",
     "save_label",
@@ -332,3 +339,61 @@ def create_session(background_tasks: Any, uncompress: Any = False, expiry: Any =
     finally:
         shutil.rmtree(received, ignore_errors=True)
     return public_session({"session_id": session_id, "session_info": info.to_json()})
+
+
+def install_server_checks() -> None:
+    """Wrap MONAI Label's inference, training and datastore endpoint helpers (see the module docstring);
+    idempotent."""
+    from monailabel.endpoints import batch_infer as batch_endpoint
+    from monailabel.endpoints import datastore as datastore_endpoint
+    from monailabel.endpoints import infer as infer_endpoint
+    from monailabel.endpoints import model as model_endpoint
+    from monailabel.endpoints import scoring as scoring_endpoint
+    from monailabel.endpoints import session as session_endpoint
+    from monailabel.endpoints import train as train_endpoint
+    from monailabel.endpoints import wsi_infer as wsi_endpoint
+
+    # every upload route: checked before the upload is copied, its temporary file removed whatever the answer
+    run_inference = infer_endpoint.run_inference
+    if not getattr(run_inference, "spectraflow_checked", False):
+        run_inference = wrap_run_inference(run_inference)
+    for module, name, replacement in (
+        (infer_endpoint, "run_inference", run_inference),
+        (datastore_endpoint, "add_image", add_image),
+        (datastore_endpoint, "save_label", save_label),
+        (datastore_endpoint, "update_image_info", update_image_info),
+        (datastore_endpoint, "update_label_info", update_label_info),
+        (datastore_endpoint, "download_dataset", download_dataset),
+        (model_endpoint, "update_model", update_model),
+        (model_endpoint, "delete_model", delete_model),
+        (session_endpoint, "create_session", create_session),
+        (wsi_endpoint, "run_wsi_inference", run_wsi_inference),
+    ):
+        replacement.spectraflow_checked = True
+        setattr(module, name, replacement)
+    for module in (train_endpoint, batch_endpoint, scoring_endpoint):
+        if not (isinstance(module.AsyncTask, type) and issubclass(module.AsyncTask, CheckedAsyncTask)):
+            module.AsyncTask = CheckedAsyncTask
+        for name in ("status", "stop"):  # the task records of GET and DELETE without the server's folders
+            helper = getattr(module, name)
+            if not getattr(helper, "spectraflow_checked", False):
+                public = public_answer(helper)
+                public.spectraflow_checked = True
+                setattr(module, name, public)
+
+    listing = datastore_endpoint.datastore
+    if not getattr(listing, "spectraflow_checked", False):
+
+        @functools.wraps(listing)
+        def public_listing(output=None):
+            # ?output=train lists the training pairs: file names relative to the studies folder, not server paths;
+            # records saved with NaN or Infinity before they were checked are answered with null in their place
+            result = finite_json(listing(output))
+            if isinstance(result, list):
+                result = [relative_pair(pair) for pair in result]
+            return result
+
+        public_listing.spectraflow_checked = True
+        datastore_endpoint.datastore = public_listing
+
+    install_session_checks()
