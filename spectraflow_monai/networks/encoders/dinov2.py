@@ -145,7 +145,7 @@ class DINOv2Encoder(nn.Module):
 
         self.trainable_blocks: int | str = 1
         self.set_trainable_blocks(trainable_blocks)
-        if pretrained is not None:  # a convenience for Python users: the same call the bundles make in `initialize`
+        if pretrained is not None:  # a convenience for Python users: the loading the bundles run as a step
             from spectraflow_monai.networks import weights  # looked up at call time (tests replace the loader)
 
             weights.load_encoder_weights(self, pretrained)
