@@ -257,7 +257,8 @@ class UncertaintyStrategy(Strategy):
                     f"/scoring/{SCORING_NAME})")  # fmt: skip
             logger.info(f"{STRATEGY_NAME}: {note}: {image}")
             return {"id": image, "selection": note}
-        image = max(ranked, key=lambda i: (scores[i], -images.index(i)))
+        order = {image_id: n for n, image_id in enumerate(images)}  # ties: the datastore's order (one lookup each)
+        image = max(ranked, key=lambda i: (scores[i], -order[i]))
         logger.info(f"{STRATEGY_NAME}: {image} ({SCORE_KEY} {scores[image]:.4f}, {len(ranked)} scored)")
         return {"id": image, SCORE_KEY: scores[image], "selection": f"highest {SCORE_KEY} of {len(ranked)} scored"}
 
