@@ -1,21 +1,24 @@
 """The training stages both bundles run, written once in Python (Chen et al., Sec. 4 and 5.2).
 
-A bundle's ``configs/train.yaml`` keeps the values, its data, transforms, ``network_def`` and references; it names
-these objects for everything its two bundles share:
+A bundle's ``configs/train.yaml`` keeps the values, its data, transforms, ``network_def`` and references; the
+settings objects are built from its top-level values by field name
+(:meth:`~spectraflow_monai.utils.settings.SettingsObject.from_bundle`), and each stage is a program object built
+from them, the only reader of them:
 
+- :class:`Stage2Program`: Stage-2 (Dice + (B)CE + boundary fine-tuning). The ids MONAI's tools and MONAI Label read
+  (``train#dataset``, ``train#trainer``, ``train#handlers``, ``validate#evaluator``, ...) stay config keys whose
+  values come from the program: its datasets, loaders, inferer, optimizer, loss, metrics, handlers, the run record,
+  the encoder's start and the resumable training (:func:`run_stage2`);
 - :class:`Stage2TrainHandlers` and :class:`Stage2ValidationHandlers`: the Stage-2 trainer's and evaluator's
   handlers beyond MONAI's ``ValidationHandler`` (loss terms and the boundary-weight ramp, logs, progress, the
   learning-rate plateau, early stopping, the best model with its settings beside it);
-- :func:`stage2_optimizer` and :func:`stage2_loss`: Stage-2's AdamW and its Dice + (B)CE + boundary loss, built
-  from the run's :class:`~spectraflow_monai.utils.settings.Stage2Settings` (a value a config sets on the component
-  itself, e.g. ``train#optimizer#lr``, is refused naming the setting to give instead: the run record holds what
-  trains);
-- :func:`run_stage2`: the Stage-2 ``run`` step (resumable checkpoints, the resume decision, training);
+- :func:`stage2_optimizer` and :func:`stage2_loss`: Stage-2's AdamW and its loss of the settings (a value a config
+  sets on the component itself, e.g. ``train#optimizer#lr``, is refused naming the setting to give instead: the run
+  record holds what trains);
 - :class:`Stage1Program`: all of Stage-1 (Mixed-Domain MeanFlow + dispersive, or mixed-domain MAE), which
   ``configs/train_stage1.yaml`` runs over the same ``train.yaml``: its data, transforms and settings objects.
 
-Each object is built from the run's settings objects (:mod:`spectraflow_monai.utils.settings`) and its resolved
-precision, handed whole; the run record is those objects written whole.
+The run record is the settings objects written whole.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from monai.handlers import (
     from_engine,
     stopping_fn_from_metric,
 )
+from monai.data import DataLoader
+from monai.inferers import SimpleInferer
 from monai.transforms import Compose, Identity
 from torch.utils.data import RandomSampler
 
@@ -43,7 +48,7 @@ from spectraflow_monai.apps.workflow import (
     bundle_dataset,
     prepare_run,
     pretrainer_checkpoint,
-    stage1_export_settings,
+    segmentation_metrics,
     start_training,
     total_iterations,
     trainable_parameters,
@@ -68,15 +73,17 @@ from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.transforms import MixedDomainCollate, RandMixedDomainBatchd
 from spectraflow_monai.utils.checkpoint import resume_checkpoint
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.precision import Precision
+from spectraflow_monai.utils.precision import AutocastInferer, Precision
 from spectraflow_monai.utils.run_record import record_run
-from spectraflow_monai.utils.settings import DataSettings, ModelSettings, Stage1Settings, Stage2Settings
+from spectraflow_monai.utils.settings import DataSettings, ModelSettings, RunSettings, Stage1Settings, Stage2Settings
 
 __all__ = [
     "Stage1Program",
+    "Stage2Program",
     "Stage2TrainHandlers",
     "Stage2ValidationHandlers",
     "run_stage2",
+    "stage2_dataset",
     "stage2_loss",
     "stage2_optimizer",
 ]
@@ -108,42 +115,37 @@ def _refuse_component_values(component: str, given: dict[str, Any]) -> None:
         )
 
 
-def stage2_optimizer(network: nn.Module, settings: Stage2Settings, **given: Any) -> torch.optim.AdamW:
+def stage2_optimizer(program: Stage2Program, network: nn.Module, **given: Any) -> torch.optim.AdamW:
     """Stage-2's AdamW (Chen et al., Sec. 5.2) over the trainable parameters of ``network`` (frozen encoder blocks
-    left out), with the ``learning_rate`` and ``weight_decay`` of ``settings``.
+    left out), with the ``learning_rate`` and ``weight_decay`` of the program's settings (``train#optimizer``).
 
     Raises:
         SettingError: any other argument (a config key such as ``train#optimizer#lr``), naming the setting to give.
     """
     _refuse_component_values("train#optimizer", given)
+    settings = program.settings
     return torch.optim.AdamW(
         trainable_parameters(network), lr=settings.learning_rate, weight_decay=settings.weight_decay
     )
 
 
-def stage2_loss(
-    settings: Stage2Settings, distance_backend: str = "auto", label_setup: Any = None, **given: Any
-) -> DiceBCEBoundaryLoss:
-    """Stage-2's loss, Dice + (B)CE + beta * boundary (eq. 7), with the boundary weight ramp of ``settings``
-    (``boundary_beta`` to ``boundary_beta_max`` over ``boundary_ramp_epochs``).
-
-    Args:
-        settings: the run's :class:`~spectraflow_monai.utils.settings.Stage2Settings`.
-        distance_backend: the signed distance maps' backend. Defaults to ``"auto"``.
-        label_setup: the 2D bundle's :class:`~spectraflow_monai.apps.seg2d.LabelSetup` (binary masks: sigmoid Dice +
-            BCE; label classes: softmax Dice + CE); None: softmax Dice + CE over one-hot classes (the Synapse
-            organs). Defaults to None.
+def stage2_loss(program: Stage2Program, **given: Any) -> DiceBCEBoundaryLoss:
+    """Stage-2's loss, Dice + (B)CE + beta * boundary (eq. 7), with the boundary weight ramp of the program's
+    settings (``boundary_beta`` to ``boundary_beta_max`` over ``boundary_ramp_epochs``) and its distance backend
+    (``train#loss``): the 2D bundle's label setup (binary masks: sigmoid Dice + BCE; label classes: softmax Dice +
+    CE), else softmax Dice + CE over one-hot classes (the Synapse organs).
 
     Raises:
         SettingError: any other argument (a config key such as ``train#loss#beta``), naming the setting to give.
     """
     _refuse_component_values("train#loss", given)
+    settings = program.settings
     weights = dict(
         beta=settings.boundary_beta, beta_max=settings.boundary_beta_max, ramp_epochs=settings.boundary_ramp_epochs,
-        distance_backend=distance_backend,
+        distance_backend=program.run_settings.distance_backend,
     )  # fmt: skip
-    if label_setup is not None:
-        return label_setup.loss(**weights)
+    if program.label_setup is not None:
+        return program.label_setup.loss(**weights)
     return DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True, **weights)
 
 
@@ -166,35 +168,25 @@ class Stage2TrainHandlers(_HandlerGroup):
     Args:
         loss: the Stage-2 loss (:class:`~spectraflow_monai.losses.DiceBCEBoundaryLoss`).
         validator: the evaluator (for the epoch summary's validation metrics).
-        log_dir: TensorBoard folder.
-        progress_bar: attach the progress bar. Defaults to True.
+        run: the run's :class:`~spectraflow_monai.utils.settings.RunSettings`: its ``log_dir`` (TensorBoard),
+            ``progress_bar`` and ``log_every`` (iterations between the reads of the loss on the host: the
+            non-finite check, the TensorBoard curve, the progress bar; epoch means are exact. On a GPU a larger value
+            keeps the trainer from waiting for the device every step; a non-finite loss is then reported up to
+            ``log_every - 1`` iterations late, before any checkpoint).
         title: the stage's name in the console. Defaults to ``"Stage-2"``.
-        log_every: iterations between the reads of the loss on the host (the non-finite check, the TensorBoard curve,
-            the progress bar; epoch means are exact). 1 reads every iteration; on a GPU a larger value keeps the
-            trainer from waiting for the device every step (a non-finite loss is then reported up to
-            ``log_every - 1`` iterations late, before any checkpoint). Defaults to 1.
     """
 
-    def __init__(
-        self,
-        loss: Any,
-        validator: Any,
-        log_dir: str | os.PathLike,
-        progress_bar: bool = True,
-        title: str = "Stage-2",
-        log_every: int = 1,
-    ) -> None:
+    def __init__(self, loss: Any, validator: Any, run: RunSettings, title: str = "Stage-2") -> None:
         loss_value = from_engine(["loss"], first=True)
         self.handlers = [
-            StopOnNonFiniteLoss(every=log_every),
+            StopOnNonFiniteLoss(every=run.log_every),
             LossTermsHandler(loss=loss),
             RunStatsHandler(iteration_log=False, epoch_log=False, tag_name="train_loss", output_transform=loss_value),
             TensorBoardStatsHandler(
-                log_dir=os.fspath(log_dir), tag_name="train_loss", output_transform=loss_value,
-                iteration_log=log_every,
-            ),  # fmt: skip
+                log_dir=run.log_dir, tag_name="train_loss", output_transform=loss_value, iteration_log=run.log_every
+            ),
             EpochSummaryHandler(title=title, output_prefix="train_", validator=validator),
-            ProgressBarHandler(enabled=progress_bar, desc=title, every=log_every),
+            ProgressBarHandler(enabled=run.progress_bar, desc=title, every=run.log_every),
         ]
 
 
@@ -212,9 +204,8 @@ class Stage2ValidationHandlers(_HandlerGroup):
         optimizer: the Stage-2 optimizer.
         settings: the run's :class:`~spectraflow_monai.utils.settings.Stage2Settings`.
         model: the run's :class:`~spectraflow_monai.utils.settings.ModelSettings`.
-        model_path: the best model's file (``models/model.pt``).
-        early_stop_patience: epochs without a better validation Dice before training stops.
-        log_dir: TensorBoard folder.
+        run: the run's :class:`~spectraflow_monai.utils.settings.RunSettings` (``model_path``,
+            ``early_stop_patience``, ``log_dir``).
     """
 
     def __init__(
@@ -223,9 +214,7 @@ class Stage2ValidationHandlers(_HandlerGroup):
         optimizer: torch.optim.Optimizer,
         settings: Stage2Settings,
         model: ModelSettings,
-        model_path: str | os.PathLike,
-        early_stop_patience: int,
-        log_dir: str | os.PathLike,
+        run: RunSettings,
     ) -> None:
         score = stopping_fn_from_metric(KEY_METRIC)
         self.lr_scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -235,22 +224,152 @@ class Stage2ValidationHandlers(_HandlerGroup):
             patience=settings.lr_patience,
             min_lr=settings.min_learning_rate,
         )
-        self.early_stop = ResumableEarlyStopHandler(patience=early_stop_patience, score_function=score)
-        model_path = os.fspath(model_path)
+        self.early_stop = ResumableEarlyStopHandler(patience=run.early_stop_patience, score_function=score)
         self.model_saver = SafeCheckpointSaver(
-            save_dir=os.path.dirname(model_path) or ".",
+            save_dir=os.path.dirname(run.model_path) or ".",
             save_dict={"model": network},
             save_key_metric=True,
-            key_metric_filename=os.path.basename(model_path),
+            key_metric_filename=os.path.basename(run.model_path),
             model_settings=model,
         )
         self.handlers = [
             RunStatsHandler(iteration_log=False, epoch_log=False),
-            TensorBoardStatsHandler(log_dir=os.fspath(log_dir), iteration_log=False),
+            TensorBoardStatsHandler(log_dir=run.log_dir, iteration_log=False),
             LrScheduleHandler(lr_scheduler=self.lr_scheduler, step_transform=score, print_lr=False),
             self.early_stop,
             self.model_saver,
         ]
+
+
+class Stage2Program:
+    """SpectraFlow Stage-2, whole (Chen et al., Sec. 4.2 and 5.2): the decoder from scratch, the encoder from its
+    start (``encoder_init``), its last ``trainable_blocks`` trained; Dice + (B)CE + beta * boundary loss (eq. 7)
+    with beta ramped; AdamW; the learning rate multiplied by ``lr_factor`` on a validation-Dice plateau; early
+    stopping; the best model with its settings beside it.
+
+    Built from the run's settings objects and the only reader of them: a bundle's ``train.yaml`` names it once
+    (``stage2``) and takes every Stage-2 component from it, under the ids MONAI's tools and MONAI Label read
+    (``train#dataset``, ``train#dataloader``, ``train#inferer``, ``train#optimizer``, ``train#loss``,
+    ``train#handlers``, ``train#trainer``, ``validate#...``; MONAI Label replaces ``train#dataset#data``,
+    ``validate#dataset#data``, ``train#trainer#max_epochs`` and ``train#handlers``). A value travels one path: its
+    top-level line, its settings object, this program, the component; the run record is the same objects written
+    whole.
+
+    Args:
+        settings: the :class:`~spectraflow_monai.utils.settings.Stage2Settings`.
+        model: the :class:`~spectraflow_monai.utils.settings.ModelSettings` (written beside the model).
+        data: the :class:`~spectraflow_monai.utils.settings.DataSettings` (data path and seed; recorded).
+        run: the :class:`~spectraflow_monai.utils.settings.RunSettings` (device, loading, logging, folders, budget).
+        precision: the run's resolved precision.
+        label_setup: the 2D bundle's :class:`~spectraflow_monai.apps.seg2d.LabelSetup` (binary masks or label
+            classes: the loss, post-processing and metrics of it); None: softmax Dice + CE over one-hot classes (the
+            Synapse organs). Defaults to None.
+    """
+
+    def __init__(
+        self,
+        settings: Stage2Settings,
+        model: ModelSettings,
+        data: DataSettings,
+        run: RunSettings,
+        precision: Precision,
+        label_setup: Any = None,
+    ) -> None:
+        for name, value, kind in (
+            ("settings", settings, Stage2Settings), ("model", model, ModelSettings), ("data", data, DataSettings),
+            ("run", run, RunSettings), ("precision", precision, Precision),
+        ):
+            if not isinstance(value, kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}.")
+        self.settings, self.model, self.data, self.run_settings, self.precision = settings, model, data, run, precision
+        self.label_setup = label_setup
+        self.device = torch.device(run.device)
+        #: the network under the autocast of the precision (CPU and CUDA), outputs in float32
+        self.inferer = AutocastInferer(SimpleInferer(), precision=precision)
+
+    def dataset(self, data: Sequence[dict], transform: Compose, training: bool = True, prepare: Any = None) -> Any:
+        """A Stage-2 dataset (``train#dataset``, ``validate#dataset``; MONAI Label replaces their ``data``):
+        training follows ``data_path`` (:func:`~spectraflow_monai.apps.workflow.bundle_dataset`), validation is
+        always MONAI's ``CacheDataset``. ``prepare``: see ``bundle_dataset``."""
+        data_path = self.data.data_path if training else "monai"
+        r = self.run_settings
+        return bundle_dataset(data, transform, data_path, r.cache_rate, r.num_workers, r.progress_bar, prepare)
+
+    def train_loader(self, dataset: Any, sampler: Any = None) -> Any:
+        """The training loader of ``data_path`` with ``batch_size`` (:func:`~spectraflow_monai.apps.workflow.
+        training_loader`: lowered to the number of pairs when there are fewer, with a warning)."""
+        return training_loader(
+            dataset, self.settings.batch_size, self.data.data_path, sampler=sampler, num_workers=self.run_settings.num_workers,
+            cache_device=self.run_settings.cache_device, device=self.device, seed=self.data.data_seed,
+        )  # fmt: skip
+
+    def val_loader(self, dataset: Any, sampler: Any = None) -> DataLoader:
+        """The validation loader, in order, ``val_batch_size`` a batch."""
+        return DataLoader(
+            dataset, batch_size=self.run_settings.val_batch_size, sampler=sampler, shuffle=False, num_workers=self.run_settings.num_workers
+        )
+
+    def metrics(self, prefix: str, which: str = "key", hd95: bool = True) -> dict[str, Any]:
+        """The metric handlers ``<prefix>_*`` (:func:`~spectraflow_monai.apps.workflow.segmentation_metrics`)."""
+        return segmentation_metrics(prefix, which=which, label_setup=self.label_setup, hd95=hd95)
+
+    def validation_handlers(self, network: nn.Module, optimizer: torch.optim.Optimizer) -> Stage2ValidationHandlers:
+        """The evaluator's handlers (:class:`Stage2ValidationHandlers`)."""
+        return Stage2ValidationHandlers(network, optimizer, self.settings, self.model, self.run_settings)
+
+    @property
+    def amp(self) -> bool:
+        """MONAI's ``amp`` of the trainer and evaluator: float16 with a gradient scaler, on CUDA only."""
+        return self.precision.use_grad_scaler
+
+    @property
+    def amp_kwargs(self) -> dict[str, Any]:
+        """MONAI's ``amp_kwargs`` of the trainer and evaluator."""
+        return self.precision.amp_kwargs
+
+    def initialize_encoder(self, network: nn.Module, start: str) -> str | None:
+        """Load the encoder's starting weights (``start``: ``encoder_init`` resolved, from ``pretrained_weights`` or
+        the Stage-1 export; :func:`~spectraflow_monai.apps.encoder_init.initialize_encoder`). Before any data is
+        read: a missing file or an unreachable hub stops the run here."""
+        return initialize_encoder(
+            network, encoder_init=start, pretrained_weights=self.settings.pretrained_weights,
+            stage1_export=self.run_settings.stage1_encoder, model_settings=self.model.encoder(),
+        )  # fmt: skip
+
+    def setup(self) -> None:
+        """The first step of the run, before any data is read: the image size checked by the architecture's rule,
+        determinism (``data_seed``), the models folder."""
+        prepare_run(self.data.data_seed, folders=[os.path.dirname(self.run_settings.model_path) or "."], model=self.model)
+
+    def record(
+        self, train: Sequence[dict], val: Sequence[dict], data_source: Any, encoder_start: str, max_epochs: int
+    ) -> dict:
+        """Write the run record (``<stage2_dir>/run_record.json``): the settings objects whole, the data's
+        fingerprints and where the encoder started; a restart that would continue a run recorded with other
+        settings or data stops here, naming each difference (:func:`~spectraflow_monai.utils.run_record.
+        record_run`; ``train`` and ``val`` are what the datasets read). The run settings and ``max_epochs`` are
+        recorded, not compared."""
+        return record_run(
+            self.run_settings.stage2_dir,
+            settings=self.settings,
+            data_settings=self.data,
+            model=self.model,
+            data={"train": list(train), "val": list(val)},
+            data_source=data_source,
+            # what the labels are: the 2D bundle's label setup, or the classes (the Synapse organs)
+            label_setup=self.label_setup if self.label_setup is not None else self.model.class_names,
+            seed=self.data.data_seed,
+            precision=self.precision,
+            resume=self.run_settings.resume,
+            not_compared={**self.run_settings.to_dict(), "max_epochs": max_epochs},
+            resolved={"encoder_start": encoder_start},
+        )
+
+    def train(self, trainer: Engine, validation: Stage2ValidationHandlers, preprocessing: Compose) -> None:
+        """Train, resumably (:func:`run_stage2` with the run's folders, ``resume`` and device)."""
+        r = self.run_settings
+        run_stage2(trainer, validation, preprocessing, r.stage2_dir, r.model_path, r.resume, r.stage2_checkpoints_kept,
+                   self.device)  # fmt: skip
 
 
 def run_stage2(
@@ -312,6 +431,14 @@ def _checkpoint_loader_state(trainer: Engine, checkpoint: dict[str, Any]) -> Non
         checkpoint["data_loader"] = loader
 
 
+def stage2_dataset(
+    program: Stage2Program, data: Sequence[dict], transform: Compose, training: bool = True, prepare: Any = None
+) -> Any:
+    """``program.dataset(...)`` as a config component (``train#dataset``, ``validate#dataset``), whose ``data``
+    MONAI Label's bundle trainer replaces (:meth:`Stage2Program.dataset`)."""
+    return program.dataset(data, transform, training=training, prepare=prepare)
+
+
 class Stage1Program:
     """SpectraFlow Stage-1, whole (Chen et al., Sec. 4.1 and 5.2): Mixed-Domain MeanFlow latent transport
     regression with the dispersive loss (L = L_MF + lambda * L_Disp, eqs. 1-5), or the mixed-domain MAE of the
@@ -332,31 +459,20 @@ class Stage1Program:
             normalisation of images and masks).
         data: the run's :class:`~spectraflow_monai.utils.settings.DataSettings` (recorded; its seed makes the run
             deterministic).
+        run: the run's :class:`~spectraflow_monai.utils.settings.RunSettings`: ``stage1_epochs`` (not compared on
+            restart: a finished run given more epochs trains on), the device, data loading (``num_workers``,
+            ``cache_rate``, ``cache_device``), ``progress_bar``, ``log_every`` (as :class:`Stage2TrainHandlers`;
+            above 1 the trainer keeps its outputs on the device), ``resume`` / ``resume_from``, the folders
+            (``stage1_dir``: checkpoints and record; ``stage1_encoder``: the EMA encoder export; ``log_dir``:
+            TensorBoard under ``<log_dir>/stage1``), ``stage1_checkpoint_interval`` and ``stage1_checkpoints_kept``.
         datalist: the training datalist (the same, possibly low-data, subset as Stage-2).
         preprocessing: the training transforms (load, augment, normalise), cached up to the first random one.
-        epochs: the number of epochs (not compared on restart: a finished run with more epochs trains on).
-        device: the training device.
         precision: the run's resolved precision.
-        run_dir: the checkpoint folder (``models/stage1``).
-        export_path: the EMA encoder export (``models/encoder_stage1.pt``).
-        log_dir: the logs folder (TensorBoard under ``<log_dir>/stage1``).
-        resume: continue from the newest checkpoint of ``run_dir``. Defaults to True.
-        resume_from: an explicit checkpoint file to continue from. Defaults to None.
-        checkpoint_interval: epochs between resumable checkpoints. Defaults to 1.
-        checkpoints_kept: checkpoints kept while the run goes on. Defaults to 2.
-        num_workers: data loading processes. Defaults to 2.
-        cache_rate: share of the data cached. Defaults to 1.0.
-        cache_device: with ``data.data_path`` ``device``: where the cache lives (``auto``, ``cpu``, ``cuda``).
-            Defaults to ``"auto"``.
-        progress_bar: show progress bars. Defaults to True.
         data_source, label_setup: recorded by ``repr`` (what the data are). Defaults to None.
-        not_compared: further values recorded but free to change between restarts. Defaults to None.
         prune_on_completion: a completed run keeps ``checkpoint_final.pt`` only (all a restart needs). Defaults to
             True.
         dispersive_loss: a callable that replaces the dispersive loss the settings describe (a research hook; the
             run record still holds the settings). Defaults to None: ``DispersiveLoss`` of the settings.
-        log_every: iterations between the reads of the loss terms on the host (as :class:`Stage2TrainHandlers`);
-            above 1 the trainer keeps its outputs on the device (``output_on_device``). Defaults to 1.
     """
 
     def __init__(
@@ -364,50 +480,30 @@ class Stage1Program:
         settings: Stage1Settings,
         model: ModelSettings,
         data: DataSettings,
+        run: RunSettings,
         datalist: Sequence[dict],
         preprocessing: Compose,
-        epochs: int,
-        device: str | torch.device,
         precision: Precision,
-        run_dir: str | os.PathLike,
-        export_path: str | os.PathLike,
-        log_dir: str | os.PathLike,
-        resume: bool | str = True,
-        resume_from: str | os.PathLike | None = None,
-        checkpoint_interval: int = 1,
-        checkpoints_kept: int = 2,
-        num_workers: int = 2,
-        cache_rate: float = 1.0,
-        cache_device: str = "auto",
-        progress_bar: bool = True,
         data_source: Any = None,
         label_setup: Any = None,
-        not_compared: dict | None = None,
         prune_on_completion: bool = True,
         dispersive_loss: Any = None,
-        log_every: int = 1,
     ) -> None:
         for name, value, kind in (
             ("settings", settings, Stage1Settings), ("model", model, ModelSettings), ("data", data, DataSettings),
-            ("precision", precision, Precision),
+            ("run", run, RunSettings), ("precision", precision, Precision),
         ):
             if not isinstance(value, kind):
                 raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}.")
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"stage1_epochs must be a positive int, got {epochs!r}.")
-        self.settings, self.model, self.data = settings, model, data
-        self.datalist, self.preprocessing, self.epochs = datalist, preprocessing, epochs
-        self.device, self.precision = torch.device(device), precision
-        self.run_dir, self.export_path, self.log_dir = os.fspath(run_dir), os.fspath(export_path), os.fspath(log_dir)
-        self.resume, self.resume_from = resume, resume_from
-        self.checkpoint_interval, self.checkpoints_kept = checkpoint_interval, checkpoints_kept
-        self.num_workers, self.cache_rate, self.progress_bar = num_workers, cache_rate, progress_bar
-        self.cache_device = cache_device
+        self.settings, self.model, self.data, self.run_settings = settings, model, data, run
+        self.datalist, self.preprocessing, self.epochs = datalist, preprocessing, run.stage1_epochs
+        self.device, self.precision = torch.device(run.device), precision
+        self.run_dir, self.export_path = run.stage1_dir, run.stage1_encoder
+        self.log_dir = run.log_dir
         self.data_source, self.label_setup = data_source, label_setup
-        self.not_compared = dict(not_compared or {})
         self.prune_on_completion = prune_on_completion
         self.custom_dispersive_loss = dispersive_loss
-        self.log_every = log_every
+        self.log_every = run.log_every
 
     def _encoder(self, trainable: Any) -> DINOv2Encoder:
         return DINOv2Encoder(
@@ -449,10 +545,10 @@ class Stage1Program:
         mixed-domain rendering."""
         s = self.settings
         device_path = self.data.data_path == "device"
+        r = self.run_settings
         self.dataset = bundle_dataset(
-            list(self.datalist), self.preprocessing, self.data.data_path, self.cache_rate, self.num_workers,
-            self.progress_bar,
-        )  # fmt: skip
+            list(self.datalist), self.preprocessing, self.data.data_path, r.cache_rate, r.num_workers, r.progress_bar
+        )
         self.mixed_domain = self.mixed_domain_collate()
         if device_path:
             sampler = None
@@ -461,8 +557,8 @@ class Stage1Program:
         else:
             sampler = RandomSampler(self.dataset)
         return training_loader(
-            self.dataset, s.stage1_batch_size, self.data.data_path, sampler=sampler, num_workers=self.num_workers,
-            cache_device=self.cache_device, device=self.device, seed=self.data.data_seed,
+            self.dataset, s.stage1_batch_size, self.data.data_path, sampler=sampler, num_workers=r.num_workers,
+            cache_device=r.cache_device, device=self.device, seed=self.data.data_seed,
             extra_transforms=[RandMixedDomainBatchd(**self._mixed_domain_args())] if device_path else (),
             collate_fn=None if device_path else self.mixed_domain,
         )  # fmt: skip
@@ -523,15 +619,14 @@ class Stage1Program:
             self.run_dir,
             settings=self.settings,
             data_settings=self.data,
-            model=stage1_export_settings(self.model),
+            model=self.model.encoder(),
             data={"train": list(self.datalist)},
             data_source=self.data_source,
             label_setup=self.label_setup,
             seed=self.data.data_seed,
             precision=self.precision,
-            resume=self.resume,
-            not_compared={"stage1_epochs": self.epochs, "num_workers": self.num_workers, "device": self.device,
-                          **self.not_compared},
+            resume=self.run_settings.resume,
+            not_compared=self.run_settings.to_dict(),
         )
 
     def build(self, load_weights: bool = True) -> Any:
@@ -564,11 +659,11 @@ class Stage1Program:
             ),  # fmt: skip
             EncoderExportHandler(
                 encoder=self.ema_encoder, path=self.export_path, epoch_level=True,
-                settings=stage1_export_settings(self.model),
+                settings=self.model.encoder(),
             ),
             EpochSummaryHandler(title=title),
             ProgressBarHandler(
-                enabled=self.progress_bar, desc=title, keys=["meanflow_error", "loss_mae"], every=self.log_every
+                enabled=self.run_settings.progress_bar, desc=title, keys=["meanflow_error", "loss_mae"], every=self.log_every
             ),
         ]
         self.trainer = self._trainer(
@@ -590,12 +685,12 @@ class Stage1Program:
             save_dict=self.checkpoint,
             save_final=True,
             final_filename="checkpoint_final.pt",
-            save_interval=self.checkpoint_interval,
-            n_saved=self.checkpoints_kept,
+            save_interval=self.run_settings.stage1_checkpoint_interval,
+            n_saved=self.run_settings.stage1_checkpoints_kept,
             prune_on_completion=self.prune_on_completion,
         )
         resume_path = resume_checkpoint(
-            self.run_dir, resume=self.resume, resume_from=self.resume_from, protect=[self.export_path]
+            self.run_dir, resume=self.run_settings.resume, resume_from=self.run_settings.resume_from, protect=[self.export_path]
         )
         start_training(
             self.trainer, saver, checkpoint=self.checkpoint, resume_path=resume_path, map_location=self.device

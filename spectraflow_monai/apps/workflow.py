@@ -3,8 +3,7 @@
 The configs keep the settings, ``network_def`` and short references (MONAI model-zoo style); what would otherwise
 be chains of config expressions lives here, once for both bundles:
 
-- :func:`prepare_run`: the first steps of every training ``initialize`` list (image size check, determinism, run
-  folders);
+- :func:`prepare_run`: the first steps of every training run (image size check, determinism, run folders);
 - :func:`segmentation_metrics`: the key and additional metric handlers of a trainer or evaluator;
 - :func:`trainable_parameters`: the optimizer's parameters (frozen encoder blocks left out);
 - :func:`datalist`: one split of a run's data source;
@@ -12,7 +11,6 @@ be chains of config expressions lives here, once for both bundles:
 - :func:`total_iterations`: the length of a per-iteration learning-rate schedule;
 - :func:`pretrainer_checkpoint`: what a Stage-1 checkpoint holds;
 - :func:`recorded_network`: the network of a model file, built from the settings recorded beside it;
-- :func:`stage1_export_settings`: what the Stage-1 export depends on (checked when Stage-2 starts from it);
 - :func:`bundle_dataset`, :func:`training_loader`: the datasets and the training data path of ``data_path``
   (MONAI's per-sample loader, or the cache on the training device with batched augmentation);
 - :func:`start_training`: the ``run`` of both stages (early stopping bound to the trainer, the resume decision,
@@ -59,7 +57,6 @@ __all__ = [
     "recorded_network",
     "segmentation_metrics",
     "split_at_random",
-    "stage1_export_settings",
     "start_training",
     "total_iterations",
     "trainable_parameters",
@@ -189,13 +186,6 @@ def pretrainer_checkpoint(trainer: Any, lr_scheduler: Any, random_state: Any) ->
     (:meth:`~spectraflow_monai.engines.Stage1Trainer.checkpoint_dict`), the learning-rate schedule and the random
     state of the data pipeline (:class:`~spectraflow_monai.handlers.RandomStateHandler`)."""
     return dict(trainer.checkpoint_dict(lr_scheduler), random_state=random_state)
-
-
-def stage1_export_settings(model: ModelSettings) -> dict[str, Any]:
-    """What the Stage-1 encoder export depends on: the encoder (name, arguments, image size) and the normalisation
-    of its inputs. Stage-1 records them beside the export (``encoder_stage1.json``); Stage-2 compares its own
-    :class:`~spectraflow_monai.utils.settings.ModelSettings` with them before it starts from the export."""
-    return {**model.encoder(), "image_mean": list(model.image_mean), "image_std": list(model.image_std)}
 
 
 def recorded_network(

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,6 +23,7 @@ __all__ = [
     "bundle_config_files",
     "bundle_parser",
     "bundle_path",
+    "bundle_values",
     "run_bundle_configs",
 ]
 
@@ -150,6 +153,62 @@ def check_run_configs(argv: Sequence[str] | None = None) -> None:
     bundle = paths[0].parent.parent
     if all(p.parent.parent == bundle for p in paths):
         bundle_config_files(bundle if bundle.parts else Path("."), [p.name for p in paths])
+
+
+def _parsing_resolver() -> Any:
+    """The ``monai.bundle.ReferenceResolver`` that is resolving a config item now: the nearest one up the call
+    stack (MONAI gives a component only its arguments, not the config it belongs to)."""
+    from monai.bundle.reference_resolver import ReferenceResolver
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, ReferenceResolver):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+#: the top-level ids being read by :func:`bundle_values` now (a value that needs its own reader is a circle)
+_READING: set[str] = set()
+
+
+def bundle_values(names: Iterable[str], what: str = "a settings object") -> dict[str, Any]:
+    """The values of the top-level ids ``names`` of the bundle config that MONAI is resolving, as MONAI resolves a
+    reference to each (``@<name>``: command-line overrides applied, expressions evaluated, components built); a name
+    the config does not hold is left out.
+
+    This is how a bundle builds its settings objects from its top-level values by field name
+    (:meth:`~spectraflow_monai.utils.settings.SettingsObject.from_bundle`): ``model_settings: {_target_:
+    ...ModelSettings.from_bundle}`` instead of a line ``<field>: '@<field>'`` per field. It must be called while
+    MONAI resolves a config item (``python -m monai.bundle run``, ``monai.bundle.run``, a
+    ``ConfigParser.get_parsed_content``).
+
+    Args:
+        names: the ids to read (the fields of a settings object).
+        what: what reads them, for the messages. Defaults to ``"a settings object"``.
+
+    Raises:
+        SettingError: no MONAI config is being resolved, or a value read needs ``what`` itself (a circle).
+    """
+    resolver = _parsing_resolver()
+    if resolver is None:
+        raise SettingError(
+            f"{what} reads the top-level values of a bundle config by name: build it in a config that MONAI "
+            "resolves (python -m monai.bundle run, monai.bundle.ConfigParser), or call the class with the values."
+        )
+    values: dict[str, Any] = {}
+    for name in names:
+        if name not in resolver.items:
+            continue
+        if name in _READING:
+            raise SettingError(f"{name}: its value needs {what}, which reads {name} (a circle in the config).")
+        _READING.add(name)
+        try:
+            values[name] = resolver.get_resolved_content(name)
+        finally:
+            _READING.discard(name)
+    return values
 
 
 def bundle_command(bundle: str | os.PathLike, configs: list[str], overrides: dict[str, Any]) -> str:

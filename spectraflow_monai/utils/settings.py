@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from spectraflow_monai.utils.bundles import bundle_values
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "DATA_PATHS",
     "DataSettings",
     "ENCODER_FIELDS",
+    "ENCODER_RECORD",
     "ENCODER_INITS",
     "FUSION_MODES",
     "NONFINITE_MODES",
@@ -35,6 +37,7 @@ __all__ = [
     "IMAGENET_STD",
     "ModelSettings",
     "REFINE_MODES",
+    "RunSettings",
     "STAGE1_OBJECTIVES",
     "SettingsObject",
     "Stage1Settings",
@@ -81,6 +84,8 @@ REFINE_MODES: tuple[str, ...] = ("fdconv", "standard", "cbam", "fdconv_cbam")
 ARCHITECTURES: tuple[str, ...] = ("spectraflow", "unet", "unetpp")
 #: the SpectraFlow fields of :class:`ModelSettings` a baseline (``unet``, ``unetpp``) does not read (recorded as None)
 ENCODER_FIELDS: tuple[str, ...] = ("encoder_name", "encoder_kwargs", "fusion", "refine")
+#: the fields of the encoder part of :class:`ModelSettings` (the Stage-1 export's record, :meth:`ModelSettings.encoder`)
+ENCODER_RECORD: tuple[str, ...] = ("encoder_name", "encoder_kwargs", "image_size", "image_mean", "image_std")
 #: what a CT input's NaN / infinite voxels do (the Synapse bundle's ``nonfinite``)
 NONFINITE_MODES: tuple[str, ...] = ("error", "replace")
 #: the training data path: MONAI's per-sample loader, or the cache on the training device with batched augmentation
@@ -187,6 +192,31 @@ class SettingsObject:
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` (checked as when built)."""
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_bundle(cls, **fixed: Any) -> Any:
+        """The object of the bundle config that MONAI is resolving, built from its top-level values by field name
+        (:func:`~spectraflow_monai.utils.bundles.bundle_values`): each field takes the value of the top-level id of
+        the same name (command-line overrides included), a field the config does not hold keeps its default. So a
+        bundle builds the object in one line, ``model_settings: {_target_: ...ModelSettings.from_bundle}``, and adding
+        a setting is one field here plus its value line in each bundle.
+
+        Args:
+            fixed: fields the bundle fixes (e.g. the 2D bundle's ``in_channels: 3``); a top-level value of the same
+                name that differs is refused.
+
+        Raises:
+            SettingError: a fixed field given another value at the top level, or a value out of its range.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(fixed) - set(names))
+        if unknown:
+            raise SettingError(f"{cls.__name__}.from_bundle: {unknown} are not fields of {cls.__name__}.")
+        values = bundle_values(names, what=cls.__name__)
+        for name, value in fixed.items():
+            if name in values and values[name] != value:
+                raise SettingError(f"{name}: this bundle fixes it to {value!r}, got {values[name]!r}.")
+        return cls(**{**values, **fixed})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,8 +345,10 @@ class ModelSettings(SettingsObject):
         return multiple
 
     def encoder(self) -> dict[str, Any]:
-        """The settings that build the encoder alone (``encoder_stage1.json`` compares them on Stage-2's start)."""
-        return {"encoder_name": self.encoder_name, "encoder_kwargs": self.encoder_kwargs, "image_size": self.image_size}
+        """The encoder part of the record: what builds the encoder alone and normalises its input (encoder name and
+        arguments, image size, mean and std). Stage-1 writes it beside its export (``encoder_stage1.json``); Stage-2
+        compares its own with it before it starts from the export."""
+        return {name: _plain_value(getattr(self, name)) for name in ENCODER_RECORD}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +362,8 @@ class DataSettings(SettingsObject):
         val_fraction: share of the training images held out for validation when the source has no validation
             list, in [0, 1).
         data_seed: the seed of the data selection and of the run's determinism.
-        data_options: the bundle's own data settings (reader options, label map, case lists), recorded whole.
+        data_options: the bundle's own data settings (reader options; the Synapse bundle's
+            :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`), recorded whole.
         allow_empty_masks: train on masks that are all background (a warning instead of an error).
         data_path: ``monai`` (per-sample augmentation in worker processes) or ``device`` (the cache on the training
             device, batched augmentation there); the two draw different random numbers, so a run records it.
@@ -352,7 +385,8 @@ class DataSettings(SettingsObject):
         _number("data_seed", self.data_seed, -(2**63), 2**63, integer=True)
         if self.data_list_file_path is not None:
             object.__setattr__(self, "data_list_file_path", str(self.data_list_file_path))
-        object.__setattr__(self, "data_options", _plain_value(dict(self.data_options or {})))
+        options = self.data_options.to_dict() if isinstance(self.data_options, SettingsObject) else self.data_options
+        object.__setattr__(self, "data_options", _plain_value(dict(options or {})))
         _choice("data_path", self.data_path, DATA_PATHS)
         if not isinstance(self.allow_empty_masks, bool):
             raise SettingError(f"allow_empty_masks must be true or false, got {self.allow_empty_masks!r}.")
@@ -403,6 +437,83 @@ class Stage2Settings(SettingsObject):
         _number("boundary_beta_max", self.boundary_beta_max)
         _number("boundary_ramp_epochs", self.boundary_ramp_epochs, 0, integer=True)
         object.__setattr__(self, "pretrained_weights", str(self.pretrained_weights))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings(SettingsObject):
+    """How and where a run executes, as opposed to what it computes: the device, data loading, logging, resuming,
+    the folders it writes and its budgets. A run records them but a restart may change them (more epochs, another
+    device, more workers), so the run record does not compare them.
+
+    Args:
+        bundle_root: the bundle's run folder. Defaults to ``"."``.
+        device: the training device (a ``torch.device`` or its name). Defaults to ``"cpu"``.
+        num_workers: data loading processes. Defaults to 2.
+        cache_rate: share of the data cached. Defaults to 1.0.
+        cache_device: with ``data_path: device``, where the cache lives: ``auto`` | ``cpu`` | ``cuda``.
+        progress_bar: show progress bars. Defaults to True.
+        log_every: iterations between reads of the loss on the host (1: every iteration). Defaults to 1.
+        resume: continue from the newest checkpoint of the run folder (false: start over, the earlier run set
+            aside). Defaults to True.
+        resume_from: Stage-1: an explicit checkpoint to continue from. Defaults to None.
+        dataset_dir: the data's folder (the data themselves are compared by their fingerprints). Defaults to None.
+        cache_dir: where the bundle caches data derived from them (the Synapse bundle's slice cache), or None.
+        log_dir: TensorBoard and error logs. Defaults to ``"logs"``.
+        model_path: Stage-2's best model (its :class:`ModelSettings` beside it, ``model.json``).
+        stage1_encoder: the Stage-1 encoder export (Stage-2's start; its settings beside it).
+        stage1_dir, stage2_dir: each stage's resumable checkpoints and run record.
+        val_interval: epochs between validations. Defaults to 1.
+        val_batch_size: validation batch size. Defaults to 8.
+        early_stop_patience: epochs without a better validation Dice before Stage-2 stops. Defaults to 15.
+        stage2_checkpoints_kept: Stage-2 checkpoints kept while it runs. Defaults to 2.
+        stage1_epochs: Stage-1's epochs (a finished run given more trains on). Defaults to 300.
+        stage1_checkpoint_interval: epochs between Stage-1 checkpoints. Defaults to 1.
+        stage1_checkpoints_kept: Stage-1 checkpoints kept while it runs. Defaults to 2.
+        distance_backend: the boundary loss's signed distance maps: ``auto`` | ``torch`` | ``cucim`` | ``scipy`` (all
+            exact, equal within 1e-5). Defaults to ``"auto"``.
+    """
+
+    bundle_root: Any = "."
+    device: Any = "cpu"
+    num_workers: int = 2
+    cache_rate: float = 1.0
+    cache_device: str = "auto"
+    progress_bar: bool = True
+    log_every: int = 1
+    resume: Any = True
+    resume_from: Any = None
+    dataset_dir: Any = None
+    cache_dir: Any = None
+    log_dir: Any = "logs"
+    model_path: Any = os.path.join("models", "model.pt")
+    stage1_encoder: Any = os.path.join("models", "encoder_stage1.pt")
+    stage1_dir: Any = os.path.join("models", "stage1")
+    stage2_dir: Any = os.path.join("models", "stage2")
+    val_interval: int = 1
+    val_batch_size: int = 8
+    early_stop_patience: int = 15
+    stage2_checkpoints_kept: int = 2
+    stage1_epochs: int = 300
+    stage1_checkpoint_interval: int = 1
+    stage1_checkpoints_kept: int = 2
+    distance_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        _number("num_workers", self.num_workers, 0, integer=True)
+        _number("cache_rate", self.cache_rate, 0.0, 1.0)
+        object.__setattr__(self, "progress_bar", as_bool(self.progress_bar, "progress_bar"))
+        _number("log_every", self.log_every, 1, integer=True)
+        for name in ("val_interval", "val_batch_size", "stage1_epochs", "stage1_checkpoint_interval"):
+            _number(name, getattr(self, name), 1, integer=True)
+        for name in ("early_stop_patience", "stage2_checkpoints_kept", "stage1_checkpoints_kept"):
+            _number(name, getattr(self, name), 0, integer=True)
+        for name in ("bundle_root", "log_dir", "model_path", "stage1_encoder", "stage1_dir", "stage2_dir"):
+            object.__setattr__(self, name, os.fspath(getattr(self, name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON data (the device and folders by name)."""
+        return {name: value if value is None or isinstance(value, (bool, int, float)) else str(value)
+                for name, value in settings_dict(self).items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import yaml
 from monai.bundle import ConfigParser
 
 from spectraflow_monai.utils.bundles import bundle_config_files
-from spectraflow_monai.utils.settings import DataSettings, ModelSettings, Stage1Settings, Stage2Settings
+from spectraflow_monai.utils.settings import DataSettings, ModelSettings, RunSettings, Stage1Settings, Stage2Settings
 
 BUNDLES = Path(__file__).resolve().parents[2] / "bundles"
 TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"
@@ -38,8 +38,13 @@ RUNS = {
 REFERENCE = re.compile(r"@([A-Za-z_][\w#]*)")
 SETTINGS = {
     "model_settings": ModelSettings, "data_settings": DataSettings, "stage1_settings": Stage1Settings,
-    "stage2_settings": Stage2Settings,
+    "stage2_settings": Stage2Settings, "run_settings": RunSettings,
 }  # fmt: skip
+#: the settings fields a bundle has no value of (the other bundle's; their defaults, None, are recorded)
+NOT_THIS_BUNDLES = {
+    TWO_D: {"num_classes", "hu_window", "label_map", "class_names", "nonfinite", "nonfinite_value", "cache_dir"},
+    SYNAPSE: {"label_classes", "architecture", "network_kwargs"},
+}
 
 
 def _lookup(config, key: str):
@@ -95,25 +100,34 @@ def test_standalone_configs_patch_nothing(bundle, name):
 @pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
 @pytest.mark.parametrize("key, kind", list(SETTINGS.items()))
 def test_each_settings_object_takes_every_field_from_the_config(bundle, key, kind):
-    """train.yaml builds each settings object from its values, every field given (none left to a default the config
-    does not show), and the objects build from the bundle's defaults."""
-    with open(BUNDLES / bundle / "configs" / "train.yaml") as f:
-        config = yaml.safe_load(f)
-    given = set(config[key]) - {"_target_"}
+    """The configs build each settings object from their top-level values by field name (``from_bundle``, no line
+    that forwards a value), every field given a value line (none left to a default the config does not show, but the
+    other bundle's fields), and the objects build from the bundle's defaults."""
+    parser = ConfigParser()
+    parser.read_config([str(f) for f in bundle_config_files(BUNDLES / bundle, ["train.yaml", "train_stage1.yaml"])])
+    config = parser.get()
+    assert config[key]["_target_"] == f"spectraflow_monai.utils.settings.{kind.__name__}.from_bundle"
+    fixed = set(config[key]) - {"_target_"}
     fields = {f.name for f in dataclasses.fields(kind)}
-    assert given == fields, sorted(given ^ fields)
-    parser = ConfigParser(config)
-    parser.update({"encoder_kwargs": {"depth": 2}, "image_size": 28})
+    assert fields - set(config) - fixed - NOT_THIS_BUNDLES[bundle] == set()
+    parser.update({"encoder_kwargs": {"depth": 2}, "image_size": 28, "learning_rate": 0.003})
     built = parser.get_parsed_content(key)
     assert isinstance(built, kind)
+    for name in fields & set(config) - fixed:  # the top-level value, as MONAI resolves it
+        value = parser.get_parsed_content(name)
+        value = value.to_dict() if hasattr(value, "to_dict") else value
+        if not isinstance(value, (dict, list, tuple)) and name not in ("device", "dataset_dir") and "dir" not in name:
+            assert getattr(built, name) == value, name
 
 
 def test_the_stage1_and_multi_gpu_configs_are_references_only():
     """What both bundles share is Python: their Stage-1 and multi-GPU files hold references, no program."""
     for name in ("train_stage1.yaml", "multi_gpu_train.yaml"):
         texts = [(BUNDLES / b / "configs" / name).read_text() for b in (TWO_D, SYNAPSE)]
+        assert texts[0] == texts[1], name
         lines = [ln for ln in texts[0].splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-        assert len(lines) <= 30, (name, len(lines))
+        program = [ln for ln in lines if re.search(r"[@$]|_target_", ln)]  # the rest: Stage-1's value lines
+        assert len(program) <= 30, (name, len(program))
 
 
 STAGE2_VALUES = {"learning_rate": 3e-4, "weight_decay": 0.02, "boundary_beta": 0.05, "boundary_beta_max": 0.3,

@@ -170,6 +170,17 @@ class DataSource:
         if self.name == "synthetic":
             self.options = {"generate": True, **dict(synthetic_size or {}), **self.options}
 
+    @classmethod
+    def from_settings(cls, data: Any, model: Any, run: Any, synthetic_size: dict | None = None) -> DataSource:
+        """The source of a run's settings objects: ``data`` (a :class:`~spectraflow_monai.utils.settings.
+        DataSettings`: the source, selection and its ``data_options["datalist_kwargs"]``), ``model`` (its
+        ``label_classes``) and ``run`` (its ``dataset_dir``)."""
+        return cls(
+            data.dataset, run.dataset_dir, data.data_list_file_path, fraction=data.data_fraction, seed=data.data_seed,
+            val_fraction=data.val_fraction, label_classes=model.label_classes, synthetic_size=synthetic_size,
+            options=dict(data.data_options or {}).get("datalist_kwargs"),
+        )  # fmt: skip
+
     def datalist(self, split: str) -> list[dict]:
         """The entries of ``split`` (``"train"``, ``"val"``, ``"test"`` or ``"all"``); see :func:`build_datalist`."""
         fraction = self.fraction if split == "train" else 1.0

@@ -39,7 +39,7 @@ from spectraflow_monai._lazy import lazy_exports
 _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".source": ("SynapseDataSource", "check_test_volumes"),
     ".settings": (
-        "LAYOUTS", "SynapseDataSettings", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
+        "LAYOUTS", "SynapseDataOptions", "SynapseDataSettings", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
         "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
         "slice_nonfinite_value", "volume_spacing",
     ),
@@ -69,7 +69,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "decathlon_synapse_datalist", "synapse_inference_datalist", "volume_input_check",
     ),
     ".bundle": (
-        "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_synapse_settings", "prediction_writer", "volume_loading",
+        "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_bundle_settings", "check_synapse_settings", "prediction_writer", "volume_loading",
         "volume_metrics_handler", "volume_postprocessing",
     ),
 }

@@ -4,7 +4,7 @@ SpectraFlow (Chen et al.) reports its 3D experiment on Synapse multi-organ CT wi
 (:mod:`spectraflow_monai.apps.synapse`: split, label map, readers, slice cache). :func:`build_synapse_datalist` is
 what the ``spectraflow_synapse_segmentation`` bundle calls: the BTCV / TransUNet layouts and the synthetic phantom
 as presets, or a user's Decathlon datalist JSON (:mod:`spectraflow_monai.apps.synapse.datalist`), all giving the same
-datalist contract. :func:`check_synapse_settings` runs first in the bundle's ``initialize``.
+datalist contract. :func:`check_synapse_settings` runs first in the bundle's ``run``.
 
 Layering (no import circle): protocol, readers and cache (``synapse``) <- own-data datalists (``synapse_datalist``)
 <- these entry points.
@@ -12,6 +12,7 @@ Layering (no import circle): protocol, readers and cache (``synapse``) <- own-da
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -50,6 +51,7 @@ from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
 from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args
 from spectraflow_monai.transforms.label import SaveLabelValuesd
+from spectraflow_monai.utils.bundles import bundle_values
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import check_image_size
 
@@ -57,6 +59,7 @@ __all__ = [
     "VolumeSlices",
     "build_synapse_datalist",
     "synapse_split",
+    "check_bundle_settings",
     "check_synapse_settings",
     "prediction_writer",
     "volume_loading",
@@ -80,8 +83,8 @@ def check_synapse_settings(
 ) -> dict[str, Any]:
     """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
 
-    The bundle's configs call it first in their ``initialize`` list, so that a wrong value stops the run before the
-    phantom, the slice cache or the network is built. Settings left at None are not checked.
+    The bundle's configs call it first in their ``run`` (:func:`check_bundle_settings` reads the arguments from the
+    config by name), so that a wrong value stops the run before the phantom, the slice cache or the network is built. Settings left at None are not checked.
 
     Args:
         image_size: the network's input side: a positive int multiple of 14 (the DINOv2 patch size), e.g. 224.
@@ -132,6 +135,15 @@ def check_synapse_settings(
 
         out.update(check_own_data_settings(num_classes=num_classes, **data_source))
     return out
+
+
+def check_bundle_settings() -> dict[str, Any]:
+    """:func:`check_synapse_settings` of the bundle config that MONAI is resolving, each argument the top-level value
+    of the same name (:func:`~spectraflow_monai.utils.bundles.bundle_values`): the bundle's ``check_settings``."""
+    names = [*inspect.signature(check_synapse_settings).parameters]
+    names += inspect.signature(check_own_data_settings).parameters
+    names = [name for name in names if name != "data_source"]
+    return check_synapse_settings(**bundle_values(names, "check_synapse_settings"))
 
 
 def _cases_on_disk(root: Path, split: str) -> list[str]:

@@ -24,9 +24,11 @@ from spectraflow_monai.data.label_map import (
 from spectraflow_monai.data.subsets import check_val_fraction
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.settings import SettingsObject
 
 __all__ = [
     "LAYOUTS",
+    "SynapseDataOptions",
     "SynapseDataSettings",
     "check_datalist_base",
     "check_own_data_settings",
@@ -103,6 +105,33 @@ class SynapseDataSettings:
     def replace(self, **changes: Any) -> SynapseDataSettings:
         """A copy with ``changes``."""
         return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class SynapseDataOptions(SettingsObject):
+    """The Synapse bundle's own data settings, the ``data_options`` of its run's
+    :class:`~spectraflow_monai.utils.settings.DataSettings` (recorded whole; a restart with other values stops):
+    which cases train and validate, how the labels map to classes, the CT window and the non-finite rule. The bundle
+    builds it from its top-level values by field name (``data_options: {_target_: ...SynapseDataOptions.from_bundle}``);
+    the values are checked before (:func:`~spectraflow_monai.apps.synapse.check_synapse_settings`).
+
+    Args:
+        label_map: ``{source label value: class}`` (None: the BTCV map of the presets, the identity for a JSON).
+        unmapped_labels: ``"error"`` | ``"background"`` for label values the map does not list.
+        train_cases, val_cases: the training cases and those held out of them for validation (None: the preset's).
+        val_split: where validation cases come from: ``"val"`` (held-out training cases) | ``"test"``.
+        hu_window: the CT window ``[a_min, a_max]`` in HU.
+        nonfinite, nonfinite_value: the rule for NaN / infinite voxels and its replacement.
+    """
+
+    label_map: Any = None
+    unmapped_labels: str = "error"
+    train_cases: Any = None
+    val_cases: Any = None
+    val_split: str = "val"
+    hu_window: Any = (-125.0, 275.0)
+    nonfinite: str = "error"
+    nonfinite_value: Any = None
 
 
 #: the bundle's default validation cases (:func:`default_val_cases`): TransUNet training cases held out of training

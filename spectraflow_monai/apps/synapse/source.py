@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spectraflow_monai.apps.synapse.bundle import synapse_split
+from spectraflow_monai.apps.synapse.cache import slice_cache_dir
 from spectraflow_monai.apps.synapse.readers import check_synapse_h5, is_h5
 from spectraflow_monai.apps.synapse.settings import SynapseDataSettings
 from spectraflow_monai.utils.errors import DataError
@@ -86,6 +87,25 @@ class SynapseDataSource:
             nonfinite_value=nonfinite_value,
             progress=progress,
         )
+
+    @classmethod
+    def from_settings(cls, data: Any, model: Any, run: Any, synthetic_size: Mapping[str, Any] | None = None) -> Any:
+        """The source of a run's settings objects: ``data`` (a :class:`~spectraflow_monai.utils.settings.
+        DataSettings`: the source, selection and its :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`),
+        ``model`` (image size, CT window, label map, classes, the non-finite rule) and ``run`` (``dataset_dir``, the
+        slice ``cache_dir``: None for :func:`~spectraflow_monai.apps.synapse.slice_cache_dir` under ``bundle_root``,
+        ``progress_bar``)."""
+        options = dict(data.data_options or {})
+        cache_dir = run.cache_dir
+        if cache_dir is None:
+            cache_dir = slice_cache_dir(run.bundle_root, data.dataset, model.image_size, data.data_list_file_path)
+        return cls(
+            data.dataset, run.dataset_dir, cache_dir, model.image_size, hu_window=model.hu_window,
+            data_list_file_path=data.data_list_file_path, label_map=model.label_map, num_classes=model.num_classes,
+            unmapped_labels=options.get("unmapped_labels", "error"), val_fraction=data.val_fraction,
+            data_fraction=data.data_fraction, data_seed=data.data_seed, synthetic_size=synthetic_size,
+            progress=run.progress_bar, nonfinite=model.nonfinite, nonfinite_value=model.nonfinite_value,
+        )  # fmt: skip
 
     def datalist(
         self,
