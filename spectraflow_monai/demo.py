@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
         default="auto",
         choices=PRECISION_SETTINGS,
         help="numeric precision of every stage: auto (bf16 where the CPU/GPU supports it, fp16 + grad scaler on "
-        "older GPUs, else fp32; default), bf16, fp16 (CUDA only) or fp32",
+        "older GPUs, else fp32; default), bf16, fp16 (CUDA only) or fp32; resolved once, every stage runs with "
+        "the resolved value",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")

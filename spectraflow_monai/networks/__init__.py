@@ -4,7 +4,6 @@ the reading of encoder checkpoints (``weights``) and deployment exports (``expor
 from .blocks import DirectAttentionalFusion, FDConv2d, RefinementBlock, SpectraFlowDecoder
 from .encoders import DINOv2Encoder, EncoderFeatures
 from .nets import MeanFlowHead, SpectraFlowNet, UNetPlusPlus
-from . import weights
 
 __all__: list[str] = [
     "DINOv2Encoder",

@@ -535,7 +535,8 @@ def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
     write_model_settings(model, ModelSettings(encoder_kwargs={"depth": 2}, image_size=28, num_classes=3, **own))
     taken = app._trainers[NAME_3D].recorded_settings(str(model))
     assert {k: taken[k] for k in own} == {
-        "hu_window": [-200.0, 300.0], "label_map": {0: 0, 1: 1, 6: 2}, "nonfinite": "replace", "nonfinite_value": -1000.0
+        "hu_window": [-200.0, 300.0], "label_map": {0: 0, 1: 1, 6: 2}, "nonfinite": "replace",
+        "nonfinite_value": -1000.0,
     }  # fmt: skip
     assert taken["image_size"] == 28 and taken["encoder_kwargs"] == {"depth": 2}
     assert "architecture" not in taken  # not a setting of this bundle

@@ -34,6 +34,7 @@ __all__ = ["EncoderFeatures", "DINOv2Encoder", "interpolate_official_pos_embed"]
 
 logger = logging.getLogger(__name__)
 
+
 class EncoderFeatures(NamedTuple):
     """Features returned by :class:`DINOv2Encoder`.
 
@@ -217,8 +218,9 @@ class DINOv2Encoder(nn.Module):
         """
         weights.load_dinov2_state_dict(self.vit, path, self._weights_target())
 
-    def _weights_target(self) -> str:
-        return f"{self.model_name} (depth {self.depth}, embed_dim {self.embed_dim})"
+    def _weights_target(self, note: str = "") -> str:
+        """This encoder as error messages about its weights name it."""
+        return f"{self.model_name} (depth {self.depth}, embed_dim {self.embed_dim}{note})"
 
     def load_pretrained(self, source: Any, label: str | None = None) -> str | None:
         """Put the weights named by ``source`` into this encoder, logged as ``encoder weights: <label> (<where>)``.
@@ -256,9 +258,8 @@ class DINOv2Encoder(nn.Module):
                 )
             return None
         if source == "timm":
-            location, count = weights.load_timm_weights(
-                self.vit, self.model_name, f"{self._weights_target()[:-1]}; check encoder_kwargs)"
-            )
+            target = self._weights_target("; check encoder_kwargs")
+            location, count = weights.load_timm_weights(self.vit, self.model_name, target)
             logger.info(f"encoder weights: {label} ({location}): {count} tensors loaded into {self.model_name}")
             return source
         file = Path(source).expanduser()
