@@ -57,9 +57,10 @@ def run_demo(
         threads: torch CPU threads (``None`` keeps torch's default).
         seed: seed of data generation and training. Defaults to 0.
         encoder_kwargs: extra ``timm.create_model`` arguments of the encoder (e.g. ``{"depth": 2}`` for a quick check).
-        precision: the bundle setting ``precision`` of every stage: ``"auto"`` (bfloat16 on a CPU with native
-            bfloat16 and on a GPU that supports it, float16 with a gradient scaler on an older GPU, else float32),
-            ``"bf16"``, ``"fp16"`` (CUDA only) or ``"fp32"``. Defaults to ``"auto"``.
+        precision: the numeric precision of every stage: ``"auto"`` (bfloat16 on a CPU with native bfloat16 and on a
+            GPU that supports it, float16 with a gradient scaler on an older GPU, else float32), ``"bf16"``,
+            ``"fp16"`` (CUDA only) or ``"fp32"``. Resolved once, before any work; every stage runs with the resolved
+            value as its bundle setting ``precision``. Defaults to ``"auto"``.
 
     Returns:
         ``{"summary": <metric summary dict>, "report": <report.md path>, "times": {...},
@@ -78,7 +79,8 @@ def run_demo(
     from spectraflow_monai.networks.weights import normalize_weights_source
 
     weights = normalize_weights_source(pretrained_weights)
-    # the bundles' `device`: the first GPU when there is one; checked and logged before any work
+    # the bundles' `device`: the first GPU when there is one; checked and logged before any work, and resolved here
+    # once: every run gets the resolved precision (bf16 / fp16 / fp32), never "auto" to resolve again
     resolved = resolve_precision(precision, "cuda:0" if torch.cuda.is_available() else "cpu", log=False)
     logger.info(f"demo: precision: {resolved}")
     print(f"=== Precision: {resolved}", flush=True)
@@ -109,7 +111,7 @@ def run_demo(
         "encoder_kwargs": encoder_kwargs,
         "pretrained_weights": "none" if weights is None else weights,  # explicit, never the bundle's default
         "resume": False,  # a rerun starts over (the bundles keep earlier checkpoints aside as *.bak-<time>)
-        "precision": resolved.setting,
+        "precision": resolved.name,
     }
     for stale in (root / "models" / "model.pt", root / "models" / "encoder_stage1.pt"):
         if stale.exists():
@@ -184,7 +186,8 @@ def main(argv: list[str] | None = None, prog: str = "spectraflow demo") -> int:
         default="auto",
         choices=PRECISION_SETTINGS,
         help="numeric precision of every stage: auto (bf16 where the CPU/GPU supports it, fp16 + grad scaler on "
-        "older GPUs, else fp32; default), bf16, fp16 (CUDA only) or fp32",
+        "older GPUs, else fp32; default), bf16, fp16 (CUDA only) or fp32; resolved once, every stage runs with "
+        "the resolved value",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")

@@ -57,3 +57,25 @@ def test_demo_precision_option(monkeypatch, tmp_path, caplog):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="precision='fp16' needs a CUDA device"):
             run_demo(output=tmp_path / "x", precision="fp16")  # checked before any work
+
+
+def test_demo_resolves_the_precision_once(monkeypatch, tmp_path):
+    """``auto`` is resolved by the demo, and every run gets the result: no run resolves ``auto`` again."""
+    from spectraflow_monai import demo
+    from spectraflow_monai.utils import resolve_precision
+
+    calls = []
+
+    def record(bundle, configs, overrides, title):
+        calls.append(dict(overrides))
+        if "evaluate.yaml" in configs:
+            raise KeyboardInterrupt  # the last run: every run's settings are known
+        return 0.0
+
+    monkeypatch.setattr(demo, "run_bundle_configs", record)
+    with pytest.raises(KeyboardInterrupt):
+        run_demo(output=tmp_path / "demo", num_train=2, num_val=1, image_size=28, precision="auto")
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    decided = resolve_precision("auto", device, log=False).name
+    assert [c["precision"] for c in calls] == [decided] * 3  # Stage-1, Stage-2, evaluation
+    assert resolve_precision(decided, device, log=False).name == decided  # what each run resolves it to

@@ -1,5 +1,5 @@
 """Where a bundle run's encoder starts: the ``encoder_init`` and ``pretrained_weights`` settings resolved and the
-weights loaded (:func:`spectraflow_monai.networks.weights.load_encoder_weights`), once, in the run's steps before any
+weights loaded (the encoder's ``load_pretrained``), once, in the run's steps before any
 training, so that a missing Stage-1 export, a missing file or an unreachable hub stops a run before it trains.
 
 - ``pretrained_weights``, where Stage-1 (and a Stage-2 run without Stage-1) starts: ``"timm"``, a local DINOv2
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from spectraflow_monai.networks import weights
+from spectraflow_monai.networks import DINOv2Encoder, SpectraFlowNet
 from spectraflow_monai.networks.weights import normalize_weights_source
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.run_record import check_model_settings
@@ -124,7 +124,9 @@ def initialize_encoder(
         the source loaded: ``"timm"``, a file path, or ``None`` (random initialisation).
 
     Raises:
-        SettingError: see :func:`resolve_encoder_init` and :func:`load_encoder_weights`.
+        SettingError: see :func:`resolve_encoder_init` and
+            :meth:`~spectraflow_monai.networks.DINOv2Encoder.load_pretrained`.
+        ValueError: ``network`` is neither a SpectraFlowNet nor a DINOv2Encoder.
     """
     choice = resolve_encoder_start(encoder_init, stage1_export)
     source = resolve_encoder_init(choice, stage1_export, pretrained_weights)
@@ -141,4 +143,8 @@ def initialize_encoder(
         label = "random (encoder_init)"
     else:
         label = f"pretrained_weights={'none' if source is None else source if source == 'timm' else 'file'}"
-    return weights.load_encoder_weights(network, source, label=label)  # looked up at call time (tests replace it)
+    while isinstance(network, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        network = network.module
+    if not isinstance(network, (DINOv2Encoder, SpectraFlowNet)):
+        raise ValueError(f"expected a DINOv2Encoder or a network with one as .encoder, got {type(network).__name__}.")
+    return network.load_pretrained(source, label=label)

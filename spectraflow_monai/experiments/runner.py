@@ -111,7 +111,7 @@ def resolve_encoder_weights(common: Mapping[str, Any], bundle: str | os.PathLike
             names the setting and the ways forward.
     """
     from spectraflow_monai.networks import DINOv2Encoder
-    from spectraflow_monai.networks.weights import load_encoder_weights, normalize_weights_source
+    from spectraflow_monai.networks.weights import normalize_weights_source
 
     bundle = Path(bundle) if bundle is not None else bundle_path("spectraflow_2d_segmentation")
     parser = bundle_parser(bundle, ["train.yaml"], dict(common))
@@ -127,7 +127,7 @@ def resolve_encoder_weights(common: Mapping[str, Any], bundle: str | os.PathLike
     try:
         encoder = DINOv2Encoder(name, img_size=parser.get_parsed_content("image_size"),
                                 model_kwargs=parser.get_parsed_content("encoder_kwargs"))  # fmt: skip
-        load_encoder_weights(encoder, source)
+        encoder.load_pretrained(source)
     except (ValueError, OSError) as exc:  # SettingError (the hub), FileNotFoundError, a file that does not fit
         raise _weights_error(value, name, exc) from exc
     return {**common, "pretrained_weights": source}

@@ -1,17 +1,15 @@
 """Networks of SpectraFlow: the DINOv2 encoder, the DAF/FDConv decoder blocks, the full segmentation network and
-the loading of encoder weights (``weights``) and deployment exports (``export``)."""
+the reading of encoder checkpoints (``weights``) and deployment exports (``export``)."""
 
 from .blocks import DirectAttentionalFusion, FDConv2d, RefinementBlock, SpectraFlowDecoder
 from .encoders import DINOv2Encoder, EncoderFeatures
 from .nets import MeanFlowHead, SpectraFlowNet, UNetPlusPlus
-from .weights import load_encoder_weights
 
 __all__: list[str] = [
     "DINOv2Encoder",
     "DirectAttentionalFusion",
     "EncoderFeatures",
     "FDConv2d",
-    "load_encoder_weights",
     "MeanFlowHead",
     "RefinementBlock",
     "SpectraFlowDecoder",

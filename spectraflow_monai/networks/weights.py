@@ -1,17 +1,17 @@
-"""Encoder weights: the one place where weights are put into a SpectraFlow encoder.
+"""Encoder weights: DINOv2 checkpoints read and converted into a timm ``VisionTransformer``.
 
 The networks (:class:`~spectraflow_monai.networks.DINOv2Encoder`, :class:`~spectraflow_monai.networks.SpectraFlowNet`)
-build the architecture only. :func:`load_encoder_weights` puts the weights of one explicit, logged source into an
-encoder (``encoder weights: <source> (<file>)``): ``"timm"`` (the DINOv2 weights of the paper, downloaded through
-timm's Hugging Face hub copy), a local DINOv2 checkpoint file (official facebookresearch keys with their position
-grid resized as the official code does, or timm keys, or a Stage-1 export), or ``None`` (random initialisation).
-Which source a bundle run starts from is decided above this module
-(:func:`spectraflow_monai.apps.encoder_init.initialize_encoder`).
+build the architecture only; the encoder asks for its weights with
+:meth:`~spectraflow_monai.networks.DINOv2Encoder.load_pretrained` (``encoder weights: <source> (<file>)``), which
+reads them with this module: :func:`load_timm_weights` (``"timm"``: the DINOv2 weights of the paper, downloaded
+through timm's Hugging Face hub copy) or :func:`load_dinov2_state_dict` (a local DINOv2 checkpoint file: official
+facebookresearch keys with their position grid resized as the official code does, or timm keys, or a Stage-1
+export). This module knows checkpoints and timm's ``VisionTransformer``, not the encoder. Which source a bundle run
+starts from is decided above it (:func:`spectraflow_monai.apps.encoder_init.initialize_encoder`).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Mapping
@@ -28,11 +28,9 @@ __all__ = [
     "HUB_PROBE_TIMEOUT",
     "interpolate_official_pos_embed",
     "load_dinov2_state_dict",
-    "load_encoder_weights",
+    "load_timm_weights",
     "normalize_weights_source",
 ]
-
-logger = logging.getLogger(__name__)
 
 # what a command line gives for "no weights" (``--pretrained_weights none`` / ``null``)
 _NO_WEIGHTS = ("", "none", "null")
@@ -68,37 +66,11 @@ def normalize_weights_source(source: Any, name: str = "pretrained_weights") -> s
     return source
 
 
-def _is_encoder(module: Any) -> bool:
-    """A :class:`~spectraflow_monai.networks.DINOv2Encoder` (or any encoder with its weight-loading contract).
-
-    Checked by its contract rather than its class, so that this module does not import the encoder module (which
-    calls :func:`load_encoder_weights` for its ``pretrained`` argument): no import circle.
-    """
-    return isinstance(module, nn.Module) and callable(getattr(module, "load_weights", None)) and hasattr(
-        module, "trainable_blocks"
-    )
-
-
-def _find_encoder(module: nn.Module) -> nn.Module:
-    """The DINOv2 encoder inside ``module`` (itself, ``module.encoder``, through DDP/DataParallel wrappers)."""
-    while isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        module = module.module
-    if _is_encoder(module):
-        return module
-    encoder = getattr(module, "encoder", None)
-    if _is_encoder(encoder):
-        return encoder
-    raise ValueError(f"expected a DINOv2Encoder or a network with one as .encoder, got {type(module).__name__}.")
-
-
 def _format_keys(keys: list[str]) -> str:
     shown = ", ".join(repr(k) for k in keys[:_MAX_LISTED_KEYS])
     if len(keys) > _MAX_LISTED_KEYS:
         shown += f", ... ({len(keys) - _MAX_LISTED_KEYS} more)"
     return shown
-
-
-
 
 
 def _load_strict(vit: nn.Module, state: Mapping[str, torch.Tensor], where: str, what: str) -> None:
@@ -165,7 +137,7 @@ def interpolate_official_pos_embed(
     return torch.cat([pos_embed[:, :1].float(), patch], dim=1).to(pos_embed.dtype)
 
 
-def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = "the encoder") -> None:
+def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = "the encoder") -> int:
     """Load a DINOv2 weight file (official facebookresearch or timm layout) into the timm ``VisionTransformer`` ``vit``.
 
     See :meth:`spectraflow_monai.networks.encoders.DINOv2Encoder.load_weights` for the accepted layouts.
@@ -174,6 +146,9 @@ def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = 
         vit: the timm vision transformer to load into (strict: every key, every shape).
         path: the weight file, read with ``torch.load(..., weights_only=True)``.
         what: the model named in error messages.
+
+    Returns:
+        the number of tensors loaded.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -225,6 +200,7 @@ def load_dinov2_state_dict(vit: nn.Module, path: str | os.PathLike, what: str = 
         ) from exc
 
     _load_strict(vit, state, f"encoder weight file '{file}'", what)
+    return len(state)
 
 
 def _offline_message(model_name: str, location: str, cfg: Mapping[str, Any], exc: BaseException) -> str:
@@ -306,68 +282,25 @@ def _download_timm_state_dict(vit: nn.Module, model_name: str) -> tuple[dict[str
     return dict(state), location
 
 
-def _load_timm_weights(encoder: nn.Module) -> tuple[str, int]:
-    """Download timm's weights for ``encoder`` and load them strictly (timm's ``checkpoint_filter_fn`` mapping)."""
-    from timm.models.vision_transformer import checkpoint_filter_fn
-
-    vit = encoder.vit
-    state, location = _download_timm_state_dict(vit, encoder.model_name)
-    state = {k: v for k, v in checkpoint_filter_fn(state, vit).items() if not k.startswith("head.")}
-    what = f"{encoder.model_name} (depth {encoder.depth}, embed_dim {encoder.embed_dim}; check encoder_kwargs)"
-    _load_strict(vit, state, f"timm's weights of {encoder.model_name} ({location})", what)
-    return location, len(state)
-
-
-def _has_frozen_parameters(encoder: nn.Module) -> bool:
-    return any(not p.requires_grad for p in encoder.parameters())
-
-
-def load_encoder_weights(encoder: nn.Module, source: Any, label: str | None = None) -> str | None:
-    """Put the weights named by ``source`` into ``encoder``; the one place where encoder weights are loaded.
+def load_timm_weights(vit: nn.Module, model_name: str, what: str | None = None) -> tuple[str, int]:
+    """Download timm's DINOv2 weights of ``model_name`` and load them into the timm ``VisionTransformer`` ``vit``
+    (timm's ``checkpoint_filter_fn`` mapping, classifier head dropped, strict: every key, every shape).
 
     Args:
-        encoder: a :class:`~spectraflow_monai.networks.DINOv2Encoder`, or a network holding one as ``.encoder``
-            (:class:`~spectraflow_monai.networks.SpectraFlowNet`, also inside DistributedDataParallel).
-        source: ``"timm"`` (timm's hub copy of the DINOv2 weights, mapped by timm's ``checkpoint_filter_fn``); a
-            local file, read with ``torch.load(..., weights_only=True)`` by
-            :meth:`~spectraflow_monai.networks.DINOv2Encoder.load_weights` (official facebookresearch DINOv2
-            checkpoint, timm state dict, or this package's Stage-1 export); or ``None`` / ``"none"`` for the random
-            initialisation the encoder was built with. When the weights are random and some encoder parameters are
-            frozen, a prominent warning says that those frozen blocks are random features.
-        label: the name logged for the source (e.g. ``"stage1"``). Defaults to ``source`` itself.
+        vit: the timm vision transformer to load into; its ``pretrained_cfg`` says where the weights are.
+        model_name: the timm model name, for the messages.
+        what: the model named in error messages. Defaults to ``model_name``.
 
     Returns:
-        the normalised source: ``"timm"``, the file path, or ``None``.
+        where the weights came from (``"hf-hub <id>"`` or ``"url <url>"``) and the number of tensors loaded.
 
     Raises:
-        SettingError: ``source`` is not a string/path, or ``"timm"`` and the download failed (the message says how to
-            pass a local file or opt into ``none``).
-        FileNotFoundError: the file does not exist.
-        ValueError: the file or the downloaded weights do not fit the encoder.
+        SettingError: the download failed (the message says how to pass a local file or opt into ``none``), or the
+            weights do not fit the model.
     """
-    encoder = _find_encoder(encoder)
-    source = normalize_weights_source(source)
-    label = label or ("none" if source is None else source if source == "timm" else "file")
-    if source is None:
-        logger.info(f"encoder weights: {label} (random initialisation, {encoder.model_name})")
-        if _has_frozen_parameters(encoder):
-            bar = "!" * 100
-            logger.warning(
-                f"\n{bar}\n!! RANDOM ENCODER WEIGHTS WITH FROZEN BLOCKS (encoder weights: {label}, trainable_blocks="
-                f"{encoder.trainable_blocks!r}).\n!! The frozen blocks of {encoder.model_name} stay random features "
-                "for the whole run: results are not comparable with the paper.\n!! Give DINOv2 weights "
-                "(pretrained_weights timm or a local file) or train every block (trainable_blocks all).\n"
-                f"{bar}"
-            )
-        return None
-    if source == "timm":
-        location, count = _load_timm_weights(encoder)
-        logger.info(f"encoder weights: {label} ({location}): {count} tensors loaded into {encoder.model_name}")
-        return source
-    file = Path(source).expanduser()
-    encoder.load_weights(file)
-    count = len(encoder.vit.state_dict())
-    logger.info(f"encoder weights: {label} ({file}): {count} tensors loaded into {encoder.model_name}")
-    return source
+    from timm.models.vision_transformer import checkpoint_filter_fn
 
-
+    state, location = _download_timm_state_dict(vit, model_name)
+    state = {k: v for k, v in checkpoint_filter_fn(state, vit).items() if not k.startswith("head.")}
+    _load_strict(vit, state, f"timm's weights of {model_name} ({location})", what or model_name)
+    return location, len(state)

@@ -94,7 +94,7 @@ def assert_evaluation_skips_encoder_weights(train_config: str, evaluate_config: 
     with the same settings loads them in its ``initialize`` step."""
     from unittest import mock
 
-    from spectraflow_monai.networks import weights as utils
+    from spectraflow_monai.networks import DINOv2Encoder
 
     models = root / "models"
     models.mkdir(parents=True, exist_ok=True)
@@ -107,8 +107,8 @@ def assert_evaluation_skips_encoder_weights(train_config: str, evaluate_config: 
     for encoder_init, weights, expected in cases:
         settings = {**common, "encoder_init": encoder_init, "pretrained_weights": weights}
         loads: list = []
-        record = mock.Mock(side_effect=lambda net, source, **kw: loads.append(source))
-        with mock.patch.object(utils, "load_encoder_weights", record):
+        record = lambda encoder, source, label=None: loads.append(source)  # noqa: E731
+        with mock.patch.object(DINOv2Encoder, "load_pretrained", record):
             _run_initialize(parse_config(train_config, **settings))
             assert loads == [expected], (settings, loads)  # training: once, from the chosen source
             loads.clear()

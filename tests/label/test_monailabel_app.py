@@ -518,11 +518,63 @@ def test_fine_tune_synapse_from_datastore_volumes(tmp_path):
             nib.save(nib.Nifti1Image(label, AFFINE), str(studies / "labels" / "final" / f"ct{i}.nii.gz"))
 
     app, bundles = _fine_tune(tmp_path, NAME_3D, pairs)
-    # the volumes were sliced once into the bundle's cache (one file per axial slice)
-    cache = _served(bundles, NAME_3D) / "cache" / f"monailabel_{SIZE[NAME_3D]['image_size']}"
+    # the volumes were sliced once into the bundle's cache (one file per axial slice) by the bundle's own
+    # volume_slices (VolumeSlices), as for MONAI Label's stock bundle trainer: no cache of the app's own
+    cache = _served(bundles, NAME_3D) / "cache"
+    assert sorted(p.name for p in cache.iterdir()) == [f"synthetic_{SIZE[NAME_3D]['image_size']}_volumes"]
     assert len(list(cache.rglob("*.npz"))) == 3 * VOLUME_SHAPE[2]
     result = app.infer({"model": NAME_3D, "image": "ct0", "device": "cpu"})
     assert nib.load(result["file"]).shape == VOLUME_SHAPE
+    # fine-tuning a served model takes its recorded CT window, label map and non-finite rule as bundle settings
+    from spectraflow_monai.utils.run_record import write_model_settings
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    model = tmp_path / "other" / "model.pt"
+    model.parent.mkdir()
+    own = {"hu_window": (-200, 300), "label_map": {0: 0, 1: 1, 6: 2}, "nonfinite": "replace", "nonfinite_value": -1000}
+    write_model_settings(model, ModelSettings(encoder_kwargs={"depth": 2}, image_size=28, num_classes=3, **own))
+    taken = app._trainers[NAME_3D].recorded_settings(str(model))
+    assert {k: taken[k] for k in own} == {
+        "hu_window": [-200.0, 300.0], "label_map": {0: 0, 1: 1, 6: 2}, "nonfinite": "replace",
+        "nonfinite_value": -1000.0,
+    }  # fmt: skip
+    assert taken["image_size"] == 28 and taken["encoder_kwargs"] == {"depth": 2}
+    assert "architecture" not in taken  # not a setting of this bundle
+
+
+def test_fine_tuning_takes_the_served_models_preprocessing(tmp_path):
+    """A served model trained with its own normalisation is fine-tuned with it, not with train.yaml's: a server
+    restarted without the override trains the served model with the recorded image_mean / image_std (the new
+    model.json carries them, the log names them); starting from the bundle's initial weights takes train.yaml's."""
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    _write_2d_pairs(studies, 4)
+    own = {"image_mean": [0.5, 0.4, 0.3], "image_std": [0.2, 0.3, 0.25]}
+    request = {"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.5}
+    conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN, **own}), "pretrained_weights": "none"}
+    _app(bundles, studies, models=NAME_2D, encoder_init="pretrained", **conf).train(dict(request))
+    record = _served(bundles, NAME_2D) / "models" / "model.json"
+    assert {k: json.loads(record.read_text())["model"][k] for k in own} == own
+    # the server again, with train.yaml's normalisation
+    conf = {f"overrides.{NAME_2D}": json.dumps({**SIZE[NAME_2D], **TRAIN}), "pretrained_weights": "none"}
+    app = _app(bundles, studies, models=NAME_2D, encoder_init="pretrained", **conf)
+    lines = _Lines()
+    log = logging.getLogger(type(app._trainers[NAME_2D]).__module__)
+    log.addHandler(lines)
+    log.setLevel(logging.INFO)
+    try:
+        app.train(dict(request))
+        fine_tuned = json.loads(record.read_text())["model"]
+        app.train({**request, "pretrained": False})
+        initial = json.loads(record.read_text())["model"]
+    finally:
+        log.removeHandler(lines)
+    assert {k: fine_tuned[k] for k in own} == own
+    text = "\n".join(lines.lines)
+    assert "fine-tuning from models/model.pt with its recorded settings (model.json): " in text
+    assert "image_mean [0.5, 0.4, 0.3], image_std [0.2, 0.3, 0.25]" in text
+    assert initial["image_mean"] == [0.485, 0.456, 0.406] and initial["image_std"] == [0.229, 0.224, 0.225]
 
 
 def test_train_2d_multi_class_from_own_label_maps(tmp_path):

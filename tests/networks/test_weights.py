@@ -19,13 +19,12 @@ from spectraflow_monai.handlers import save_encoder_export
 from spectraflow_monai.networks import DINOv2Encoder, SpectraFlowNet
 from spectraflow_monai.networks import weights
 from spectraflow_monai.apps.encoder_init import initialize_encoder, resolve_encoder_init, resolve_encoder_start
-from spectraflow_monai.networks.weights import load_encoder_weights
 from spectraflow_monai.utils import SettingError
 from tests.networks.encoders.test_dinov2 import _official_layout, _timm_model
 
 NAME = "vit_small_patch14_dinov2"
 KW = {"img_size": 28, "model_kwargs": {"depth": 2}}
-LOGGER = "spectraflow_monai.networks.weights"
+LOGGER = "spectraflow_monai.networks.encoders.dinov2"
 WARNING = "RANDOM ENCODER WEIGHTS WITH FROZEN BLOCKS"
 
 
@@ -79,7 +78,7 @@ def test_timm_layout_file(tmp_path, caplog):
     torch.save(src.state_dict(), path)
     encoder = DINOv2Encoder(NAME, trainable_blocks=1, **KW)
     caplog.set_level(logging.INFO, logger=LOGGER)
-    assert load_encoder_weights(encoder, path) == str(path)
+    assert encoder.load_pretrained(path) == str(path)
     _assert_holds(encoder, src)
     (line,) = _messages(caplog)
     assert line == f"encoder weights: file ({path}): {len(src.state_dict())} tensors loaded into {NAME}"
@@ -188,7 +187,7 @@ def test_timm_hub_weights_are_loaded_when_reachable(monkeypatch, caplog):
     monkeypatch.setattr(timm.models, "load_state_dict_from_hf", download)
     encoder = DINOv2Encoder(NAME, trainable_blocks=1, **KW)
     caplog.set_level(logging.INFO, logger=LOGGER)
-    assert load_encoder_weights(encoder, "timm") == "timm"
+    assert encoder.load_pretrained("timm") == "timm"
     assert calls == [("timm/vit_small_patch14_dinov2.lvd142m", True)]
     _assert_holds(encoder, hub)
     assert encoder.vit.pos_embed.shape == (1, 1 + 2 * 2, 384)
@@ -268,21 +267,55 @@ def test_networks_build_the_architecture_only(monkeypatch):
     create = timm.create_model
     flags = []
     monkeypatch.setattr(timm, "create_model", lambda *a, **k: flags.append(k["pretrained"]) or create(*a, **k))
-    monkeypatch.setattr(weights, "load_encoder_weights", lambda *a, **k: pytest.fail("weights were loaded"))
+    monkeypatch.setattr(DINOv2Encoder, "load_pretrained", lambda *a, **k: pytest.fail("weights were loaded"))
     _net()
     DINOv2Encoder(NAME, **KW)
     assert flags == [False, False]
 
 
 def test_constructor_argument_goes_through_the_loader(monkeypatch, tmp_path):
-    # pretrained= remains a Python convenience: one call to load_encoder_weights once the encoder (and its freezing)
-    # is built, also for "timm" (timm.create_model never downloads)
+    # pretrained= remains a Python convenience: one call to the encoder's load_pretrained once the encoder (and its
+    # freezing) is built, also for "timm" (timm.create_model never downloads)
     calls = []
-    record = lambda enc, source: calls.append((enc.trainable_blocks, source))  # noqa: E731
-    monkeypatch.setattr(weights, "load_encoder_weights", record)
+    record = lambda enc, source, label=None: calls.append((enc.trainable_blocks, source))  # noqa: E731
+    monkeypatch.setattr(DINOv2Encoder, "load_pretrained", record)
     create = timm.create_model
     monkeypatch.setattr(timm, "create_model", lambda *a, **k: k["pretrained"] and pytest.fail() or create(*a, **k))
     net = _net(pretrained="timm", trainable_blocks=1)
     assert calls == [(1, "timm")] and isinstance(net.encoder, DINOv2Encoder)
     DINOv2Encoder(NAME, pretrained=os.fspath(tmp_path / "w.pth"), **KW)
     assert calls[-1][1] == os.fspath(tmp_path / "w.pth")
+
+
+# ---------------------------------------------------------------- the encoder asks for its weights
+def test_the_network_and_its_encoder_load_through_one_method(tmp_path, caplog):
+    """``SpectraFlowNet.load_pretrained`` hands the source to its encoder's ``load_pretrained``, which reads the file
+    with the weights module (a plain timm ``VisionTransformer`` is all that module sees)."""
+    src = _timm_model(NAME, img_size=28, depth=2, seed=3)
+    path = tmp_path / "timm_state.pt"
+    torch.save(src.state_dict(), path)
+    net = _net()
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    assert net.load_pretrained(path, label="mine") == str(path)
+    _assert_holds(net.encoder, src)
+    (line,) = _messages(caplog)
+    assert line == f"encoder weights: mine ({path}): {len(src.state_dict())} tensors loaded into {NAME}"
+    vit = _timm_model(NAME, img_size=28, depth=2, seed=4)
+    assert weights.load_dinov2_state_dict(vit, path) == len(src.state_dict())
+    torch.testing.assert_close(vit.state_dict()["norm.weight"], src.state_dict()["norm.weight"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_object_that_only_looks_like_an_encoder_is_refused(wrapped):
+    """No duck typing: a module with an encoder's attributes is not an encoder; a DataParallel-wrapped network is."""
+
+    class LookAlike(torch.nn.Module):
+        model_name, trainable_blocks = NAME, "all"
+
+        def load_weights(self, path):
+            pytest.fail("a look-alike was loaded into")
+
+    with pytest.raises(ValueError, match="expected a DINOv2Encoder or a network with one as .encoder, got LookAlike"):
+        initialize_encoder(torch.nn.DataParallel(LookAlike()) if wrapped else LookAlike(), "random")
+    net = _net(trainable_blocks="all")
+    assert initialize_encoder(torch.nn.DataParallel(net) if wrapped else net, "random") is None

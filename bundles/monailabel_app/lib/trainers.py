@@ -28,6 +28,8 @@ from monailabel.utils.others.generic import device_map
 from spectraflow_monai.data.validation import check_foreground
 from spectraflow_monai.utils.bundles import bundle_config_files
 from spectraflow_monai.utils.precision import PRECISION_SETTINGS
+from spectraflow_monai.utils.run_record import read_model_settings
+from spectraflow_monai.utils.settings import ModelSettings, model_settings_path
 
 from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
 from .options import check_bool, check_device, config_syntax, first_item, show_value
@@ -37,6 +39,7 @@ __all__ = [
     "KEPT_RUN_LOGS",
     "MAX_EPOCHS",
     "PRECISION_CHOICES",
+    "RECORDED_SETTINGS",
     "RUN_HEARTBEAT",
     "RUN_OWNER_FILE",
     "RUN_STALE_AFTER",
@@ -75,6 +78,13 @@ _HEARTBEAT_FILE = "alive"
 KEPT_RUN_LOGS = 5
 #: the values of the bundles' ``precision`` setting
 PRECISION_CHOICES = PRECISION_SETTINGS
+#: the model settings that fine-tuning a served model takes from its record (``models/model.json``) as bundle
+#: settings of the same names: its architecture and the preprocessing it was trained with (2D: size and
+#: normalisation; Synapse: CT window, label map, non-finite rule), whatever the bundle's ``train.yaml`` says
+RECORDED_SETTINGS = (
+    "architecture", "network_kwargs", "encoder_name", "encoder_kwargs", "fusion", "refine", "image_size",
+    "image_mean", "image_std", "hu_window", "label_map", "nonfinite", "nonfinite_value",
+)  # fmt: skip
 _show = show_value
 _first = first_item
 _bool = check_bool
@@ -339,6 +349,9 @@ class SpectraFlowTrainTask(BundleTrainTask):
             the run folder.
         """
         name = os.path.basename(self.bundle_path)
+        start = os.path.join("models", request.get("model_filename", DEFAULT_WEIGHTS))
+        fine_tuning = request.get("pretrained", True) and os.path.isfile(os.path.join(self.bundle_path, start))
+        recorded = self.recorded_settings(os.path.join(self.bundle_path, start)) if fine_tuning else {}
         remove_stale_runs(self.bundle_path)
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_RUNS)}"
         run_dir = os.path.join(self.bundle_path, "runs", run_id)
@@ -353,14 +366,46 @@ class SpectraFlowTrainTask(BundleTrainTask):
                 "log_dir": log_dir,
             }
         )
+        self._request_overrides.update(recorded)  # over the server's --conf overrides: the model was trained so
         self.bundle_config[self.const.key_train_handlers()] = copy.deepcopy(self._train_handlers)
-        start = os.path.join("models", request.get("model_filename", DEFAULT_WEIGHTS))
-        if request.get("pretrained", True) and os.path.isfile(os.path.join(self.bundle_path, start)):
+        if fine_tuning:
             origin = f"fine-tuning from {start}"
+            if recorded:
+                shown = ", ".join(f"{k} {v!r}" for k, v in recorded.items())
+                origin += f" with its recorded settings ({os.path.basename(model_settings_path(start))}): {shown}"
         else:
             origin = "the bundle's initial weights (encoder_init; decoder from scratch)"
         logger.info(f"+++ {name}: new training run {run_id} on the datastore's labels, starting from {origin}")
         return run_dir
+
+    def recorded_settings(self, model_file: str) -> dict[str, Any]:
+        """The settings of :data:`RECORDED_SETTINGS` that the record beside ``model_file`` holds (read with
+        :func:`~spectraflow_monai.utils.run_record.read_model_settings`, checked as a
+        :class:`~spectraflow_monai.utils.settings.ModelSettings`) and that are settings of this bundle, as bundle
+        overrides; ``{}`` without a record. A server ``--conf`` override that differs is named in a warning (the
+        record's value is used: the model was trained with it).
+
+        Raises:
+            ValueError: the record cannot be read or holds a value out of its range, naming the file.
+        """
+        recorded = read_model_settings(model_file)
+        if not recorded:
+            return {}
+        settings = ModelSettings.from_dict(recorded, source=model_settings_path(model_file))
+        values = {}
+        for key in RECORDED_SETTINGS:
+            value = getattr(settings, key)
+            if key not in recorded or value is None or key not in self.bundle_config:
+                continue
+            values[key] = list(value) if isinstance(value, tuple) else value
+            given = self.overrides.get(key)
+            if given is not None and not _same_setting(settings, key, given):
+                logger.warning(
+                    f"+++ {os.path.basename(self.bundle_path)}: --conf override {key} {given!r} differs from "
+                    f"{recorded[key]!r} recorded in {model_settings_path(model_file)}; fine-tuning this model uses the "
+                    "recorded value"
+                )
+        return values
 
     def promote(self, run_dir: str) -> None:
         """Replace the served ``models/model.pt`` with the best model of the run in ``run_dir`` (atomically: the
@@ -444,32 +489,21 @@ class SpectraFlowTrainTask(BundleTrainTask):
             },
         )
 
-    def _config_value(self, key: str, default: Any) -> Any:
-        return self.bundle_config.get_parsed_content(key) if key in self.bundle_config else default
-
     def _to_bundle_data(self, datalist: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Datastore pairs -> the entries the bundle's training reads.
 
         The datastore holds label maps (0 background, 1..N classes). A slice-wise bundle (its metadata has
-        ``volume_data_format``: 3D volumes in, a 2D network) trains on cached axial slices, extracted once per
-        volume with :func:`spectraflow_monai.apps.synapse.extract_slices` (labels kept as they are, they are already the
-        bundle's classes); a 2D bundle reads the images directly, with foreground = label >= 1.
+        ``volume_data_format``: 3D volumes in, a 2D network) gets the volumes as they are, named by their image id:
+        the bundle's own ``volume_slices`` (:class:`spectraflow_monai.apps.synapse.VolumeSlices`, the ``prepare``
+        step of its training and validation datasets) slices them once into its cache with the run's window, size
+        and non-finite rule, as for MONAI Label's stock bundle trainer (labels kept as they are, they are already the
+        bundle's classes; another value stops the run naming the file); a 2D bundle reads the images directly, with
+        foreground = label >= 1.
         """
         if not datalist:
             return datalist
         if self.volume_input:
-            from spectraflow_monai.apps.synapse import extract_slices
-
-            image_size = int(self._config_value("image_size", 224))
-            entries = [{"image": d["image"], "label": d["label"], "case": _image_id(d["image"])} for d in datalist]
-            return extract_slices(
-                entries,
-                os.path.join(self.bundle_path, "cache", f"monailabel_{image_size}"),
-                window=self._config_value("hu_window", (-125.0, 275.0)),
-                spatial_size=(image_size, image_size),
-                map_labels=False,
-                progress=False,
-            )
+            return [{"image": d["image"], "label": d["label"], "case": _image_id(d["image"])} for d in datalist]
         return [dict(d, label_threshold=1) for d in datalist]
 
     def _update_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -482,6 +516,15 @@ class SpectraFlowTrainTask(BundleTrainTask):
                     check_foreground(overrides[key], "the validation pairs of this run", role="validation")
                 overrides[key] = self._to_bundle_data(overrides[key])
         return overrides
+
+
+def _same_setting(settings: ModelSettings, key: str, value: Any) -> bool:
+    """Whether ``value`` of model setting ``key`` equals that of ``settings`` once checked (``[-200, 300]`` is the
+    recorded ``[-200.0, 300.0]``); a value the setting refuses differs."""
+    try:
+        return getattr(settings.replace(**{key: value}), key) == getattr(settings, key)
+    except ValueError:
+        return False
 
 
 def _uses_cuda(device: str | None) -> bool:

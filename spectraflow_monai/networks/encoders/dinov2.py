@@ -16,18 +16,24 @@ Stage-2 fine-tunes "only the last encoder block (keeping earlier blocks frozen)"
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
-from spectraflow_monai.networks.weights import interpolate_official_pos_embed, load_dinov2_state_dict
+from spectraflow_monai.networks import weights
+from spectraflow_monai.networks.weights import interpolate_official_pos_embed
 
 __all__ = ["EncoderFeatures", "DINOv2Encoder", "interpolate_official_pos_embed"]
+
+logger = logging.getLogger(__name__)
+
 
 class EncoderFeatures(NamedTuple):
     """Features returned by :class:`DINOv2Encoder`.
@@ -66,11 +72,10 @@ class DINOv2Encoder(nn.Module):
     Args:
         model_name: timm model name, one of :attr:`SUPPORTED_MODELS`. Defaults to ``"vit_small_patch14_dinov2"``.
         pretrained: ``None`` (default) builds the architecture with timm's random initialisation and loads nothing.
-            Any other value is handed, after the encoder is built, to
-            :func:`spectraflow_monai.networks.weights.load_encoder_weights` (the one place where encoder weights are
-            loaded, the call the bundles make in their ``initialize`` step): ``"timm"`` (timm's hub copy of the
-            DINOv2 weights, needs network access), a path to a local weight file (official facebookresearch DINOv2
-            layout or timm layout, see :meth:`load_weights`), or ``"none"`` (random, logged).
+            Any other value is handed, after the encoder is built, to :meth:`load_pretrained` (the call the
+            bundles make in their encoder-weights step): ``"timm"`` (timm's hub copy of the DINOv2 weights, needs
+            network access), a path to a local weight file (official facebookresearch DINOv2 layout or timm layout,
+            see :meth:`load_weights`), or ``"none"`` (random, logged).
         img_size: image size the position embedding is built for (a multiple of the patch size). Defaults to 224.
         skip_index: index of the block whose output is the mid-level skip feature, ``0 <= skip_index < depth - 1``.
             Defaults to ``depth // 2 - 1`` (block 5 of 12).
@@ -119,7 +124,7 @@ class DINOv2Encoder(nn.Module):
             if reserved in kwargs:
                 raise ValueError(f"model_kwargs must not contain {reserved!r}; use the encoder's arguments instead.")
 
-        # the architecture only: weights are put in by spectraflow_monai.networks.weights.load_encoder_weights
+        # the architecture only: weights are put in by load_pretrained
         self.vit = timm.create_model(model_name, pretrained=False, img_size=img_size, dynamic_img_size=True, **kwargs)
 
         patch = tuple(int(p) for p in self.vit.patch_embed.patch_size)
@@ -146,9 +151,7 @@ class DINOv2Encoder(nn.Module):
         self.trainable_blocks: int | str = 1
         self.set_trainable_blocks(trainable_blocks)
         if pretrained is not None:  # a convenience for Python users: the loading the bundles run as a step
-            from spectraflow_monai.networks import weights  # looked up at call time (tests replace the loader)
-
-            weights.load_encoder_weights(self, pretrained)
+            self.load_pretrained(pretrained)
 
     # ------------------------------------------------------------------ freezing
     def set_trainable_blocks(self, trainable_blocks: int | str) -> None:
@@ -213,7 +216,57 @@ class DINOv2Encoder(nn.Module):
             FileNotFoundError: the file does not exist.
             ValueError: the file cannot be read, holds no state dict, or its keys/shapes do not match the model.
         """
-        load_dinov2_state_dict(self.vit, path, f"{self.model_name} (depth {self.depth}, embed_dim {self.embed_dim})")
+        weights.load_dinov2_state_dict(self.vit, path, self._weights_target())
+
+    def _weights_target(self, note: str = "") -> str:
+        """This encoder as error messages about its weights name it."""
+        return f"{self.model_name} (depth {self.depth}, embed_dim {self.embed_dim}{note})"
+
+    def load_pretrained(self, source: Any, label: str | None = None) -> str | None:
+        """Put the weights named by ``source`` into this encoder, logged as ``encoder weights: <label> (<where>)``.
+
+        Args:
+            source: ``"timm"`` (timm's hub copy of the DINOv2 weights, mapped by timm's ``checkpoint_filter_fn``:
+                :func:`~spectraflow_monai.networks.weights.load_timm_weights`); a local file (:meth:`load_weights`:
+                official facebookresearch DINOv2 checkpoint, timm state dict, or this package's Stage-1 export); or
+                ``None`` / ``"none"`` for the random initialisation the encoder was built with. When the weights
+                are random and some parameters are frozen, a prominent warning says that those frozen blocks are
+                random features.
+            label: the name logged for the source (e.g. ``"stage1"``). Defaults to ``source`` itself.
+
+        Returns:
+            the normalised source: ``"timm"``, the file path, or ``None``.
+
+        Raises:
+            SettingError: ``source`` is not a string/path, or ``"timm"`` and the download failed (the message says
+                how to pass a local file or opt into ``none``).
+            FileNotFoundError: the file does not exist.
+            ValueError: the file or the downloaded weights do not fit the encoder.
+        """
+        source = weights.normalize_weights_source(source)
+        label = label or ("none" if source is None else source if source == "timm" else "file")
+        if source is None:
+            logger.info(f"encoder weights: {label} (random initialisation, {self.model_name})")
+            if any(not p.requires_grad for p in self.parameters()):
+                bar = "!" * 100
+                logger.warning(
+                    f"\n{bar}\n!! RANDOM ENCODER WEIGHTS WITH FROZEN BLOCKS (encoder weights: {label}, "
+                    f"trainable_blocks={self.trainable_blocks!r}).\n!! The frozen blocks of {self.model_name} stay "
+                    "random features for the whole run: results are not comparable with the paper.\n!! Give DINOv2 "
+                    "weights (pretrained_weights timm or a local file) or train every block (trainable_blocks all)."
+                    f"\n{bar}"
+                )
+            return None
+        if source == "timm":
+            target = self._weights_target("; check encoder_kwargs")
+            location, count = weights.load_timm_weights(self.vit, self.model_name, target)
+            logger.info(f"encoder weights: {label} ({location}): {count} tensors loaded into {self.model_name}")
+            return source
+        file = Path(source).expanduser()
+        self.load_weights(file)
+        count = len(self.vit.state_dict())
+        logger.info(f"encoder weights: {label} ({file}): {count} tensors loaded into {self.model_name}")
+        return source
 
     # ------------------------------------------------------------------ forward
     def _num_frozen_leading_blocks(self, x: torch.Tensor) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -35,10 +36,10 @@ class SpectraFlowNet(nn.Module):
         encoder: timm DINOv2 model name, see :attr:`DINOv2Encoder.SUPPORTED_MODELS`. Defaults to
             ``"vit_small_patch14_dinov2"``.
         pretrained: ``None`` (default): the architecture only, with timm's random initialisation. Other values are
-            a convenience for Python users, handed to :func:`spectraflow_monai.networks.weights.load_encoder_weights`
-            once the encoder is built: ``"timm"`` (timm's hub download), a path to a local checkpoint (official
-            DINOv2 / timm keys, or a Stage-1 export of this package) or ``"none"``. The bundles build the network
-            without weights and call :func:`spectraflow_monai.apps.encoder_init.initialize_encoder` in ``initialize``.
+            a convenience for Python users, handed to :meth:`load_pretrained` once the encoder is built: ``"timm"``
+            (timm's hub download), a path to a local checkpoint (official DINOv2 / timm keys, or a Stage-1 export of
+            this package) or ``"none"``. The bundles build the network without weights and call
+            :func:`spectraflow_monai.apps.encoder_init.initialize_encoder` in their encoder-weights step.
         img_size: the training image size the encoder's position grid is built for; other multiples of 14 are
             accepted at run time. Defaults to 224.
         skip_index: encoder block whose output is the mid-level skip; ``None`` picks ``depth // 2 - 1``.
@@ -104,6 +105,15 @@ class SpectraFlowNet(nn.Module):
             act=act,
             fdconv_kwargs=fdconv_kwargs,
         )
+
+    def load_pretrained(self, source: Any, label: str | None = None) -> str | None:
+        """Put the encoder weights named by ``source`` into the encoder
+        (:meth:`~spectraflow_monai.networks.DINOv2Encoder.load_pretrained`); the decoder keeps its initialisation.
+
+        Returns:
+            the normalised source: ``"timm"``, the file path, or ``None`` (random initialisation).
+        """
+        return self.encoder.load_pretrained(source, label=label)
 
     def forward(self, x: torch.Tensor, return_gate: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         """Segment ``x`` (B, in_channels, H, W), H and W multiples of 14.

@@ -179,7 +179,7 @@ def test_unknown_name_lists_supported():
 
 def test_timm_download_failure_is_explained(monkeypatch):
     # the network is built without weights (timm never downloads); pretrained="timm" goes through
-    # spectraflow_monai.networks.weights.load_encoder_weights, whose download fails here
+    # the encoder's load_pretrained, whose download (spectraflow_monai.networks.weights.load_timm_weights) fails here
     import timm.models
 
     from spectraflow_monai.utils import SettingError
