@@ -96,7 +96,8 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
         overrides[key] = yaml.safe_load(value)
     parser.update(overrides)
     if shared_dataset is not None:  # one cache of the training images for both models
-        parser["train#dataloader#dataset"] = shared_dataset
+        parser["shared_dataset"] = shared_dataset
+        parser["train#dataloader"] = "$@stage2.train_loader(@shared_dataset, @train_sampler)"
     for i in range(len(parser["run"]) - 1):  # the run's steps before training (setup, record, encoder weights)
         parser.get_parsed_content(f"run#{i}")
     trainer = parser.get_parsed_content("train#trainer")

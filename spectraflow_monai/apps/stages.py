@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from ignite.engine import Engine
+from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.data import DistributedSampler
 from monai.handlers import (
     LrScheduleHandler,
@@ -84,6 +85,8 @@ __all__ = [
     "Stage2ValidationHandlers",
     "run_stage2",
     "stage2_dataset",
+    "stage2_evaluator",
+    "stage2_trainer",
     "stage2_loss",
     "stage2_optimizer",
 ]
@@ -338,8 +341,10 @@ class Stage2Program:
 
     def setup(self) -> None:
         """The first step of the run, before any data is read: the image size checked by the architecture's rule,
-        determinism (``data_seed``), the models folder."""
-        prepare_run(self.data.data_seed, folders=[os.path.dirname(self.run_settings.model_path) or "."], model=self.model)
+        determinism (``data_seed``), the models folders (of ``model_path`` and of the Stage-1 export)."""
+        r = self.run_settings
+        folders = {os.path.dirname(r.model_path) or ".", os.path.dirname(r.stage1_encoder) or "."}
+        prepare_run(self.data.data_seed, folders=sorted(folders), model=self.model)
 
     def record(
         self, train: Sequence[dict], val: Sequence[dict], data_source: Any, encoder_start: str, max_epochs: int
@@ -437,6 +442,19 @@ def stage2_dataset(
     """``program.dataset(...)`` as a config component (``train#dataset``, ``validate#dataset``), whose ``data``
     MONAI Label's bundle trainer replaces (:meth:`Stage2Program.dataset`)."""
     return program.dataset(data, transform, training=training, prepare=prepare)
+
+
+def stage2_trainer(program: Stage2Program, **components: Any) -> SupervisedTrainer:
+    """MONAI's ``SupervisedTrainer`` of the config's ``train#trainer`` ``components`` (``max_epochs``, which MONAI
+    Label sets, the network, loader, optimizer, loss, inferer, post-processing, metric and handlers) on the program's
+    device and precision (``amp`` / ``amp_kwargs``: float16 with a gradient scaler on CUDA only)."""
+    return SupervisedTrainer(device=program.device, amp=program.amp, amp_kwargs=program.amp_kwargs, **components)
+
+
+def stage2_evaluator(program: Stage2Program, **components: Any) -> SupervisedEvaluator:
+    """MONAI's ``SupervisedEvaluator`` of the config's ``validate#evaluator`` ``components`` on the program's device
+    and precision."""
+    return SupervisedEvaluator(device=program.device, amp=program.amp, amp_kwargs=program.amp_kwargs, **components)
 
 
 class Stage1Program:

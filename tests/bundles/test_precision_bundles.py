@@ -133,5 +133,5 @@ def test_fp32_leaves_autocast_off(tmp_path):
     )
     resolved = parser.get_parsed_content("resolved_precision")
     assert resolved.name == "fp32" and not resolved.autocast
-    assert parser.get_parsed_content("train#trainer#amp") is False
-    assert parser.get_parsed_content("train#trainer#amp_kwargs") == {"dtype": torch.float32}
+    trainer = parser.get_parsed_content("train#trainer")
+    assert trainer.amp is False and trainer.amp_kwargs == {"dtype": torch.float32}

@@ -144,7 +144,9 @@ def test_server_runs_its_own_copy_of_each_bundle(tmp_path):
     assert sorted(p.name for p in (copy / "configs").iterdir()) == sorted(p.name for p in installed.iterdir())
     # the copy's configs/train.yaml is the whole Stage-2 run, as in the repository
     assert app._trainers[NAME_2D].config_files == [str(copy / "configs" / "train.yaml")]
-    assert app._trainers[NAME_2D].bundle_config["train#trainer#_target_"] == "SupervisedTrainer"
+    assert app._trainers[NAME_2D].bundle_config["train#trainer#_target_"] == (
+        "spectraflow_monai.apps.stages.stage2_trainer"
+    )
     # the copy is changed behind the server's back; the next start restores its configs
     (copy / "configs" / "train.yaml").write_text("imports: ['$print(1)']\n")
     (copy / "configs" / "extra.yaml").write_text("x: 1\n")
