@@ -152,6 +152,16 @@ def stage2_loss(program: Stage2Program, **given: Any) -> DiceBCEBoundaryLoss:
     return DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True, **weights)
 
 
+def _check_settings_objects(settings: Any, kind: type, model: Any, data: Any, run: Any, precision: Any) -> None:
+    """A stage program's inputs are the run's settings objects (a ValueError naming the argument otherwise)."""
+    for name, value, expected in (
+        ("settings", settings, kind), ("model", model, ModelSettings), ("data", data, DataSettings),
+        ("run", run, RunSettings), ("precision", precision, Precision),
+    ):  # fmt: skip
+        if not isinstance(value, expected):
+            raise ValueError(f"{name} must be a {expected.__name__}, got {type(value).__name__}.")
+
+
 class _HandlerGroup:
     """Handlers attached together, in order (``attach(engine)`` as one ignite handler)."""
 
@@ -278,12 +288,7 @@ class Stage2Program:
         precision: Precision,
         label_setup: Any = None,
     ) -> None:
-        for name, value, kind in (
-            ("settings", settings, Stage2Settings), ("model", model, ModelSettings), ("data", data, DataSettings),
-            ("run", run, RunSettings), ("precision", precision, Precision),
-        ):
-            if not isinstance(value, kind):
-                raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}.")
+        _check_settings_objects(settings, Stage2Settings, model, data, run, precision)
         self.settings, self.model, self.data, self.run_settings, self.precision = settings, model, data, run, precision
         self.label_setup = label_setup
         self.device = torch.device(run.device)
@@ -507,12 +512,7 @@ class Stage1Program:
         prune_on_completion: bool = True,
         dispersive_loss: Any = None,
     ) -> None:
-        for name, value, kind in (
-            ("settings", settings, Stage1Settings), ("model", model, ModelSettings), ("data", data, DataSettings),
-            ("run", run, RunSettings), ("precision", precision, Precision),
-        ):
-            if not isinstance(value, kind):
-                raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}.")
+        _check_settings_objects(settings, Stage1Settings, model, data, run, precision)
         self.settings, self.model, self.data, self.run_settings = settings, model, data, run
         self.datalist, self.preprocessing, self.epochs = datalist, preprocessing, run.stage1_epochs
         self.device, self.precision = torch.device(run.device), precision
