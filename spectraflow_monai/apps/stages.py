@@ -23,6 +23,7 @@ The run record is the settings objects written whole.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +45,7 @@ from monai.inferers import SimpleInferer
 from monai.transforms import Compose, Identity
 from torch.utils.data import RandomSampler
 
-from spectraflow_monai.apps.encoder_init import initialize_encoder
+from spectraflow_monai.apps.encoder_init import initialize_encoder, resolve_encoder_start
 from spectraflow_monai.apps.workflow import (
     bundle_dataset,
     prepare_run,
@@ -74,7 +75,7 @@ from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.transforms import MixedDomainCollate, RandMixedDomainBatchd
 from spectraflow_monai.utils.checkpoint import resume_checkpoint
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.precision import AutocastInferer, Precision
+from spectraflow_monai.utils.precision import AutocastInferer, Precision, resolve_precision
 from spectraflow_monai.utils.run_record import record_run
 from spectraflow_monai.utils.settings import DataSettings, ModelSettings, RunSettings, Stage1Settings, Stage2Settings
 
@@ -152,11 +153,11 @@ def stage2_loss(program: Stage2Program, **given: Any) -> DiceBCEBoundaryLoss:
     return DiceBCEBoundaryLoss(sigmoid=False, softmax=True, to_onehot_y=True, **weights)
 
 
-def _check_settings_objects(settings: Any, kind: type, model: Any, data: Any, run: Any, precision: Any) -> None:
+def _check_settings_objects(settings: Any, kind: type, model: Any, data: Any, run: Any) -> None:
     """A stage program's inputs are the run's settings objects (a ValueError naming the argument otherwise)."""
     for name, value, expected in (
         ("settings", settings, kind), ("model", model, ModelSettings), ("data", data, DataSettings),
-        ("run", run, RunSettings), ("precision", precision, Precision),
+        ("run", run, RunSettings),
     ):  # fmt: skip
         if not isinstance(value, expected):
             raise ValueError(f"{name} must be a {expected.__name__}, got {type(value).__name__}.")
@@ -272,8 +273,8 @@ class Stage2Program:
         settings: the :class:`~spectraflow_monai.utils.settings.Stage2Settings`.
         model: the :class:`~spectraflow_monai.utils.settings.ModelSettings` (written beside the model).
         data: the :class:`~spectraflow_monai.utils.settings.DataSettings` (data path and seed; recorded).
-        run: the :class:`~spectraflow_monai.utils.settings.RunSettings` (device, loading, logging, folders, budget).
-        precision: the run's resolved precision.
+        run: the :class:`~spectraflow_monai.utils.settings.RunSettings` (device and precision, loading, logging,
+            folders, budget).
         label_setup: the 2D bundle's :class:`~spectraflow_monai.apps.seg2d.LabelSetup` (binary masks or label
             classes: the loss, post-processing and metrics of it); None: softmax Dice + CE over one-hot classes (the
             Synapse organs). Defaults to None.
@@ -285,15 +286,17 @@ class Stage2Program:
         model: ModelSettings,
         data: DataSettings,
         run: RunSettings,
-        precision: Precision,
         label_setup: Any = None,
     ) -> None:
-        _check_settings_objects(settings, Stage2Settings, model, data, run, precision)
-        self.settings, self.model, self.data, self.run_settings, self.precision = settings, model, data, run, precision
+        _check_settings_objects(settings, Stage2Settings, model, data, run)
+        self.settings, self.model, self.data, self.run_settings = settings, model, data, run
         self.label_setup = label_setup
         self.device = torch.device(run.device)
+        #: the run's precision on its device (``run.precision`` resolved once, here: checked and logged before any
+        #: data is read)
+        self.precision: Precision = resolve_precision(run.precision, self.device)
         #: the network under the autocast of the precision (CPU and CUDA), outputs in float32
-        self.inferer = AutocastInferer(SimpleInferer(), precision=precision)
+        self.inferer = AutocastInferer(SimpleInferer(), precision=self.precision)
 
     def dataset(self, data: Sequence[dict], transform: Compose, training: bool = True, prepare: Any = None) -> Any:
         """A Stage-2 dataset (``train#dataset``, ``validate#dataset``; MONAI Label replaces their ``data``):
@@ -335,12 +338,19 @@ class Stage2Program:
         """MONAI's ``amp_kwargs`` of the trainer and evaluator."""
         return self.precision.amp_kwargs
 
-    def initialize_encoder(self, network: nn.Module, start: str) -> str | None:
-        """Load the encoder's starting weights (``start``: ``encoder_init`` resolved, from ``pretrained_weights`` or
-        the Stage-1 export; :func:`~spectraflow_monai.apps.encoder_init.initialize_encoder`). Before any data is
-        read: a missing file or an unreachable hub stops the run here."""
+    @functools.cached_property
+    def encoder_start(self) -> str:
+        """Where the encoder starts: ``encoder_init`` resolved once, when the run first asks (its record), as
+        ``"stage1"``, ``"pretrained"`` or ``"random"`` (``auto``: the Stage-1 export when it exists, else
+        ``pretrained_weights``, logged; :func:`~spectraflow_monai.apps.encoder_init.resolve_encoder_start`)."""
+        return resolve_encoder_start(self.settings.encoder_init, self.run_settings.stage1_encoder)
+
+    def initialize_encoder(self, network: nn.Module) -> str | None:
+        """Load the encoder's starting weights (:attr:`encoder_start`: ``pretrained_weights`` or the Stage-1 export;
+        :func:`~spectraflow_monai.apps.encoder_init.initialize_encoder`). Before any data is read: a missing file or
+        an unreachable hub stops the run here."""
         return initialize_encoder(
-            network, encoder_init=start, pretrained_weights=self.settings.pretrained_weights,
+            network, encoder_init=self.encoder_start, pretrained_weights=self.settings.pretrained_weights,
             stage1_export=self.run_settings.stage1_encoder, model_settings=self.model.encoder(),
         )  # fmt: skip
 
@@ -351,11 +361,9 @@ class Stage2Program:
         folders = {os.path.dirname(r.model_path) or ".", os.path.dirname(r.stage1_encoder) or "."}
         prepare_run(self.data.data_seed, folders=sorted(folders), model=self.model)
 
-    def record(
-        self, train: Sequence[dict], val: Sequence[dict], data_source: Any, encoder_start: str, max_epochs: int
-    ) -> dict:
+    def record(self, train: Sequence[dict], val: Sequence[dict], data_source: Any, max_epochs: int) -> dict:
         """Write the run record (``<stage2_dir>/run_record.json``): the settings objects whole, the data's
-        fingerprints and where the encoder started; a restart that would continue a run recorded with other
+        fingerprints and where the encoder starts (:attr:`encoder_start`); a restart that would continue a run recorded with other
         settings or data stops here, naming each difference (:func:`~spectraflow_monai.utils.run_record.
         record_run`; ``train`` and ``val`` are what the datasets read). The run settings and ``max_epochs`` are
         recorded, not compared."""
@@ -372,7 +380,7 @@ class Stage2Program:
             precision=self.precision,
             resume=self.run_settings.resume,
             not_compared={**self.run_settings.to_dict(), "max_epochs": max_epochs},
-            resolved={"encoder_start": encoder_start},
+            resolved={"encoder_start": self.encoder_start},
         )
 
     def train(self, trainer: Engine, validation: Stage2ValidationHandlers, preprocessing: Compose) -> None:
@@ -490,7 +498,6 @@ class Stage1Program:
             TensorBoard under ``<log_dir>/stage1``), ``stage1_checkpoint_interval`` and ``stage1_checkpoints_kept``.
         datalist: the training datalist (the same, possibly low-data, subset as Stage-2).
         preprocessing: the training transforms (load, augment, normalise), cached up to the first random one.
-        precision: the run's resolved precision.
         data_source, label_setup: recorded by ``repr`` (what the data are). Defaults to None.
         prune_on_completion: a completed run keeps ``checkpoint_final.pt`` only (all a restart needs). Defaults to
             True.
@@ -506,16 +513,17 @@ class Stage1Program:
         run: RunSettings,
         datalist: Sequence[dict],
         preprocessing: Compose,
-        precision: Precision,
         data_source: Any = None,
         label_setup: Any = None,
         prune_on_completion: bool = True,
         dispersive_loss: Any = None,
     ) -> None:
-        _check_settings_objects(settings, Stage1Settings, model, data, run, precision)
+        _check_settings_objects(settings, Stage1Settings, model, data, run)
         self.settings, self.model, self.data, self.run_settings = settings, model, data, run
         self.datalist, self.preprocessing, self.epochs = datalist, preprocessing, run.stage1_epochs
-        self.device, self.precision = torch.device(run.device), precision
+        self.device = torch.device(run.device)
+        #: ``run.precision`` resolved on the device, once (checked and logged before any data is read)
+        self.precision: Precision = resolve_precision(run.precision, self.device)
         self.run_dir, self.export_path = run.stage1_dir, run.stage1_encoder
         self.log_dir = run.log_dir
         self.data_source, self.label_setup = data_source, label_setup

@@ -44,7 +44,6 @@ from spectraflow_monai.utils.settings import (
     ARCHITECTURES,
     DATA_PATHS,
     PATCH_SIZE,
-    ModelSettings,
     check_image_size,
 )
 
@@ -137,7 +136,7 @@ def trainable_parameters(network: nn.Module | Sequence[nn.Module]) -> list[nn.Pa
 
 
 def datalist(
-    source: Any, split: str, *args: Any, role: str | None = None, allow_empty_masks: bool = False, **kwargs: Any
+    source: Any, split: str, *args: Any, role: str | None = None, allow_empty_masks: bool | None = None, **kwargs: Any
 ) -> list[dict]:
     """``source.datalist(split, *args, **kwargs)``: one split (``train``, ``val``, ``test``) of a run's data source
     (:class:`~spectraflow_monai.apps.seg2d.DataSource`, :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`).
@@ -151,13 +150,14 @@ def datalist(
             for a training set without any, a warning for such a validation set). None: not checked. Defaults to
             None.
         allow_empty_masks: with ``role="training"``, train on masks that are all background with a warning instead
-            of the error. Defaults to False.
+            of the error. Defaults to None: the source's ``allow_empty_masks`` (the run's ``DataSettings``).
         kwargs: passed to ``source.datalist``.
     """
     entries = source.datalist(split, *args, **kwargs)
     if role is not None:
         what = f"{getattr(source, 'name', None) or type(source).__name__} ({split} split)"
-        check_foreground(entries, what, role=role, allow_empty=bool(allow_empty_masks))
+        allowed = source.allow_empty_masks if allow_empty_masks is None else allow_empty_masks
+        check_foreground(entries, what, role=role, allow_empty=bool(allowed))
     return entries
 
 

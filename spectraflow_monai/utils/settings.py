@@ -448,6 +448,10 @@ class RunSettings(SettingsObject):
     Args:
         bundle_root: the bundle's run folder. Defaults to ``"."``.
         device: the training device (a ``torch.device`` or its name). Defaults to ``"cpu"``.
+        precision: one of :data:`PRECISION_SETTINGS` (``auto``: bf16 where the device computes it natively, else
+            fp32 on the CPU and fp16 on CUDA); the stage programs resolve it on ``device``
+            (:func:`~spectraflow_monai.utils.resolve_precision`, logged) and record the resolved precision, which a
+            restart compares. Defaults to ``"auto"``.
         num_workers: data loading processes. Defaults to 2.
         cache_rate: share of the data cached. Defaults to 1.0.
         cache_device: with ``data_path: device``, where the cache lives: ``auto`` | ``cpu`` | ``cuda``.
@@ -475,6 +479,7 @@ class RunSettings(SettingsObject):
 
     bundle_root: Any = "."
     device: Any = "cpu"
+    precision: str = "auto"
     num_workers: int = 2
     cache_rate: float = 1.0
     cache_device: str = "auto"
@@ -499,6 +504,8 @@ class RunSettings(SettingsObject):
     distance_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.precision, str) or self.precision.strip().lower() not in PRECISION_SETTINGS:
+            raise SettingError(f"precision must be one of {', '.join(PRECISION_SETTINGS)}, got {self.precision!r}.")
         _number("num_workers", self.num_workers, 0, integer=True)
         _number("cache_rate", self.cache_rate, 0.0, 1.0)
         object.__setattr__(self, "progress_bar", as_bool(self.progress_bar, "progress_bar"))

@@ -179,3 +179,20 @@ def test_the_training_network_is_the_model_settings(bundle, tmp_path):
         parser.get_parsed_content("network_def")
     error = info.value.__cause__ or info.value
     assert isinstance(error, SettingError) and "network_def#img_size=56" in str(error) and "--image_size" in str(error)
+
+
+def _code_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_each_train_yaml_holds_values_data_transforms_and_references():
+    """The sizes the shared program moved to Python keeps: each ``train.yaml`` at most 400 lines, at most 150
+    distinct lines (not blank, not a comment) that the two bundles' files both hold, and at most 10 lines that only
+    forward a value under its own name (``x: '@x'``: the settings objects take their values by field name)."""
+    texts = {b: (BUNDLES / b / "configs" / "train.yaml").read_text() for b in (TWO_D, SYNAPSE)}
+    forward = re.compile(r"""^\s+([A-Za-z0-9_]+): *'@\1' *(#.*)?$""")
+    for bundle, text in texts.items():
+        assert len(text.splitlines()) <= 400, bundle
+        assert sum(bool(forward.match(ln)) for ln in text.splitlines()) <= 10, bundle
+    shared = set(_code_lines(texts[TWO_D])) & set(_code_lines(texts[SYNAPSE]))
+    assert len(shared) <= 150, len(shared)

@@ -37,6 +37,8 @@ COMMON = {
     "max_epochs": 1,
     "num_workers": 0,
     "progress_bar": False,
+    "precision": "fp32",
+    "allow_empty_masks": True,
 }
 BUNDLES = {
     "spectraflow_2d_segmentation": {"synthetic_size": {"num_train": 8, "num_val": 3}},
@@ -52,7 +54,8 @@ def test_the_running_objects_hold_the_recorded_values(bundle, tmp_path):
     paths = config_paths(bundle)
     values = {**COMMON, **BUNDLES[bundle], "bundle_root": str(tmp_path), "dataset_dir": str(tmp_path / "data")}
     run_bundle(paths["train"], paths["metadata"], **values)
-    record = json.loads((tmp_path / "models" / "stage2" / "run_record.json").read_text())["settings"]
+    whole = json.loads((tmp_path / "models" / "stage2" / "run_record.json").read_text())
+    record = whole["settings"]
     model = json.loads((tmp_path / "models" / "model.json").read_text())["model"]
     for name in ("learning_rate", "weight_decay", "batch_size", "trainable_blocks", "lr_factor", "lr_patience",
                  "min_learning_rate", "boundary_beta", "boundary_beta_max", "boundary_ramp_epochs", "encoder_init"):
@@ -90,6 +93,13 @@ def test_the_running_objects_hold_the_recorded_values(bundle, tmp_path):
                  if isinstance(t, NormalizeIntensityd)][0].normalizer
     assert list(normalize.subtrahend) == pytest.approx(model["image_mean"])
     assert list(normalize.divisor) == pytest.approx(model["image_std"])
+    # the run settings' precision, resolved by the program, is the recorded one
+    assert parser.get_parsed_content("stage2").precision.name == whole["precision"] == values["precision"]
+    assert whole["not_compared"]["precision"] == values["precision"]
+    # the data settings reach the data source: the foreground rule, the synthetic preset's size (recorded)
+    source = parser.get_parsed_content("data_source")
+    assert source.allow_empty_masks is record["data"]["allow_empty_masks"] is True
+    assert record["data"]["data_options"]["synthetic_size"] == values["synthetic_size"]
     if "hu_window" in values:  # the CT window the slices are cut with
         window = parser.get_parsed_content("data_source").settings.hu_window
         assert list(window) == model["hu_window"] == values["hu_window"]

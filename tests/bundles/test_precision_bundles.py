@@ -115,15 +115,18 @@ def test_synapse_slicewise_inference_bf16_on_cpu(tmp_path, precision_log):
     assert out.shape == image.shape and int(np.asarray(out.dataobj).max()) <= 8
 
 
-@pytest.mark.parametrize("config", [CONFIGS_2D / "train.yaml", CONFIGS_3D / "inference.yaml"])
-def test_unknown_or_impossible_precision_is_named(config, tmp_path):
+# training: the run settings check the value, the Stage-2 program resolves it on the device; inference resolves it
+@pytest.mark.parametrize(
+    "config, key", [(CONFIGS_2D / "train.yaml", "stage2"), (CONFIGS_3D / "inference.yaml", "resolved_precision")]
+)
+def test_unknown_or_impossible_precision_is_named(config, key, tmp_path):
     for value, message in (("half", "precision must be one of auto, bf16, fp16, fp32, got 'half'"),
                            ("fp16", "precision='fp16' needs a CUDA device")):  # fmt: skip
         parser = parse_config(
             str(config), bundle_root=str(tmp_path), precision=value, device="$torch.device('cpu')", **NET
         )
         with pytest.raises(Exception) as info:
-            parser.get_parsed_content("resolved_precision")
+            parser.get_parsed_content(key)
         assert message in error_text(info.value)
 
 
@@ -131,7 +134,8 @@ def test_fp32_leaves_autocast_off(tmp_path):
     parser = parse_config(
         str(CONFIGS_2D / "train.yaml"), bundle_root=str(tmp_path), precision="fp32", device="$torch.device('cpu')"
     )
-    resolved = parser.get_parsed_content("resolved_precision")
+    resolved = parser.get_parsed_content("stage2").precision
     assert resolved.name == "fp32" and not resolved.autocast
+    assert parser.get_parsed_content("run_settings").precision == "fp32"  # the setting, recorded as given
     trainer = parser.get_parsed_content("train#trainer")
     assert trainer.amp is False and trainer.amp_kwargs == {"dtype": torch.float32}

@@ -166,7 +166,7 @@ def test_stage2_starts_from_stage1_export(trained):
     # finds the export) holds the exported encoder...
     set_determinism(seed=0)
     parser = _parse(TRAIN, **trained["common"])
-    assert parser["encoder_init"] == "auto" and parser.get_parsed_content("encoder_start") == "stage1"
+    assert parser["encoder_init"] == "auto" and parser.get_parsed_content("stage2").encoder_start == "stage1"
     parser.get_parsed_content("encoder_initialization")
     start = parser.get_parsed_content("network_def").encoder.vit.state_dict()
     for key, value in export.items():

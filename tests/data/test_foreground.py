@@ -57,8 +57,8 @@ def test_label_maps_and_slices(tmp_path):
 
 
 class _Source:
-    def __init__(self, entries):
-        self.entries = entries
+    def __init__(self, entries, allow_empty_masks=False):
+        self.entries, self.allow_empty_masks = entries, allow_empty_masks
 
     def datalist(self, split, **kwargs):
         return list(self.entries)
@@ -70,6 +70,8 @@ def test_the_bundles_datalists_check_their_masks_when_told_their_role(tmp_path, 
     with pytest.raises(DatasetError, match=r"_Source \(train split\)"):
         datalist(source, "train", role="training")
     assert len(datalist(source, "train", role="training", allow_empty_masks=True)) == 2
+    # by default the source decides: the run's DataSettings.allow_empty_masks, which the data sources carry
+    assert len(datalist(_Source(source.entries, allow_empty_masks=True), "train", role="training")) == 2
     with caplog.at_level(logging.WARNING):
         assert len(datalist(source, "val", role="validation")) == 2
     assert "every validation mask" in caplog.text

@@ -146,6 +146,8 @@ class DataSource:
             preset's defaults).
         options: source arguments (``check_images``, ``check_masks``, ``label_threshold``, ``mask_suffix``, preset
             arguments such as ``split_dir``). Defaults to None.
+        allow_empty_masks: a training datalist whose masks are all background is trained on with a warning instead
+            of stopping the run (:func:`~spectraflow_monai.apps.workflow.datalist`). Defaults to False.
 
     Raises:
         SettingError: an unknown source (at construction) or an argument the source does not take.
@@ -162,23 +164,27 @@ class DataSource:
         label_classes: Any = None,
         synthetic_size: dict | None = None,
         options: dict | None = None,
+        allow_empty_masks: bool = False,
     ) -> None:
         self.name = canonical_source_name(dataset, data_list_file_path)
         self.dataset, self.dataset_dir, self.data_list_file_path = dataset, dataset_dir, data_list_file_path
         self.fraction, self.seed, self.val_fraction, self.label_classes = fraction, seed, val_fraction, label_classes
         self.options = dict(options or {})
+        self.allow_empty_masks = bool(allow_empty_masks)
         if self.name == "synthetic":
             self.options = {"generate": True, **dict(synthetic_size or {}), **self.options}
 
     @classmethod
-    def from_settings(cls, data: Any, model: Any, run: Any, synthetic_size: dict | None = None) -> DataSource:
+    def from_settings(cls, data: Any, model: Any, run: Any) -> DataSource:
         """The source of a run's settings objects: ``data`` (a :class:`~spectraflow_monai.utils.settings.
-        DataSettings`: the source, selection and its ``data_options["datalist_kwargs"]``), ``model`` (its
-        ``label_classes``) and ``run`` (its ``dataset_dir``)."""
+        DataSettings`: the source, selection, ``allow_empty_masks`` and its ``data_options``: ``datalist_kwargs``,
+        ``synthetic_size``), ``model`` (its ``label_classes``) and ``run`` (its ``dataset_dir``)."""
+        options = dict(data.data_options or {})
         return cls(
             data.dataset, run.dataset_dir, data.data_list_file_path, fraction=data.data_fraction, seed=data.data_seed,
-            val_fraction=data.val_fraction, label_classes=model.label_classes, synthetic_size=synthetic_size,
-            options=dict(data.data_options or {}).get("datalist_kwargs"),
+            val_fraction=data.val_fraction, label_classes=model.label_classes,
+            synthetic_size=options.get("synthetic_size"), options=options.get("datalist_kwargs"),
+            allow_empty_masks=data.allow_empty_masks,
         )  # fmt: skip
 
     def datalist(self, split: str) -> list[dict]:

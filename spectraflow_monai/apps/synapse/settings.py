@@ -122,6 +122,7 @@ class SynapseDataOptions(SettingsObject):
         val_split: where validation cases come from: ``"val"`` (held-out training cases) | ``"test"``.
         hu_window: the CT window ``[a_min, a_max]`` in HU.
         nonfinite, nonfinite_value: the rule for NaN / infinite voxels and its replacement.
+        synthetic_size: the phantom's ``generate_synthetic_ct`` arguments (``dataset: synthetic`` only).
     """
 
     label_map: Any = None
@@ -132,6 +133,7 @@ class SynapseDataOptions(SettingsObject):
     hu_window: Any = (-125.0, 275.0)
     nonfinite: str = "error"
     nonfinite_value: Any = None
+    synthetic_size: Any = None
 
 
 #: the bundle's default validation cases (:func:`default_val_cases`): TransUNet training cases held out of training

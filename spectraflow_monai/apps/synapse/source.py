@@ -45,6 +45,8 @@ class SynapseDataSource:
         synthetic_size: ``generate_synthetic_ct`` arguments of the phantom (``dataset="synthetic"`` only).
         progress: show the slice-extraction progress bar. Defaults to True.
         nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
+        allow_empty_masks: a training datalist whose masks are all background is trained on with a warning instead
+            of stopping the run (:func:`~spectraflow_monai.apps.workflow.datalist`). Defaults to False.
 
     See :func:`~spectraflow_monai.apps.synapse.build_synapse_datalist` for the checks and errors.
     """
@@ -67,7 +69,9 @@ class SynapseDataSource:
         progress: bool = True,
         nonfinite: str = "error",
         nonfinite_value: float | None = None,
+        allow_empty_masks: bool = False,
     ) -> None:
+        self.allow_empty_masks = bool(allow_empty_masks)
         generate = synthetic_size if dataset == "synthetic" and not data_list_file_path else None
         self.settings = SynapseDataSettings(
             dataset=dataset,
@@ -89,9 +93,10 @@ class SynapseDataSource:
         )
 
     @classmethod
-    def from_settings(cls, data: Any, model: Any, run: Any, synthetic_size: Mapping[str, Any] | None = None) -> Any:
+    def from_settings(cls, data: Any, model: Any, run: Any) -> Any:
         """The source of a run's settings objects: ``data`` (a :class:`~spectraflow_monai.utils.settings.
-        DataSettings`: the source, selection and its :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`),
+        DataSettings`: the source, selection, ``allow_empty_masks`` and its
+        :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`: ``unmapped_labels``, ``synthetic_size``),
         ``model`` (image size, CT window, label map, classes, the non-finite rule) and ``run`` (``dataset_dir``, the
         slice ``cache_dir``: None for :func:`~spectraflow_monai.apps.synapse.slice_cache_dir` under ``bundle_root``,
         ``progress_bar``)."""
@@ -103,8 +108,9 @@ class SynapseDataSource:
             data.dataset, run.dataset_dir, cache_dir, model.image_size, hu_window=model.hu_window,
             data_list_file_path=data.data_list_file_path, label_map=model.label_map, num_classes=model.num_classes,
             unmapped_labels=options.get("unmapped_labels", "error"), val_fraction=data.val_fraction,
-            data_fraction=data.data_fraction, data_seed=data.data_seed, synthetic_size=synthetic_size,
+            data_fraction=data.data_fraction, data_seed=data.data_seed, synthetic_size=options.get("synthetic_size"),
             progress=run.progress_bar, nonfinite=model.nonfinite, nonfinite_value=model.nonfinite_value,
+            allow_empty_masks=data.allow_empty_masks,
         )  # fmt: skip
 
     def datalist(
