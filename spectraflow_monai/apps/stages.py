@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from ignite.engine import Engine
+from ignite.engine import Engine, Events
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.data import DistributedSampler
 from monai.handlers import (
@@ -76,7 +76,7 @@ from spectraflow_monai.transforms import MixedDomainCollate, RandMixedDomainBatc
 from spectraflow_monai.utils.checkpoint import resume_checkpoint
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.precision import AutocastInferer, Precision, resolve_precision
-from spectraflow_monai.utils.run_record import record_run
+from spectraflow_monai.utils.run_record import record_finished, record_run
 from spectraflow_monai.utils.settings import DataSettings, ModelSettings, RunSettings, Stage1Settings, Stage2Settings
 
 __all__ = [
@@ -381,6 +381,7 @@ class Stage2Program:
             resume=self.run_settings.resume,
             not_compared={**self.run_settings.to_dict(), "max_epochs": max_epochs},
             resolved={"encoder_start": self.encoder_start},
+            max_epochs=max_epochs,
         )
 
     def train(self, trainer: Engine, validation: Stage2ValidationHandlers, preprocessing: Compose) -> None:
@@ -404,7 +405,8 @@ def run_stage2(
     holding everything a restart needs to continue exactly (network, optimizer, learning-rate plateau, early
     stopping, the best model's score, the gradient scaler, the augmentation's random state, the epoch), the resume
     decision (:func:`~spectraflow_monai.utils.checkpoint.resume_checkpoint`: the newest checkpoint with ``resume``
-    true; else the earlier checkpoints and ``model_path`` kept aside as ``*.bak-<time>``), then training.
+    true; else the earlier checkpoints and ``model_path`` kept aside as ``*.bak-<time>``), then training; at its end
+    the run record notes the last epoch (:func:`~spectraflow_monai.utils.run_record.record_finished`).
 
     Args:
         trainer: the Stage-2 ``SupervisedTrainer`` (its ``network`` and ``optimizer`` are checkpointed).
@@ -429,6 +431,11 @@ def run_stage2(
     _checkpoint_loader_state(trainer, checkpoint)
     saver = SafeCheckpointSaver(
         save_dir=os.fspath(run_dir), save_dict=checkpoint, save_interval=1, n_saved=checkpoints_kept
+    )
+    # the record notes the end (its last epoch; early stopping or max_epochs): a later start trains a new run
+    # unless this one is given more epochs (record_run)
+    trainer.add_event_handler(
+        Events.COMPLETED, lambda engine: record_finished(run_dir, engine.state.epoch, engine.state.max_epochs)
     )
     start_training(
         trainer,

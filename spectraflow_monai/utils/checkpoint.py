@@ -29,6 +29,8 @@ from spectraflow_monai.utils.distributed import process_rank
 from spectraflow_monai.utils.settings import as_bool, model_settings_path
 
 __all__ = [
+    "RECORD_FILE",
+    "SET_ASIDE_KEPT",
     "NonFiniteStateError",
     "atomic_torch_save",
     "check_finite_state",
@@ -42,6 +44,12 @@ logger = logging.getLogger(__name__)
 
 _EPOCH_FILE = re.compile(r"^checkpoint_epoch=(\d+)\.pt$")
 _FINAL_FILE = "checkpoint_final.pt"
+#: name of the run record in a run's checkpoint folder (:func:`spectraflow_monai.utils.run_record.record_run`)
+RECORD_FILE = "run_record.json"
+#: how many earlier versions of one file or run folder :func:`set_aside` keeps (``<name>.bak-<time>``); older ones
+#: that it set aside are removed, so that repeated starts (e.g. MONAI Label's ``/train``) stay bounded on disk
+SET_ASIDE_KEPT = 3
+_SET_ASIDE_SUFFIX = r"\.bak-\d{8}-\d{6}(?:-\d+)?"
 
 
 class NonFiniteStateError(TrainingError):
@@ -152,6 +160,10 @@ def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = Fa
 
     With ``copy=False`` the path is renamed; with ``copy=True`` (files only) a copy is written atomically and the
     original stays in place, so that a run may still read it (e.g. fine-tuning that starts from ``model.pt``).
+
+    The newest :data:`SET_ASIDE_KEPT` versions of ``path`` are kept; older ``<name>.bak-<time>`` files are removed,
+    and older folders lose the files a run writes there (checkpoints, the run record), the folder itself only when
+    nothing else is in it (a file someone else put there keeps it, with a warning).
     """
     path = Path(os.fspath(path))
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
@@ -167,7 +179,26 @@ def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = Fa
     else:
         os.replace(path, target)
         logger.warning(f"starting over: kept the earlier '{path}' aside as '{target}'.")
+    _prune_set_aside(path, SET_ASIDE_KEPT)
     return target
+
+
+def _prune_set_aside(path: Path, keep: int) -> None:
+    """Remove the versions of ``path`` that :func:`set_aside` made, but the newest ``keep`` (see there)."""
+    pattern = re.compile(re.escape(path.name) + _SET_ASIDE_SUFFIX + "$")
+    versions = sorted(p for p in path.parent.iterdir() if pattern.match(p.name))  # the time stamps sort by name
+    for old in versions[: max(len(versions) - keep, 0)]:
+        if old.is_file():
+            old.unlink()
+        elif old.is_dir():
+            for f in old.iterdir():
+                if f.is_file() and (_EPOCH_FILE.match(f.name) or f.name in (_FINAL_FILE, RECORD_FILE)):
+                    f.unlink()
+            if any(old.iterdir()):
+                logger.warning(f"'{old}' holds files a run did not write there: it is kept.")
+                continue
+            old.rmdir()
+        logger.info(f"removed '{old}' (only the newest {keep} set-aside versions of '{path.name}' are kept).")
 
 
 def resume_checkpoint(

@@ -18,6 +18,11 @@ with two small JSON files:
 
 Settings that may change between restarts (``max_epochs``, ``num_workers``, the device, ...) are recorded under
 ``not_compared`` and never stop a run.
+
+A run that ended (:func:`record_finished`: its last epoch, and whether early stopping ended it) is not continued
+unless it is the same run given more epochs: started again in its folder, with another setting or data, or with no
+epochs left to train, a new run starts and the finished one is kept aside, so that a repeated training request (MONAI
+Label's ``/train``) always trains.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from spectraflow_monai.utils.checkpoint import latest_checkpoint, set_aside
+from spectraflow_monai.utils.checkpoint import RECORD_FILE, latest_checkpoint, set_aside
 from spectraflow_monai.utils.distributed import process_rank
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
@@ -57,14 +63,13 @@ __all__ = [
     "data_fingerprint",
     "model_settings_path",
     "read_model_settings",
+    "record_finished",
     "record_run",
     "write_model_settings",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: name of the run record in a run's checkpoint folder
-RECORD_FILE = "run_record.json"
 #: the layout of run records and model records: 2 = the settings objects written whole (format 1, unnumbered: the
 #: settings listed by the bundle configs)
 RECORD_FORMAT = 2
@@ -171,6 +176,7 @@ def record_run(
     resume: bool | str = True,
     not_compared: Mapping[str, Any] | None = None,
     resolved: Mapping[str, Any] | None = None,
+    max_epochs: int | None = None,
 ) -> dict[str, Any]:
     """Write the record of the run that starts in ``run_dir``; stop when it would continue a different run.
 
@@ -178,9 +184,13 @@ def record_run(
     must agree on ``settings``, ``model``, the data fingerprints, the label setup, the seed and the precision;
     otherwise a :class:`SettingError` lists every difference (recorded value, value now) and says how to go on. A
     checkpoint without a record (a run of an earlier version) is continued with a warning, and so is a record without
-    a settings or model field added since it was written (that field is not compared). Starting over keeps the
-    earlier run aside: with ``resume`` false the whole folder (``<run_dir>.bak-<time>``, its checkpoints and record),
-    without checkpoints the earlier record (``run_record.json.bak-<time>``).
+    a settings or model field added since it was written (that field is not compared).
+
+    A run whose record says it finished (:func:`record_finished`) is continued only when it agrees and ``max_epochs``
+    leaves epochs to train (it ended at ``max_epochs``, not by early stopping): otherwise a new run starts, with a
+    warning naming why. Starting over keeps the earlier run aside (:func:`~spectraflow_monai.utils.checkpoint.
+    set_aside`): the whole folder (``<run_dir>.bak-<time>``, its checkpoints and record), or without checkpoints the
+    earlier record (``run_record.json.bak-<time>``).
 
     Args:
         run_dir: the run's checkpoint folder (``models/stage2``, ``models/stage1``).
@@ -201,14 +211,18 @@ def record_run(
         resolved: what the settings resolved to when the run started (Stage-2's ``encoder_start``: where
             ``encoder_init: auto`` started the encoder), recorded and compared under ``settings.resolved``.
             Defaults to None.
+        max_epochs: the epochs the run trains to, for a finished run's decision; None: a finished run that agrees
+            is continued (a stage whose epochs are not known here, e.g. Stage-1). Defaults to None.
 
     Returns:
         the record written.
 
     Raises:
-        SettingError: the record differs from the run this restart would continue.
+        SettingError: the record differs from the unfinished run this restart would continue.
     """
     resume = as_bool(resume, "resume")
+    if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1):
+        raise SettingError(f"max_epochs must be a positive int, got {max_epochs!r}.")
     settings = {**_plain(settings), **({} if data_settings is None else {"data": _plain(data_settings)})}
     if resolved:
         settings["resolved"] = _plain(dict(resolved))
@@ -228,6 +242,14 @@ def record_run(
     }
     old = _read_json(path)
     continuing = resume and latest_checkpoint(folder) is not None
+    finished = (old or {}).get("finished") if continuing else None
+    if finished and (finished.get("stopped_early") or (max_epochs is not None and finished.get("epoch", 0) >= max_epochs)):
+        continuing = False  # nothing left to train: a new run
+        why = "stopped early" if finished.get("stopped_early") else f"trained its {finished.get('epoch')} epochs"
+        logger.warning(
+            f"{folder} holds a finished run ({why}): a new run starts and the finished one is kept aside (a higher "
+            "--max_epochs continues a run that ended at its max_epochs)."
+        )
     if continuing and old is None:
         logger.warning(f"{folder} holds checkpoints but no {RECORD_FILE} (an earlier version): continuing unchecked.")
     elif continuing and old.get("format") != RECORD_FORMAT:
@@ -244,7 +266,13 @@ def record_run(
         diffs = [
             d for part in _COMPARED for d in _differences(old.get(part), record[part], part) if d[0] not in later
         ]
-        if diffs:
+        if diffs and finished:  # a finished run with other settings or data: nothing of it to continue
+            continuing = False
+            logger.warning(
+                f"{folder} holds a finished run with other settings or data ({', '.join(d[0] for d in diffs)}): a new "
+                "run starts and the finished one is kept aside."
+            )
+        elif diffs:
             lines = "\n".join(f"  - {name}: recorded {a!r}, now {b!r}" for name, a, b in diffs)
             raise SettingError(
                 f"{folder} holds a run with other settings ({RECORD_FILE}); continuing it would mix two runs:\n"
@@ -253,7 +281,7 @@ def record_run(
                 "files are kept aside as *.bak-<time>), or\n"
                 "  - train into a new folder: --bundle_root <another folder>."
             )
-        if old.get("spectraflow_monai") != record["spectraflow_monai"]:
+        if continuing and old.get("spectraflow_monai") != record["spectraflow_monai"]:
             logger.warning(
                 f"continuing a run recorded by spectraflow_monai {old.get('spectraflow_monai')} with "
                 f"{record['spectraflow_monai']}."
@@ -265,8 +293,22 @@ def record_run(
             set_aside(path, time.strftime("%Y%m%d-%H%M%S"))
         os.makedirs(folder, exist_ok=True)
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every process decides on the same folder
     logger.info(f"run record: {path}")
     return record
+
+
+def record_finished(run_dir: str | os.PathLike, epoch: int, max_epochs: int) -> None:
+    """Note in the run record of ``run_dir`` that its run ended after ``epoch`` of ``max_epochs`` epochs (fewer:
+    early stopping ended it), so that a later start decides between continuing it and a new run (:func:`record_run`).
+    Not compared; rank 0 writes it."""
+    path = os.path.join(os.fspath(run_dir), RECORD_FILE)
+    record = _read_json(path)
+    if record is None or process_rank() != 0:
+        return
+    record["finished"] = {"epoch": int(epoch), "max_epochs": int(max_epochs), "stopped_early": int(epoch) < int(max_epochs)}
+    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
 def write_model_settings(model_file: str | os.PathLike, settings: ModelSettings | Mapping[str, Any]) -> str:

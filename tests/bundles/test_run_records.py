@@ -64,6 +64,17 @@ def trained(tmp_path_factory, data_dir) -> Path:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _killed(trained: Path, root: Path) -> Path:
+    """A copy of the trained bundle as a run killed after its last checkpoint leaves it: the record without the note
+    that the run ended (``record_finished``), which only the end of training writes."""
+    shutil.copytree(trained, root)
+    path = root / "models" / "stage2" / "run_record.json"
+    record = json.loads(path.read_text())
+    assert record.pop("finished") == {"epoch": 1, "max_epochs": 1, "stopped_early": False}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return root
+
+
 def _fails(config, **override) -> str:
     with pytest.raises(Exception) as info:
         run_bundle(config, META, **override)
@@ -90,16 +101,17 @@ def test_a_run_records_itself(trained):
     assert export["model"] == encoder
 
 
-def test_a_restart_with_other_settings_stops_before_training(trained, data_dir):
-    model = (trained / "models" / "model.pt").read_bytes()
-    record = (trained / "models" / "stage2" / "run_record.json").read_text()
-    text = _fails(TRAIN, **{**_common(trained, data_dir), **STAGE2, "learning_rate": 0.001, "image_size": 42})
+def test_a_restart_with_other_settings_stops_before_training(trained, data_dir, tmp_path):
+    killed = _killed(trained, tmp_path / "killed")
+    model = (killed / "models" / "model.pt").read_bytes()
+    record = (killed / "models" / "stage2" / "run_record.json").read_text()
+    text = _fails(TRAIN, **{**_common(killed, data_dir), **STAGE2, "learning_rate": 0.001, "image_size": 42})
     assert "learning_rate: recorded 0.0001, now 0.001" in text
     assert "model.image_size: recorded 28, now 42" in text
     assert "Nothing was trained" in text and "--resume false" in text and "--bundle_root" in text
     assert "size mismatch" not in text
-    assert (trained / "models" / "model.pt").read_bytes() == model  # nothing changed
-    assert (trained / "models" / "stage2" / "run_record.json").read_text() == record
+    assert (killed / "models" / "model.pt").read_bytes() == model  # nothing changed
+    assert (killed / "models" / "stage2" / "run_record.json").read_text() == record
 
 
 def test_a_stage1_restart_with_another_objective_stops(trained, data_dir):
@@ -114,8 +126,26 @@ def test_a_stage1_restart_with_another_objective_stops(trained, data_dir):
 def test_a_restart_on_other_data_stops(trained, tmp_path):
     other = tmp_path / "other"
     generate_synthetic_dataset(other, num_train=6, num_val=2)
-    text = _fails(TRAIN, **_common(trained, other, num_train=6), **STAGE2)
+    text = _fails(TRAIN, **_common(_killed(trained, tmp_path / "killed"), other, num_train=6), **STAGE2)
     assert "data.train.items: recorded 4, now 6" in text and "data.train.sha256" in text
+
+
+@pytest.mark.parametrize("change", [{}, {"learning_rate": 0.001}, {"synthetic_size": {"num_train": 6, "num_val": 2}}])
+def test_a_finished_run_started_again_trains_a_new_run(trained, tmp_path, change, caplog):
+    """A finished run has nothing to continue at its max_epochs (MONAI Label's repeated ``/train``, possibly on more
+    labels): a new run trains, the finished one kept aside; never a start that trains nothing."""
+    root = tmp_path / "again"
+    shutil.copytree(trained, root)
+    data = tmp_path / "data"  # the synthetic preset generates what synthetic_size asks for
+    caplog.set_level(logging.WARNING)
+    run_bundle(TRAIN, META, **{**_common(root, data), **STAGE2, **change})
+    assert "holds a finished run" in caplog.text and "resuming from" not in caplog.text
+    record = json.loads((root / "models" / "stage2" / "run_record.json").read_text())
+    assert record["finished"] == {"epoch": 1, "max_epochs": 1, "stopped_early": False}  # trained, and ended again
+    assert record["settings"]["learning_rate"] == change.get("learning_rate", 0.0001)
+    (aside,) = (root / "models").glob("stage2.bak-*")
+    assert json.loads((aside / "run_record.json").read_text())["settings"]["learning_rate"] == 0.0001
+    assert len(list((root / "models").glob("model.pt.bak-*"))) == 1  # the served model, copied aside
 
 
 def test_evaluation_and_inference_read_the_record(trained, data_dir, tmp_path):

@@ -6,6 +6,7 @@ output as the input's format (a PNG needs an integer label map)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -124,15 +125,22 @@ def test_stock_train_task_trains_the_bundle_on_datastore_labels(tmp_path, name, 
     task = BundleTrainTask(str(folder), conf={})
     assert task.is_valid()
     task({"model": name, "max_epochs": 1, "device": "cpu", "val_split": 0.5, "multi_gpu": False}, datastore)
-    run_record = __import__("json").loads((folder / "models" / "stage2" / "run_record.json").read_text())
+    run_record = json.loads((folder / "models" / "stage2" / "run_record.json").read_text())
     assert not (folder / "models" / "encoder_stage1.pt").exists()  # no Stage-1 run: the bundle's encoder_init finds
     assert run_record["settings"]["encoder_init"] == "auto"  # its way alone, and the record says where it started
     assert run_record["settings"]["resolved"] == {"encoder_start": "pretrained"}
     assert (folder / "models" / "model.pt").read_bytes() != before
     record = ModelSettings.from_dict(
-        __import__("json").loads((folder / "models" / "model.json").read_text())["model"]
+        json.loads((folder / "models" / "model.json").read_text())["model"]
     )
     assert record.image_size == 28 and record.encoder_kwargs == {"depth": 2}
+    # the annotator's next /train (same request; the finished run has no epoch left): a new run that starts from the
+    # served model trains and replaces it, the finished run kept aside; never an answer that trained nothing
+    served = (folder / "models" / "model.pt").read_bytes()
+    task({"model": name, "max_epochs": 1, "device": "cpu", "val_split": 0.5, "multi_gpu": False}, datastore)
+    assert (folder / "models" / "model.pt").read_bytes() != served
+    assert len(list((folder / "models").glob("stage2.bak-*"))) == 1
+    assert json.loads((folder / "models" / "stage2" / "run_record.json").read_text())["finished"]["epoch"] == 1
 
 
 def test_a_model_trained_with_its_own_normalisation_is_served_with_it(tmp_path):

@@ -8,10 +8,12 @@ import torch
 
 from spectraflow_monai.utils import SettingError
 from spectraflow_monai.utils.checkpoint import (
+    SET_ASIDE_KEPT,
     NonFiniteStateError,
     check_finite_state,
     latest_checkpoint,
     resume_checkpoint,
+    set_aside,
 )
 
 
@@ -83,3 +85,25 @@ def test_explicit_resume_from(tmp_path):
 def test_bad_resume_value():
     with pytest.raises(SettingError, match="resume must be true or false, got 'maybe'"):
         resume_checkpoint("unused", "maybe")
+
+
+def test_what_is_set_aside_stays_bounded(tmp_path, caplog):
+    """Repeated starts keep the newest SET_ASIDE_KEPT versions of a file and of a run folder; an older folder loses
+    only the files a run writes, and stays when someone else's file is in it; other names are never touched."""
+    model, run = _touch(tmp_path / "model.pt"), tmp_path / "stage2"
+    (tmp_path / "model.pt.bak-mine").write_bytes(b"a user's copy")  # not a name set_aside makes
+    stamps = [f"20260101-00000{i}" for i in range(SET_ASIDE_KEPT + 2)]
+    for i, stamp in enumerate(stamps):
+        set_aside(model, stamp, copy=True)
+        _touch(run / "checkpoint_epoch=1.pt")
+        _touch(run / "run_record.json")
+        if i == 0:
+            _touch(run / "notes.txt")  # someone else's file in the first run folder
+        set_aside(run, stamp)
+    kept = sorted(p.name for p in tmp_path.glob("model.pt.bak-2*"))
+    assert kept == [f"model.pt.bak-{s}" for s in stamps[-SET_ASIDE_KEPT:]]
+    assert (tmp_path / "model.pt.bak-mine").is_file() and model.is_file()
+    folders = sorted(p.name for p in tmp_path.glob("stage2.bak-*"))
+    assert folders == [f"stage2.bak-{stamps[0]}"] + [f"stage2.bak-{s}" for s in stamps[-SET_ASIDE_KEPT:]]
+    assert [p.name for p in (tmp_path / f"stage2.bak-{stamps[0]}").iterdir()] == ["notes.txt"]
+    assert "holds files a run did not write there" in caplog.text

@@ -18,6 +18,7 @@ from spectraflow_monai.utils.run_record import (
     check_model_settings,
     data_fingerprint,
     model_settings_path,
+    record_finished,
     record_run,
     write_model_settings,
 )
@@ -71,6 +72,32 @@ def test_a_restart_that_differs_is_named(tmp_path, change, named):
     record_run(tmp_path / "run", **{**base, **change}, resume=False)
     assert len(list(tmp_path.glob("run.bak-*"))) == 1
     assert json.loads((tmp_path / "run" / RECORD_FILE).read_text())["seed"] == change.get("seed", 0)
+
+
+# a finished run (epoch, max_epochs of its end) started again with max_epochs: continued, or a new run
+@pytest.mark.parametrize(
+    "ended, max_epochs, change, continues",
+    [
+        ((3, 3), 5, {}, True),  # ended at its max_epochs, given more: trains on
+        ((3, 3), 3, {}, False),  # nothing left to train
+        ((2, 5), 9, {}, False),  # stopped early: done whatever the budget
+        ((3, 3), 5, {"seed": 1}, False),  # other settings (or data): nothing of it to continue, never refused
+        ((3, 3), None, {}, True),  # a stage that does not tell its epochs: continued
+    ],
+)
+def test_a_finished_run_is_continued_only_with_epochs_left(tmp_path, caplog, ended, max_epochs, change, continues):
+    base = {"settings": {"learning_rate": 0.0001}, "seed": 0}
+    record_run(tmp_path / "run", **base)
+    torch.save({}, tmp_path / "run" / "checkpoint_epoch=3.pt")
+    record_finished(tmp_path / "run", *ended)
+    assert json.loads((tmp_path / "run" / RECORD_FILE).read_text())["finished"]["stopped_early"] is (ended[0] < ended[1])
+    record_run(tmp_path / "run", **{**base, **change}, max_epochs=max_epochs)
+    assert (tmp_path / "run" / "checkpoint_epoch=3.pt").is_file() is continues
+    assert len(list(tmp_path.glob("run.bak-*"))) == (0 if continues else 1)
+    assert ("holds a finished run" in caplog.text) is not continues
+    assert "finished" not in json.loads((tmp_path / "run" / RECORD_FILE).read_text())  # the new start's record
+    with pytest.raises(SettingError, match="max_epochs must be a positive int"):
+        record_run(tmp_path / "other", **base, max_epochs=0)
 
 
 def test_a_run_recorded_before_new_fields_continues(tmp_path, caplog):
