@@ -363,10 +363,11 @@ class Stage2Program:
 
     def record(self, train: Sequence[dict], val: Sequence[dict], data_source: Any, max_epochs: int) -> dict:
         """Write the run record (``<stage2_dir>/run_record.json``): the settings objects whole, the data's
-        fingerprints and where the encoder starts (:attr:`encoder_start`); a restart that would continue a run recorded with other
-        settings or data stops here, naming each difference (:func:`~spectraflow_monai.utils.run_record.
-        record_run`; ``train`` and ``val`` are what the datasets read). The run settings and ``max_epochs`` are
-        recorded, not compared."""
+        fingerprints and where the encoder starts (:attr:`encoder_start`); a restart that would continue an
+        unfinished run recorded with other settings or data stops here, naming each difference, and a finished run
+        with no epoch left to train is replaced by a new one (:func:`~spectraflow_monai.utils.run_record.record_run`;
+        ``train`` and ``val`` are what the datasets read). The run settings and ``max_epochs`` are recorded, not
+        compared."""
         return record_run(
             self.run_settings.stage2_dir,
             settings=self.settings,

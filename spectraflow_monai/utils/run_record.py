@@ -243,7 +243,8 @@ def record_run(
     old = _read_json(path)
     continuing = resume and latest_checkpoint(folder) is not None
     finished = (old or {}).get("finished") if continuing else None
-    if finished and (finished.get("stopped_early") or (max_epochs is not None and finished.get("epoch", 0) >= max_epochs)):
+    no_epoch_left = finished and max_epochs is not None and finished.get("epoch", 0) >= max_epochs
+    if finished and (finished.get("stopped_early") or no_epoch_left):
         continuing = False  # nothing left to train: a new run
         why = "stopped early" if finished.get("stopped_early") else f"trained its {finished.get('epoch')} epochs"
         logger.warning(
@@ -307,7 +308,8 @@ def record_finished(run_dir: str | os.PathLike, epoch: int, max_epochs: int) -> 
     record = _read_json(path)
     if record is None or process_rank() != 0:
         return
-    record["finished"] = {"epoch": int(epoch), "max_epochs": int(max_epochs), "stopped_early": int(epoch) < int(max_epochs)}
+    epoch, max_epochs = int(epoch), int(max_epochs)
+    record["finished"] = {"epoch": epoch, "max_epochs": max_epochs, "stopped_early": epoch < max_epochs}
     write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
 

@@ -90,7 +90,8 @@ def test_a_finished_run_is_continued_only_with_epochs_left(tmp_path, caplog, end
     record_run(tmp_path / "run", **base)
     torch.save({}, tmp_path / "run" / "checkpoint_epoch=3.pt")
     record_finished(tmp_path / "run", *ended)
-    assert json.loads((tmp_path / "run" / RECORD_FILE).read_text())["finished"]["stopped_early"] is (ended[0] < ended[1])
+    finished = json.loads((tmp_path / "run" / RECORD_FILE).read_text())["finished"]
+    assert finished["stopped_early"] is (ended[0] < ended[1])
     record_run(tmp_path / "run", **{**base, **change}, max_epochs=max_epochs)
     assert (tmp_path / "run" / "checkpoint_epoch=3.pt").is_file() is continues
     assert len(list(tmp_path.glob("run.bak-*"))) == (0 if continues else 1)
