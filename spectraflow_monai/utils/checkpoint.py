@@ -50,6 +50,10 @@ RECORD_FILE = "run_record.json"
 #: that it set aside are removed, so that repeated starts (e.g. MONAI Label's ``/train``) stay bounded on disk
 SET_ASIDE_KEPT = 3
 _SET_ASIDE_SUFFIX = r"\.bak-\d{8}-\d{6}(?:-\d+)?"
+# the files a run writes into its folder: checkpoints, its record and the earlier records it set aside
+_RUN_FILE = re.compile(
+    r"checkpoint_epoch=\d+\.pt|" + re.escape(_FINAL_FILE) + "|" + re.escape(RECORD_FILE) + f"(?:{_SET_ASIDE_SUFFIX})?"
+)
 
 
 class NonFiniteStateError(TrainingError):
@@ -192,7 +196,7 @@ def _prune_set_aside(path: Path, keep: int) -> None:
             old.unlink()
         elif old.is_dir():
             for f in old.iterdir():
-                if f.is_file() and (_EPOCH_FILE.match(f.name) or f.name in (_FINAL_FILE, RECORD_FILE)):
+                if f.is_file() and _RUN_FILE.fullmatch(f.name):
                     f.unlink()
             if any(old.iterdir()):
                 logger.warning(f"'{old}' holds files a run did not write there: it is kept.")

@@ -97,6 +97,7 @@ def test_what_is_set_aside_stays_bounded(tmp_path, caplog):
         set_aside(model, stamp, copy=True)
         _touch(run / "checkpoint_epoch=1.pt")
         _touch(run / "run_record.json")
+        _touch(run / f"run_record.json.bak-{stamp}")  # an earlier record the run set aside
         if i == 0:
             _touch(run / "notes.txt")  # someone else's file in the first run folder
         set_aside(run, stamp)
