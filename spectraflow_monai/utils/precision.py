@@ -38,7 +38,7 @@ import torch
 from monai.inferers import Inferer, SimpleInferer
 
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.settings import PRECISION_SETTINGS
+from spectraflow_monai.utils.settings import PRECISION_SETTINGS, check_precision_setting
 
 __all__ = [
     "PRECISION_SETTINGS",
@@ -194,9 +194,7 @@ def resolve_precision(
     """
     if isinstance(setting, Precision):
         return setting
-    if not isinstance(setting, str) or setting.strip().lower() not in PRECISION_SETTINGS:
-        raise SettingError(f"precision must be one of {', '.join(PRECISION_SETTINGS)}, got {setting!r}.")
-    setting = setting.strip().lower()
+    setting = check_precision_setting(setting)
     dev = _device_of(device)
     kind = dev.type
     if kind == "cuda" and not _cuda_available():

@@ -49,6 +49,7 @@ __all__ = [
     "PRECISION_SETTINGS",
     "as_bool",
     "check_image_size",
+    "check_precision_setting",
     "model_settings_path",
 ]
 
@@ -94,6 +95,17 @@ DATA_PATHS: tuple[str, ...] = ("monai", "device")
 ENCODER_INITS: tuple[str, ...] = ("auto", "stage1", "pretrained", "random")
 #: the Stage-1 objective: the paper's Mixed-Domain MeanFlow, or the mixed-domain MAE of the Table 2 ablation
 STAGE1_OBJECTIVES: tuple[str, ...] = ("meanflow", "mae")
+
+
+def check_precision_setting(value: Any) -> str:
+    """``value`` as one of :data:`PRECISION_SETTINGS` (case and surrounding spaces ignored).
+
+    Raises:
+        SettingError: (a ``ValueError``) any other value, named.
+    """
+    if not isinstance(value, str) or value.strip().lower() not in PRECISION_SETTINGS:
+        raise SettingError(f"precision must be one of {', '.join(PRECISION_SETTINGS)}, got {value!r}.")
+    return value.strip().lower()
 
 
 def check_image_size(value: Any, name: str = "image_size", multiple: int = PATCH_SIZE) -> int:
@@ -504,8 +516,7 @@ class RunSettings(SettingsObject):
     distance_backend: str = "auto"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.precision, str) or self.precision.strip().lower() not in PRECISION_SETTINGS:
-            raise SettingError(f"precision must be one of {', '.join(PRECISION_SETTINGS)}, got {self.precision!r}.")
+        check_precision_setting(self.precision)
         _number("num_workers", self.num_workers, 0, integer=True)
         _number("cache_rate", self.cache_rate, 0.0, 1.0)
         object.__setattr__(self, "progress_bar", as_bool(self.progress_bar, "progress_bar"))
