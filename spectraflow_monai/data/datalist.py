@@ -270,7 +270,8 @@ def decathlon_datalist(
                     )
                 e[field] = os.path.abspath(e[field])
             if "fov" in e:  # field-of-view / ignore mask (scored pixels non-zero), relative paths as image / label
-                fov = e["fov"]
+                # the JSON's own value: MONAI joins any other key to base_dir already when that path exists
+                fov = items[i]["fov"]
                 if not isinstance(fov, str) or not fov:
                     raise DatasetError(f"datalist {path!r}: {key}[{i}] fov must be a mask file path, got {fov!r}.")
                 fov = fov if os.path.isabs(fov) else os.path.join(base, fov)

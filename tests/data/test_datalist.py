@@ -259,6 +259,25 @@ def test_grouped_holdout_keeps_each_video_in_one_split(tmp_path, seed, source):
         folder_datalist(data, "val", group_pattern="(")
 
 
+@pytest.mark.parametrize("relative", [True, False])
+def test_decathlon_json_fov_paths_start_at_dataset_dir(tmp_path, monkeypatch, relative):
+    """A JSON entry's ``fov`` is joined to ``dataset_dir`` once, whether that folder is given relative or absolute."""
+    monkeypatch.chdir(tmp_path)
+    data = _folder(tmp_path / "data", n=2)
+    (data / "fov").mkdir()
+    Image.fromarray(np.full((8, 8), 255, np.uint8)).save(data / "fov" / "im0.png")
+    items = [{"image": f"images/im{i}.png", "label": f"masks/im{i}_mask.png"} for i in range(2)]
+    items[0]["fov"] = "fov/im0.png"
+    js = tmp_path / "d.json"
+    js.write_text(json.dumps({"training": items[:1], "validation": items[1:]}))
+    entries = decathlon_datalist(js, "data" if relative else str(data), "train")
+    assert entries[0]["fov"] == str(data / "fov" / "im0.png")
+    items[0]["fov"] = "fov/gone.png"
+    js.write_text(json.dumps({"training": items[:1], "validation": items[1:]}))
+    with pytest.raises(DatasetError, match="gone.png' does not exist"):
+        decathlon_datalist(js, "data" if relative else str(data), "train")
+
+
 def test_folder_field_of_view_masks_are_paired_like_masks(tmp_path):
     """``<dataset_dir>/fov/<id>_mask.png`` (DRIVE-style) gives the entry's ``fov``; images without one have none."""
     data = _folder(tmp_path / "data", n=3)
