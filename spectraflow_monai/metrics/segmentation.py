@@ -43,6 +43,7 @@ __all__ = [
     "NEARLY_FULL_FRACTION",
     "degenerate_prediction_warnings",
     "scoring_description",
+    "sort_sizes",
     "EMPTY_CONVENTIONS",
     "METRIC_KEYS",
     "SegmentationMetricSuite",
@@ -107,6 +108,29 @@ def degenerate_prediction_warnings(
     return warnings
 
 
+def sort_sizes(sizes: Iterable[str]) -> list[str]:
+    """The distinct image sizes ``"AxB"`` (any number of dimensions) from the smallest to the largest.
+
+    Sizes are compared as numbers, by pixel count and then dimension by dimension (``"720x576"`` before
+    ``"1214x1019"``, ``"64x128"`` before ``"128x64"``); a text that is not a size comes last, in text order.
+
+    Args:
+        sizes: sizes such as ``"224x224"``.
+
+    Returns:
+        The distinct sizes, sorted.
+    """
+
+    def key(size: str) -> tuple:
+        parts = str(size).split("x")
+        if not all(p.isdigit() for p in parts):
+            return (1, 0, (), str(size))
+        dims = tuple(int(p) for p in parts)
+        return (0, int(np.prod(dims, dtype=object)), dims, str(size))
+
+    return sorted(set(sizes), key=key)
+
+
 def scoring_description(rows: Sequence[Mapping[str, Any]], original_size: bool | None = None) -> str:
     """One sentence saying how the rows were scored: at which size, and inside a field of view or not.
 
@@ -117,7 +141,7 @@ def scoring_description(rows: Sequence[Mapping[str, Any]], original_size: bool |
             network's input size; None: not known (only the sizes are stated). Defaults to None.
     """
     images = {(r.get("name"), r.get("size"), r.get("fov")) for r in rows}
-    sizes = sorted({s for _, s, _ in images if s})
+    sizes = sort_sizes(s for _, s, _ in images if s)
     with_fov = sum(1 for _, _, f in images if f)
     if not sizes:
         where = "at the size of the masks given"

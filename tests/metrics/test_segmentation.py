@@ -337,3 +337,22 @@ def test_field_of_view_mask_scores_inside_only():
     assert row["dice"] == 1.0 and row["pred_area"] == 16 and row["pixels"] == 48
     with pytest.raises(ValueError, match="mask must be"):
         suite.update(pred, gt, mask=fov[..., :4])
+
+
+@pytest.mark.parametrize("sizes, expected", [
+    (["1214x1019", "720x576", "720x576"], ["720x576", "1214x1019"]),  # text order would put 1214x1019 first
+    (["128x64", "64x128", "100x100"], ["64x128", "128x64", "100x100"]),  # pixel count, then dimension by dimension
+    (["10x10x10", "999x2", "n/a", "9x9"], ["9x9", "10x10x10", "999x2", "n/a"]),  # any rank; a non-size last
+    ([], []),
+])  # fmt: skip
+def test_sort_sizes_compares_numbers(sizes, expected):
+    from spectraflow_monai.metrics.segmentation import sort_sizes
+
+    assert sort_sizes(sizes) == expected
+
+
+def test_scoring_sentence_gives_the_size_range_smallest_first():
+    from spectraflow_monai.metrics.segmentation import scoring_description
+
+    rows = [{"name": "a", "size": "1214x1019", "fov": False}, {"name": "b", "size": "720x576", "fov": False}]
+    assert scoring_description(rows).startswith("Scored at 2 different sizes (720x576 .. 1214x1019), ")
