@@ -21,7 +21,8 @@ Options:
   - ``--split`` (``test``: what ``configs/evaluate.yaml`` scores), ``--val-fraction`` (0.2) and ``--data-seed`` (0)
     as the bundle's ``val_fraction`` / ``data_seed`` (the hold-out of a source without a validation list);
     ``--label-classes`` as the bundle's ``label_classes`` (label maps: contours of every class but background).
-- ``--title TEXT``, ``--num-images N`` (6), ``--seed S`` (0), ``--image-size PX`` (224, the overlay panel size).
+- ``--title TEXT``, ``--num-images N`` (6), ``--seed S`` (0), ``--image-size PX`` (the overlay panel size; default:
+  the image size of ``--model``'s record, else the size of the predictions).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow report") ->
     parser.add_argument("--seed", type=int, default=0, help="seed of the overlay choice without metrics.csv")
     parser.add_argument("--image-size", type=int, default=None,
                         help="side length of the overlay panels in pixels, the evaluation resolution (default: the "
-                        "image_size of --model's record, else 224)")
+                        "image_size of --model's record, else the size of the predictions)")
     parser.add_argument("--model", metavar="FILE",
                         help="the evaluated model (the bundle's models/model.pt): its record beside it (model.json) "
                         "gives the image size and label_classes; a value given that contradicts it is refused")
@@ -172,12 +173,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow report") ->
     return 0
 
 
-def _recorded_settings(model: str | None, image_size: int | None, label_classes: Any) -> tuple[int, Any]:
+def _recorded_settings(model: str | None, image_size: int | None, label_classes: Any) -> tuple[int | None, Any]:
     """The image size and label classes of the report: the given ones, checked against the record beside ``model``
     (:class:`~spectraflow_monai.utils.run_record.ModelRecord`: a contradiction is a ``SettingError`` naming both),
-    else the record's; without a model, the given ones or 224 and binary masks."""
+    else the record's; without a model, the given ones (image size None: the report takes the predictions' size)."""
     if model is None:
-        return (224 if image_size is None else image_size), label_classes
+        return image_size, label_classes
     from spectraflow_monai.utils.run_record import ModelRecord
 
     if not os.path.isfile(model):

@@ -17,7 +17,9 @@ import numpy as np
 
 from spectraflow_monai.handlers.metric_suite import name_from_path
 
-__all__ = ["PRED_SUFFIX", "check_datalist", "entry_name", "find_prediction", "pair_predictions", "read_dice"]
+__all__ = [
+    "PRED_SUFFIX", "check_datalist", "entry_name", "find_prediction", "pair_predictions", "prediction_size", "read_dice"
+]
 
 #: file name suffix of the predictions written by the bundle (``SaveImaged(output_postfix="seg")``)
 PRED_SUFFIX = "_seg.png"
@@ -88,6 +90,22 @@ def pair_predictions(
             f"(looked for <name>{PRED_SUFFIX}, e.g. '{entry_name(datalist[0])}{PRED_SUFFIX}')."
         )
     return found, missing
+
+
+def prediction_size(path: str | os.PathLike) -> tuple[int, int]:
+    """The size ``(width, height)`` of a saved prediction, read from its header (MONAI's PIL reader gives the same
+    spatial axes, in that order).
+
+    Raises:
+        ValueError: the file is not an image Pillow can read (the message names it).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(os.fspath(path)) as img:
+            return int(img.width), int(img.height)
+    except (OSError, UnidentifiedImageError) as e:
+        raise ValueError(f"cannot read the size of prediction '{os.fspath(path)}': {e}") from e
 
 
 def read_dice(metrics_csv: str | os.PathLike) -> dict[str, float]:

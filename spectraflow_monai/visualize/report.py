@@ -6,8 +6,8 @@ qualitative predictions next to the ground truth. The 2D bundle's evaluation wri
 
 - ``metrics.csv`` (one row per image, or per image and class), ``summary.md`` and ``summary.json``
   (:class:`~spectraflow_monai.metrics.SegmentationMetricSuite`);
-- ``predictions/<name>_seg.png``: binary predictions (0/255) at 224x224, written by MONAI ``SaveImaged`` with the
-  ``PILWriter`` (``predictions/<name>/<name>_seg.png`` when ``separate_folder=True``), found by
+- ``predictions/<name>_seg.png``: binary predictions (0/255) at the network's input size (``image_size``), written
+  by MONAI ``SaveImaged`` with the ``PILWriter`` (``predictions/<name>/<name>_seg.png`` when ``separate_folder=True``), found by
   :func:`find_prediction`.
 
 Training writes TensorBoard event files with MONAI's ``TensorBoardStatsHandler`` (Stage-2 into ``logs/``, Stage-1
@@ -24,10 +24,11 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
+from spectraflow_monai.metrics.segmentation import sort_sizes
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.visualize.curves import plot_training_curves
 from spectraflow_monai.visualize.overlays import plot_overlays
-from spectraflow_monai.visualize.predictions import check_datalist, find_prediction, pair_predictions
+from spectraflow_monai.visualize.predictions import check_datalist, find_prediction, pair_predictions, prediction_size
 from spectraflow_monai.visualize.utils import list_names
 
 __all__ = ["BETA_RAMP_NOTE", "find_prediction", "write_report"]
@@ -41,11 +42,18 @@ BETA_RAMP_NOTE = (
 )
 
 
-def _overlay_scale_note(folder: str, size: int) -> str:
-    """Where the overlays are drawn, and (from ``summary.json``'s ``scoring``) how that differs from the scoring."""
+def _overlay_scale_note(folder: str, size: int, sizes: Sequence[str]) -> str:
+    """Where the overlays are drawn (``size``, beside the ``sizes`` of the predictions drawn) and (from
+    ``summary.json``'s ``scoring``) how that differs from the scoring."""
     import json
 
-    note = f"Drawn on the {size}x{size} resize of each image (the network's input), over the whole image."
+    if list(sizes) == [f"{size}x{size}"]:
+        note = (f"Drawn on the {size}x{size} resize of each image, the size of its prediction (the network's input), "
+                "over the whole image.")
+    else:
+        shown = " .. ".join(dict.fromkeys((sizes[0], sizes[-1])))  # one size, or the smallest .. the largest
+        note = (f"Drawn on the {size}x{size} resize of each image, over the whole image; the predictions ({shown}) "
+                "are resized to it (nearest).")
     try:
         with open(os.path.join(folder, "summary.json")) as f:
             scoring = str(json.load(f).get("scoring") or "")
@@ -64,7 +72,7 @@ def write_report(
     extra_lines: Sequence[str] = (),
     num_images: int = 6,
     seed: int = 0,
-    image_size: int = 224,
+    image_size: int | None = None,
     label_map: Mapping[int, int] | None = None,
 ) -> str:
     """Write ``eval_dir/report.md``: the ``summary.md`` metric table, training curves and prediction overlays.
@@ -85,7 +93,8 @@ def write_report(
         num_images: number of overlay images. Defaults to 6.
         seed: seed of the overlay choice without ``metrics.csv``. Defaults to 0.
         image_size: side length of the overlay panels in pixels, the evaluation resolution (see
-            :func:`plot_overlays`). Defaults to 224.
+            :func:`plot_overlays`); None: the size of the predictions (the evaluation writes them at the
+            network's input size; the largest side when they differ). The report states both. Defaults to None.
         label_map: ``{source value: class}`` of label maps (``label_classes``), for the overlays' contours; None:
             binary masks. Defaults to None.
 
@@ -143,11 +152,14 @@ def write_report(
         lines += ["## Predictions", ""]
         pred_dir = os.path.join(folder, "predictions")
         entries = check_datalist(datalist)
-        _, missing = pair_predictions(entries, pred_dir)
+        found, missing = pair_predictions(entries, pred_dir)
+        shapes = [prediction_size(p) for _, _, p in found]
+        sizes = sort_sizes(f"{w}x{h}" for w, h in shapes)
+        size = max(max(s) for s in shapes) if image_size is None else image_size
         metrics_csv = os.path.join(folder, "metrics.csv")
         has_csv = os.path.isfile(metrics_csv)
         n = plot_overlays(entries, pred_dir, os.path.join(folder, "overlays.png"), num_images=num_images,
-                          size=image_size, seed=seed, metrics_csv=metrics_csv if has_csv else None,
+                          size=size, seed=seed, metrics_csv=metrics_csv if has_csv else None,
                           label_map=label_map)
         how = "best, worst and median Dice (metrics.csv), then spread over the ranking" if has_csv else (
             f"drawn at random (seed {seed})")
@@ -155,7 +167,7 @@ def write_report(
             "![Prediction overlays](overlays.png)",
             "",
             f"Ground-truth contour in green, predicted contour in red. {n} of {len(entries) - len(missing)} "
-            f"image(s) with a prediction shown: {how}. {_overlay_scale_note(folder, image_size)}",
+            f"image(s) with a prediction shown: {how}. {_overlay_scale_note(folder, size, sizes)}",
             "",
         ]
         if missing:

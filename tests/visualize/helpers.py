@@ -21,12 +21,12 @@ def box_mask(box: tuple[int, int, int, int]) -> np.ndarray:
     return m
 
 
-def save_prediction(src_png: str, pred_dir: str) -> None:
-    """Write a prediction as the bundle does: MONAI PIL reader -> 224x224 binary -> SaveImage(PILWriter, 0/255)."""
+def save_prediction(src_png: str, pred_dir: str, size: int = 224) -> None:
+    """Write a prediction as the bundle does: MONAI PIL reader -> size x size binary -> SaveImage(PILWriter, 0/255)."""
     from monai.transforms import EnsureChannelFirst, LoadImage, Resize, SaveImage
 
     x = EnsureChannelFirst()(LoadImage(reader="PILReader", image_only=True)(src_png))
-    x = Resize((224, 224), mode="nearest")((x >= 128).float())
+    x = Resize((size, size), mode="nearest")((x >= 128).float())
     SaveImage(output_dir=pred_dir, output_postfix="seg", output_ext=".png", writer="PILWriter", scale=255,
               separate_folder=False, print_log=False)(x)
 

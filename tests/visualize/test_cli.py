@@ -67,6 +67,25 @@ def test_cli_output_and_image_size(run_dir, tmp_path, capsys, monkeypatch):
     assert "--output" in capsys.readouterr().err
 
 
+def test_cli_without_model_draws_at_the_size_of_the_predictions(run_dir, tmp_path, monkeypatch):
+    """No ``--model`` and no ``--image-size``: the overlays and their note take the predictions' size (112), not 224."""
+    import spectraflow_monai.visualize.report as rep
+    from tests.visualize.helpers import save_prediction
+
+    root, datalist = run_dir
+    ev = tmp_path / "eval"
+    (ev / "predictions").mkdir(parents=True)
+    for name in ("case0", "case1", "case2"):
+        save_prediction(str(root / "raw_pred" / f"{name}.png"), str(ev / "predictions"), size=112)
+    (ev / "summary.md").write_text(SUMMARY)
+    (tmp_path / "dl.json").write_text(json.dumps(datalist[:3]))
+    sizes = []
+    real = rep.plot_overlays
+    monkeypatch.setattr(rep, "plot_overlays", lambda *a, **k: sizes.append(k["size"]) or real(*a, **k))
+    assert cli.main(["--output", str(ev), "--datalist", str(tmp_path / "dl.json")]) == 0
+    assert sizes == [112] and "Drawn on the 112x112 resize" in (ev / "report.md").read_text()
+
+
 def _own_data(root):
     """A folder data set as the 2D bundle reads it: half-float TIFF images (Pillow cannot open them), ``<id>_mask.png``
     masks, and evaluation outputs (summary.md, 224x224 predictions)."""

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from spectraflow_monai.visualize.predictions import find_prediction, read_dice
+from spectraflow_monai.visualize.predictions import find_prediction, prediction_size, read_dice
 
 
 def test_find_prediction_layouts(tmp_path):
@@ -36,3 +36,14 @@ def test_read_dice_averages_class_rows(tmp_path):
     p = tmp_path / "m.csv"
     p.write_text("name,class,dice\na,1,0.2\na,2,0.6\na,3,nan\n")
     assert read_dice(p) == {"a": pytest.approx(0.4)}
+
+
+def test_prediction_size_reads_width_and_height(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    Image.fromarray(np.zeros((48, 64), np.uint8)).save(tmp_path / "a_seg.png")  # 48 rows, 64 columns
+    assert prediction_size(tmp_path / "a_seg.png") == (64, 48)
+    (tmp_path / "b_seg.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="b_seg.png"):
+        prediction_size(tmp_path / "b_seg.png")

@@ -89,5 +89,28 @@ def test_report_says_where_overlays_are_drawn_and_how_scoring_was_done(run_dir, 
     (ev / "summary.md").write_text((root / "eval" / "summary.md").read_text() + f"\n{scoring}\n")
     text = (ev / "report.md").read_text() if rep.write_report(ev, datalist) else ""
     assert scoring in text
-    assert "Drawn on the 224x224 resize of each image (the network's input), over the whole image." in text
+    assert ("Drawn on the 224x224 resize of each image, the size of its prediction (the network's input), over the "
+            "whole image.") in text
     assert ("The metrics were not scored that way" in text) is differs
+
+
+@pytest.mark.parametrize("image_size, drawn, note", [
+    (None, 112, "Drawn on the 112x112 resize of each image, the size of its prediction (the network's input)"),
+    (64, 64, "Drawn on the 64x64 resize of each image, over the whole image; the predictions (112x112) are resized"),
+])  # fmt: skip
+def test_report_draws_and_names_the_size_of_the_predictions(run_dir, tmp_path, monkeypatch, image_size, drawn, note):
+    """Without an image size the overlays are drawn at the size the predictions were written (here 112, not a
+    default 224), and the report says so; a size given is used and the predictions' own size is named beside it."""
+    from tests.visualize.helpers import save_prediction
+
+    root, datalist = run_dir
+    ev = tmp_path / "eval"
+    (ev / "predictions").mkdir(parents=True)
+    for name in ("case0", "case1"):
+        save_prediction(str(root / "raw_pred" / f"{name}.png"), str(ev / "predictions"), size=112)
+    (ev / "summary.md").write_text(SUMMARY)
+    sizes = []
+    real = rep.plot_overlays
+    monkeypatch.setattr(rep, "plot_overlays", lambda *a, **k: sizes.append(k["size"]) or real(*a, **k))
+    text = open(rep.write_report(ev, datalist, image_size=image_size)).read()
+    assert sizes == [drawn] and note in text and "224x224" not in text
