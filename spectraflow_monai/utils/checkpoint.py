@@ -11,31 +11,37 @@ folder's latest checkpoint or starts over (setting earlier results aside).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from spectraflow_monai.utils.errors import SettingError, TrainingError
-from spectraflow_monai.utils.files import atomic_path
 from spectraflow_monai.utils.distributed import process_rank
+from spectraflow_monai.utils.errors import SettingError, TrainingError
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 from spectraflow_monai.utils.settings import as_bool, model_settings_path
 
 __all__ = [
     "RECORD_FILE",
     "SET_ASIDE_KEPT",
+    "SET_ASIDE_LEDGER",
     "NonFiniteStateError",
     "atomic_torch_save",
     "check_finite_state",
     "cpu_state_dict",
+    "is_set_aside_name",
     "latest_checkpoint",
+    "prune_set_aside",
     "resume_checkpoint",
     "set_aside",
 ]
@@ -47,12 +53,34 @@ _FINAL_FILE = "checkpoint_final.pt"
 #: name of the run record in a run's checkpoint folder (:func:`spectraflow_monai.utils.run_record.record_run`)
 RECORD_FILE = "run_record.json"
 #: how many earlier versions of one file or run folder :func:`set_aside` keeps (``<name>.bak-<time>``); older ones
-#: that it set aside are removed, so that repeated starts (e.g. MONAI Label's ``/train``) stay bounded on disk
+#: that it made are removed, so that repeated starts (e.g. MONAI Label's ``/train``) stay bounded on disk
 SET_ASIDE_KEPT = 3
+#: the ledger in a folder of the versions :func:`set_aside` made there (name, file or folder, device and inode
+#: numbers, status change time): the only versions :func:`prune_set_aside` ever removes
+SET_ASIDE_LEDGER = ".spectraflow-set-aside.json"
 _SET_ASIDE_SUFFIX = r"\.bak-\d{8}-\d{6}(?:-\d+)?"
-# the files a run writes into its folder: checkpoints, its record and the earlier records it set aside
+_VERSION = re.compile(f"(.+){_SET_ASIDE_SUFFIX}")
+# what a ledger entry records of a version besides its name and kind (os.lstat right after it was made)
+_IDENTITY = ("dev", "ino", "ctime_ns")
+_LEDGER_ABOUT = (
+    "versions that spectraflow_monai.utils.checkpoint.set_aside made in this folder; only these are ever removed, "
+    "and only while each is still the file or folder it made (kind, device and inode numbers, status change time)"
+)
+# the files a run writes into its folder: checkpoints, its record, the earlier records it set aside and their ledger
 _RUN_FILE = re.compile(
-    r"checkpoint_epoch=\d+\.pt|" + re.escape(_FINAL_FILE) + "|" + re.escape(RECORD_FILE) + f"(?:{_SET_ASIDE_SUFFIX})?"
+    r"checkpoint_epoch=\d+\.pt|"
+    + "|".join(map(re.escape, (_FINAL_FILE, SET_ASIDE_LEDGER)))
+    + "|"
+    + re.escape(RECORD_FILE)
+    + f"(?:{_SET_ASIDE_SUFFIX})?"
+)
+# folders are pruned through a handle opened without following links (POSIX)
+_DIR_FD = (
+    hasattr(os, "O_NOFOLLOW")
+    and hasattr(os, "O_DIRECTORY")
+    and os.unlink in os.supports_dir_fd
+    and os.scandir in os.supports_fd
+    and os.listdir in os.supports_fd
 )
 
 
@@ -159,50 +187,279 @@ def latest_checkpoint(folder: str | os.PathLike) -> Path | None:
     return best
 
 
+def is_set_aside_name(name: str) -> bool:
+    """Whether ``name`` has the form :func:`set_aside` gives the versions it makes: ``<name>.bak-<date>-<time>[-<n>]``.
+
+    The form alone proves nothing (anyone may name a file so); only the versions recorded in the folder's
+    :data:`SET_ASIDE_LEDGER` are ever removed (:func:`prune_set_aside`).
+    """
+    return _VERSION.fullmatch(name) is not None
+
+
 def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = False) -> Path:
     """Keep ``path`` (a file or folder) as ``<path>.bak-<timestamp>`` and log it as a warning; returns the new path.
 
     With ``copy=False`` the path is renamed; with ``copy=True`` (files only) a copy is written atomically and the
     original stays in place, so that a run may still read it (e.g. fine-tuning that starts from ``model.pt``).
 
-    The newest :data:`SET_ASIDE_KEPT` versions of ``path`` are kept; older ``<name>.bak-<time>`` files are removed,
-    and older folders lose the files a run writes there (checkpoints, the run record), the folder itself only when
-    nothing else is in it (a file someone else put there keeps it, with a warning).
+    The version is recorded in the folder's ledger (:data:`SET_ASIDE_LEDGER`: its name, whether it is a file or a
+    folder, its device and inode numbers and status change time, taken right after the rename or copy), and then
+    :func:`prune_set_aside` keeps the newest :data:`SET_ASIDE_KEPT` versions of ``path`` that ``set_aside`` made:
+    older ones are removed (a folder loses the files a run writes there and is removed when that leaves it empty).
+    Nothing else is ever removed: not a file or folder that is only named like a version (a user's own
+    ``model.pt.bak-20200101-000000``), not a link, not a version replaced since by another file of the same name;
+    such names are not counted among the kept versions either. A link at ``path`` is renamed but not recorded.
     """
     path = Path(os.fspath(path))
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.bak-{stamp}")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.bak-{stamp}-{n}")
-        n += 1
-    if copy:
-        with atomic_path(target) as tmp:
-            shutil.copy2(path, tmp)
-        logger.warning(f"starting over: kept a copy of the earlier '{path}' as '{target}'; this run may replace it.")
-    else:
-        os.replace(path, target)
-        logger.warning(f"starting over: kept the earlier '{path}' aside as '{target}'.")
-    _prune_set_aside(path, SET_ASIDE_KEPT)
+    with _folder_lock(path.parent):
+        target = path.with_name(f"{path.name}.bak-{stamp}")
+        n = 1
+        while os.path.lexists(target):
+            target = path.with_name(f"{path.name}.bak-{stamp}-{n}")
+            n += 1
+        if copy:
+            with atomic_path(target) as tmp:
+                shutil.copy2(path, tmp)
+            logger.warning(
+                f"starting over: kept a copy of the earlier '{path}' as '{target}'; this run may replace it."
+            )
+        else:
+            os.replace(path, target)
+            logger.warning(f"starting over: kept the earlier '{path}' aside as '{target}'.")
+        made = _identify(target)
+        versions, rewrite = _read_ledger(path.parent)
+        if made is None:
+            logger.info(f"'{target}' is a link: it is not recorded as a set-aside version and is never removed.")
+        elif rewrite is not None:
+            versions = [v for v in versions if v["name"] != target.name] + [{"name": target.name, **made}]
+            rewrite = True
+        _prune(path.parent, SET_ASIDE_KEPT, versions, of=path.name, rewrite=rewrite)
     return target
 
 
-def _prune_set_aside(path: Path, keep: int) -> None:
-    """Remove the versions of ``path`` that :func:`set_aside` made, but the newest ``keep`` (see there)."""
-    pattern = re.compile(re.escape(path.name) + _SET_ASIDE_SUFFIX + "$")
-    versions = sorted(p for p in path.parent.iterdir() if pattern.match(p.name))  # the time stamps sort by name
-    for old in versions[: max(len(versions) - keep, 0)]:
-        if old.is_file():
-            old.unlink()
-        elif old.is_dir():
-            for f in old.iterdir():
-                if f.is_file() and _RUN_FILE.fullmatch(f.name):
-                    f.unlink()
-            if any(old.iterdir()):
-                logger.warning(f"'{old}' holds files a run did not write there: it is kept.")
+def prune_set_aside(folder: str | os.PathLike, keep: int, of: str | None = None) -> list[str]:
+    """Remove the versions that :func:`set_aside` made in ``folder``, but the newest ``keep`` of each name.
+
+    Only the versions recorded in ``folder``'s ledger (:data:`SET_ASIDE_LEDGER`) are considered, newest = the last
+    recorded. A recorded version is removed only when the entry of that name is still the one ``set_aside`` made:
+    not a link (it is never followed), of the recorded kind (file or folder), with the recorded device and inode
+    numbers and status change time. Anything else of that name is left alone, dropped from the ledger and logged as
+    not ours. Of a folder only the files a run writes there (checkpoints, its record, the records it set aside and
+    their ledger) are removed, links inside it are not followed, and the folder itself is removed only when that
+    leaves it empty; else it is kept, with a warning, and no longer counted. Files, folders and links that are only
+    named like versions (``<name>.bak-<date>-<time>``) and are not in the ledger are never removed and not counted.
+    A ledger that is not JSON is ignored, and so is each entry that names anything but a version in ``folder``
+    itself (``../x``, ``/abs/x``, ``a/b``) or has values of the wrong type, with a warning; a ledger that is not a
+    file (a link) is neither read nor written.
+
+    Args:
+        folder: the folder holding the versions (and the ledger).
+        keep: how many versions of each name to keep (an integer >= 0).
+        of: only the versions of this name (e.g. ``model.pt``); ``None`` for every name of the ledger.
+
+    Returns:
+        the names removed, sorted (each removal is logged).
+
+    Raises:
+        ValueError: ``keep`` is not an integer >= 0.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"keep must be an integer >= 0, got {keep!r}.")
+    folder = Path(os.fspath(folder))
+    if not os.path.isdir(folder):
+        return []
+    with _folder_lock(folder):
+        versions, rewrite = _read_ledger(folder)
+        return _prune(folder, keep, versions, of=of, rewrite=rewrite)
+
+
+def _identify(path: Path) -> dict[str, Any] | None:
+    """What the ledger records of an entry ``set_aside`` just made: its kind, device and inode numbers and the time
+    of its last status change (which no one can set back: an inode number used again is told apart); ``None`` for a
+    link."""
+    st = os.lstat(path)
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
+    return None if kind is None else {"type": kind, "dev": st.st_dev, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` while its ledger is read and written (POSIX; elsewhere none)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the ledger is still written atomically
+        yield
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
+
+
+def _ledger_entry(entry: Any) -> str | None:
+    """Why ``entry`` is not a valid ledger entry, or ``None``."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    name = entry.get("name")
+    if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", "..") or "\0" in name:
+        return f"name {name!r} is not a plain name in this folder"
+    if any(sep and sep in name for sep in ("/", "\\", os.sep, os.altsep)):
+        return f"name {name!r} is not a plain name in this folder"
+    if not is_set_aside_name(name):
+        return f"name {name!r} is not a set-aside version (<name>.bak-<date>-<time>)"
+    if entry.get("type") not in ("file", "dir"):
+        return f"type {entry.get('type')!r} is neither 'file' nor 'dir'"
+    for key in _IDENTITY:
+        if isinstance(entry.get(key), bool) or not isinstance(entry.get(key), int) or entry[key] < 0:
+            return f"{key} {entry.get(key)!r} is not an integer >= 0"
+    return None
+
+
+def _read_ledger(folder: Path) -> tuple[list[dict[str, Any]], bool | None]:
+    """The valid entries of ``folder``'s ledger, oldest first, and whether the ledger is to be written again (it held
+    an entry that is ignored; ``None``: it is not a file, so it is never written). A bad ledger or entry is ignored
+    with a warning."""
+    ledger = folder / SET_ASIDE_LEDGER
+    try:
+        st = os.lstat(ledger)
+    except FileNotFoundError:
+        return [], False
+    if not stat.S_ISREG(st.st_mode):
+        logger.warning(
+            f"'{ledger}' is not a file: it is left alone and nothing set aside in '{folder}' is recorded or removed."
+        )
+        return [], None
+    try:
+        with open(ledger, encoding="utf-8") as f:
+            versions = json.load(f).get("versions")
+        if not isinstance(versions, list):
+            raise TypeError("no list 'versions'")
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        logger.warning(
+            f"'{ledger}' is not a set-aside ledger ({type(exc).__name__}): ignored; the versions it listed are "
+            "left alone (only versions recorded from now on are removed)."
+        )
+        return [], True
+    valid, names = [], set()
+    for entry in versions:
+        problem = _ledger_entry(entry)
+        if problem is None and entry["name"] in names:
+            problem = f"name {entry['name']!r} is listed twice"
+        if problem is not None:
+            logger.warning(f"'{ledger}': an entry is ignored, {problem}; nothing is removed for it.")
+            continue
+        names.add(entry["name"])
+        valid.append({key: entry[key] for key in ("name", "type", *_IDENTITY)})
+    return valid, len(valid) < len(versions)
+
+
+def _write_ledger(folder: Path, versions: list[dict[str, Any]]) -> None:
+    text = json.dumps({"about": _LEDGER_ABOUT, "versions": versions}, indent=1) + "\n"
+    try:
+        write_text_atomic(folder / SET_ASIDE_LEDGER, text)
+    except (OSError, ValueError) as exc:
+        logger.warning(f"could not write '{folder / SET_ASIDE_LEDGER}' ({exc}): the versions not recorded are kept.")
+
+
+def _not_ours(path: Path, version: dict[str, Any]) -> str | None:
+    """Why the entry at ``path`` is not the version ``set_aside`` recorded, or ``None`` when it is (never follows
+    a link)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "it is no longer there"
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a link now"
+    kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+    if kind != version["type"]:
+        return f"it is a {'folder' if kind == 'dir' else kind} now, a {version['type']} was set aside"
+    if (st.st_dev, st.st_ino, st.st_ctime_ns) != tuple(version[key] for key in _IDENTITY):
+        return "it was replaced by another of that name, or changed since"
+    return None
+
+
+def _remove_version(path: Path, version: dict[str, Any]) -> bool:
+    """Remove the version at ``path`` (checked by :func:`_not_ours`); ``False`` when a folder is kept."""
+    if version["type"] == "file":
+        os.unlink(path)
+        return True
+    # a folder: opened without following a link and checked again, its run files removed through that handle
+    handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW) if _DIR_FD else None
+    try:
+        if handle is not None:
+            st = os.fstat(handle)
+            if (st.st_dev, st.st_ino, st.st_ctime_ns) != tuple(version[key] for key in _IDENTITY):
+                logger.info(f"'{path}' was replaced by another folder of that name: it is not ours and is kept.")
+                return False
+        with os.scandir(path if handle is None else handle) as entries:
+            run_files = [e.name for e in entries if e.is_file(follow_symlinks=False) and _RUN_FILE.fullmatch(e.name)]
+        for name in run_files:
+            if handle is None:
+                os.unlink(path / name)
+            else:
+                os.unlink(name, dir_fd=handle)
+        others = sorted(os.listdir(path if handle is None else handle))
+    finally:
+        if handle is not None:
+            os.close(handle)
+    if others:
+        logger.warning(
+            f"'{path}' holds files a run did not write there ({', '.join(others[:5])}"
+            f"{', ...' if len(others) > 5 else ''}): the run's files in it were removed, the folder is kept and no "
+            "longer counted among the set-aside versions."
+        )
+        return False
+    os.rmdir(path)
+    return True
+
+
+def _prune(
+    folder: Path, keep: int, versions: list[dict[str, Any]], of: str | None = None, rewrite: bool | None = False
+) -> list[str]:
+    """:func:`prune_set_aside` on the ledger entries ``versions`` (read, and locked, by the caller); writes the
+    ledger back when ``rewrite`` (an entry was added or ignored) or an entry is dropped, never when ``rewrite`` is
+    ``None`` (the ledger is not a file)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for version in versions:
+        groups.setdefault(_VERSION.fullmatch(version["name"]).group(1), []).append(version)
+    removed, dropped = [], []
+    for name, group in groups.items():
+        if of is not None and name != of:
+            continue
+        ours = []
+        for version in group:
+            why = _not_ours(folder / version["name"], version)
+            if why is None:
+                ours.append(version)
+            else:
+                dropped.append(version)
+                logger.warning(
+                    f"'{folder / version['name']}' is not the version set_aside made ({why}): it is not ours, left "
+                    "alone and no longer counted."
+                )
+        for version in ours[: max(len(ours) - keep, 0)]:
+            try:
+                gone = _remove_version(folder / version["name"], version)
+            except OSError as exc:
+                logger.warning(f"could not remove '{folder / version['name']}' ({exc}): it is kept for now.")
                 continue
-            old.rmdir()
-        logger.info(f"removed '{old}' (only the newest {keep} set-aside versions of '{path.name}' are kept).")
+            dropped.append(version)
+            if gone:
+                removed.append(version["name"])
+                logger.info(
+                    f"removed '{folder / version['name']}' (only the newest {keep} set-aside versions of '{name}' "
+                    "are kept)."
+                )
+    if rewrite is not None and (rewrite or dropped):
+        _write_ledger(folder, [v for v in versions if v not in dropped])
+    return sorted(removed)
 
 
 def resume_checkpoint(

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 
 import pytest
@@ -8,10 +10,14 @@ import torch
 
 from spectraflow_monai.utils import SettingError
 from spectraflow_monai.utils.checkpoint import (
+    RECORD_FILE,
     SET_ASIDE_KEPT,
+    SET_ASIDE_LEDGER,
     NonFiniteStateError,
     check_finite_state,
+    is_set_aside_name,
     latest_checkpoint,
+    prune_set_aside,
     resume_checkpoint,
     set_aside,
 )
@@ -68,10 +74,8 @@ def test_starting_over_keeps_earlier_results_aside(tmp_path, resume, caplog):
 def test_fresh_start_without_checkpoint_keeps_model_pt_aside(tmp_path):
     model = _touch(tmp_path / "model.pt")
     assert resume_checkpoint(tmp_path / "stage2", True, protect=[model]) is None
-    assert sorted(p.name.split(".bak-")[0] + (".bak" if ".bak-" in p.name else "") for p in tmp_path.iterdir()) == [
-        "model.pt",
-        "model.pt.bak",
-    ]
+    names = sorted(p.name.split(".bak-")[0] + (".bak" if ".bak-" in p.name else "") for p in tmp_path.iterdir())
+    assert names == [SET_ASIDE_LEDGER, "model.pt", "model.pt.bak"]
     assert model.read_bytes() == next(tmp_path.glob("model.pt.bak-*")).read_bytes()
 
 
@@ -108,3 +112,196 @@ def test_what_is_set_aside_stays_bounded(tmp_path, caplog):
     assert folders == [f"stage2.bak-{stamps[0]}"] + [f"stage2.bak-{s}" for s in stamps[-SET_ASIDE_KEPT:]]
     assert [p.name for p in (tmp_path / f"stage2.bak-{stamps[0]}").iterdir()] == ["notes.txt"]
     assert "holds files a run did not write there" in caplog.text
+
+
+# ------------------------------------------- set-aside pruning removes only what set_aside made (hostile names)
+_OLD = "20200101-000000"  # older than every version the tests make: pruning would pick it first
+
+
+def _other_run(root):
+    """Another run's folder outside the folder ``set_aside`` works in: checkpoints and its record."""
+    for name in ("checkpoint_epoch=1.pt", "checkpoint_final.pt", RECORD_FILE):
+        (root / "other_run").mkdir(parents=True, exist_ok=True)
+        (root / "other_run" / name).write_bytes(b"another run's " + name.encode())
+    return root / "other_run"
+
+
+def _ledger(folder, versions):
+    (folder / SET_ASIDE_LEDGER).write_text(json.dumps({"versions": versions}))
+
+
+def _identity(path, kind):
+    st = os.lstat(path)
+    return {"name": path.name, "type": kind, "dev": st.st_dev, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+
+
+def _hostile_link_to_a_run(folder, outside):
+    os.symlink(_other_run(outside), folder / f"stage2.bak-{_OLD}")
+    os.symlink(_other_run(outside), folder / f"model.pt.bak-{_OLD}")
+    return True
+
+
+def _hostile_link_to_a_file(folder, outside):
+    (outside / "model.pt").write_bytes(b"a model elsewhere")
+    os.symlink(outside / "model.pt", folder / f"model.pt.bak-{_OLD}")
+    return True
+
+
+def _hostile_forged_ledger_for_links(folder, outside):
+    """The links are listed in the ledger with the identity of what they point to."""
+    run, model = _other_run(outside), outside / "model.pt"
+    model.write_bytes(b"a model elsewhere")
+    os.symlink(run, folder / f"stage2.bak-{_OLD}")
+    os.symlink(model, folder / f"model.pt.bak-{_OLD}")
+    _ledger(folder, [{**_identity(run, "dir"), "name": f"stage2.bak-{_OLD}"},
+                     {**_identity(model, "file"), "name": f"model.pt.bak-{_OLD}"}])  # fmt: skip
+    return True
+
+
+def _hostile_users_own_versions(folder, outside):
+    (folder / f"model.pt.bak-{_OLD}").write_bytes(b"a user's own copy")
+    (folder / f"stage2.bak-{_OLD}").mkdir()
+    (folder / f"stage2.bak-{_OLD}" / "checkpoint_epoch=1.pt").write_bytes(b"a user's own checkpoint")
+    return True
+
+
+def _hostile_replaced_versions(folder, outside):
+    """Versions set_aside made, replaced afterwards by another file / folder of the same name."""
+    model, run = folder / "model.pt", folder / "stage2"
+    aside = set_aside(model, _OLD, copy=True)
+    (folder / "new").write_bytes(b"a user's file")
+    os.replace(folder / "new", aside)
+    _touch(run / "checkpoint_epoch=1.pt")
+    aside = set_aside(run, _OLD)
+    shutil.rmtree(aside)
+    _touch(aside / "checkpoint_epoch=1.pt")  # another folder of that name (its inode number may be the same)
+    return True
+
+
+def _hostile_ledger_naming_outside(folder, outside):
+    """Entries that name things outside the folder, each with its true identity."""
+    run, model = _other_run(outside), outside / f"model.pt.bak-{_OLD}"
+    model.write_bytes(b"a model elsewhere")
+    names = [f"../outside/model.pt.bak-{_OLD}", str(model), f"../outside/other_run/{RECORD_FILE}", str(run), "..",
+             f"outside/model.pt.bak-{_OLD}", f"..\\model.pt.bak-{_OLD}"]  # fmt: skip
+    _ledger(folder, [{**_identity(model, "file"), "name": name} for name in names]
+            + [{**_identity(run, "dir"), "name": "../outside/other_run/../other_run"}])  # fmt: skip
+    return True
+
+
+def _hostile_ledger_not_json(folder, outside):
+    (folder / SET_ASIDE_LEDGER).write_text("{not json")
+    (folder / f"model.pt.bak-{_OLD}").write_bytes(b"a user's own copy")
+    return True
+
+
+def _hostile_ledger_of_wrong_types(folder, outside):
+    (folder / f"model.pt.bak-{_OLD}").write_bytes(b"a user's own copy")
+    good = _identity(folder / f"model.pt.bak-{_OLD}", "file")
+    (folder / SET_ASIDE_LEDGER).write_text(json.dumps({"versions": [
+        {**good, "dev": str(good["dev"])}, {**good, "ino": True}, {**good, "type": "link"}, {**good, "name": 7},
+        [good["name"]], {**good, "name": "model.pt"}, {**good, "ino": -1}]}))  # fmt: skip
+    return True
+
+
+def _hostile_ledger_is_a_link(folder, outside):
+    """The ledger is a link to a file elsewhere: it is neither read nor written, nothing is recorded or removed."""
+    (outside / "notes.json").write_text('{"versions": []}')
+    os.symlink(outside / "notes.json", folder / SET_ASIDE_LEDGER)
+    return False
+
+
+HOSTILE = {
+    "link to another run": _hostile_link_to_a_run,
+    "link to a file": _hostile_link_to_a_file,
+    "ledger lists links": _hostile_forged_ledger_for_links,
+    "user's own versions": _hostile_users_own_versions,
+    "replaced versions": _hostile_replaced_versions,
+    "ledger names outside": _hostile_ledger_naming_outside,
+    "ledger not json": _hostile_ledger_not_json,
+    "ledger of wrong types": _hostile_ledger_of_wrong_types,
+    "ledger is a link": _hostile_ledger_is_a_link,
+}
+
+
+def _snapshot(root):
+    """Every entry under ``root`` (links not followed) with its kind and contents."""
+    found = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                found[path] = ("link", os.readlink(path))
+            elif os.path.isfile(path) and name != SET_ASIDE_LEDGER:
+                with open(path, "rb") as f:
+                    found[path] = ("file", f.read())
+            elif os.path.isdir(path):
+                found[path] = ("dir", None)
+    return found
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_set_aside_removes_only_what_it_made(tmp_path, case, caplog):
+    """Whatever else is named like a set-aside version, or listed in the ledger, stays: links (never followed),
+    a user's files and folders, versions replaced since, entries naming paths outside the folder; none of it is
+    counted among the kept versions, and what set_aside makes stays bounded."""
+    folder, outside = tmp_path / "models", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    model = _touch(folder / "model.pt")
+    bounded = HOSTILE[case](folder, outside)
+    before = _snapshot(tmp_path)
+    stamps = [f"20260101-00000{i}" for i in range(SET_ASIDE_KEPT + 2)]
+    with caplog.at_level("INFO"):
+        for stamp in stamps:
+            set_aside(model, stamp, copy=True)
+            _touch(folder / "stage2" / "checkpoint_epoch=1.pt")
+            set_aside(folder / "stage2", stamp)
+    after = _snapshot(tmp_path)
+    ours = tuple(str(folder / f"{name}.bak-{s}") for name in ("model.pt", "stage2") for s in stamps)
+    theirs = lambda found: {p: v for p, v in found.items() if not p.startswith(ours)}
+    assert theirs(after) == theirs(before)  # nothing else touched, inside the folder or outside, links included
+    made = {name: sorted(p.name for p in folder.glob(f"{name}.bak-2026*")) for name in ("model.pt", "stage2")}
+    if bounded:
+        assert made == {name: [f"{name}.bak-{s}" for s in stamps[-SET_ASIDE_KEPT:]] for name in made}
+        ledger = json.loads((folder / SET_ASIDE_LEDGER).read_text())["versions"]
+        assert sorted(v["name"] for v in ledger) == sorted(made["model.pt"] + made["stage2"])
+    else:
+        assert made == {name: [f"{name}.bak-{s}" for s in stamps] for name in made}
+    assert not [r.message for r in caplog.records if r.message.startswith("removed") and _OLD in r.message]
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_prune_set_aside_keeps_what_it_made_count(tmp_path, kind):
+    """prune_set_aside: the newest ``keep`` recorded versions of each name stay (0 removes them all); a run folder
+    loses its run files and ledger and is removed; look-alikes are not counted; a bad ``keep`` is refused."""
+    path = tmp_path / ("model.pt" if kind == "file" else "stage2")
+    (tmp_path / f"{path.name}.bak-{_OLD}").write_bytes(b"a user's own copy")
+    made = []
+    for i in range(4):
+        if kind == "file":
+            made.append(set_aside(_touch(path), f"20260101-00000{i}", copy=True).name)
+        else:
+            _touch(path / "checkpoint_epoch=1.pt")
+            set_aside(_touch(path / RECORD_FILE), "20250101-000000")  # a record the run set aside, and its ledger
+            made.append(set_aside(path, f"20260101-00000{i}").name)
+    left = lambda: sorted(p.name for p in tmp_path.glob(f"{path.name}.bak-2026*"))
+    assert left() == made[-SET_ASIDE_KEPT:]
+    assert prune_set_aside(tmp_path, 1) == made[-SET_ASIDE_KEPT:-1]
+    assert left() == made[-1:]
+    assert prune_set_aside(tmp_path, 1, of="other") == [] and left() == made[-1:]
+    assert prune_set_aside(tmp_path, 0, of=path.name) == made[-1:] and left() == []
+    assert (tmp_path / f"{path.name}.bak-{_OLD}").read_bytes() == b"a user's own copy"
+    assert prune_set_aside(tmp_path / "missing", 2) == []
+    for keep in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=f"keep must be an integer >= 0, got {keep!r}"):
+            prune_set_aside(tmp_path, keep)
+
+
+_NAMES = [(f"model.pt.bak-{_OLD}", True), (f"model.pt.bak-{_OLD}-12", True), ("model.pt.bak-mine", False),
+          ("model.pt", False), (f".bak-{_OLD}", False), (f"model.pt.bak-{_OLD}.tmp", False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, plain", _NAMES)
+def test_is_set_aside_name(name, plain):
+    assert is_set_aside_name(name) is plain
