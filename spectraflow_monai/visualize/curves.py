@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -26,38 +27,50 @@ HEADLINE_TAGS = ("meanflow_error", "train_loss")
 
 
 def _event_files(folder: str) -> list[str]:
-    """The event files directly inside ``folder``, oldest run first (by the start time TensorBoard writes into each
-    name, ``events.out.tfevents.<time>.<host>...``, then by name)."""
-
-    def start(name: str) -> tuple[float, str]:
-        parts = name.split(".")
-        try:
-            return float(parts[3]), name
-        except (IndexError, ValueError):
-            return float("inf"), name
-
+    """The event files directly inside ``folder``, by name (the order of runs is :func:`_run_order`'s)."""
     names = [n for n in os.listdir(folder) if n.startswith("events.out.tfevents")]
-    names = [n for n in names if os.path.isfile(os.path.join(folder, n))]
-    return [os.path.join(folder, n) for n in sorted(names, key=start)]
+    return [os.path.join(folder, n) for n in sorted(names) if os.path.isfile(os.path.join(folder, n))]
 
 
-def _read_file(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _run_order(path: str, first_wall_time: float | None) -> tuple:
+    """Sort key of one event file, oldest run first: the wall time of its first event (the writer writes it when it
+    opens the file, to the microsecond), else the start time in its name (``events.out.tfevents.<seconds>.<host>.
+    <pid>.<writer number>``); ties by the name with its numbers compared as numbers (writer 10 after writer 9).
+    The name alone cannot order runs begun within one second: its time counts whole seconds, and its text order puts
+    writer 10 before writer 9."""
+    name = os.path.basename(path)
+    if first_wall_time is None:
+        try:
+            first_wall_time = float(name.split(".")[3])
+        except (IndexError, ValueError):
+            first_wall_time = float("inf")
+    parts = re.split(r"(\d+)", name)  # text, number, text, ...: numbers at the odd places
+    return first_wall_time, [int(p) if i % 2 else p for i, p in enumerate(parts)]
+
+
+def _read_file(path: str) -> tuple[float | None, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The wall time of the first event of one event file (None: no event) and its scalar series."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     acc = EventAccumulator(path, size_guidance={SCALARS: 0})
     acc.Reload()
+    try:
+        first = float(acc.FirstEventTimestamp())
+    except ValueError:  # a file without events
+        first = None
     out = {}
     for tag in acc.Tags().get("scalars", []):
         events = acc.Scalars(tag)
         out[tag] = (np.array([e.step for e in events]), np.array([e.value for e in events], dtype=np.float64))
-    return out
+    return first, out
 
 
 def read_scalars(log_dir: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The scalar series of the latest run in a TensorBoard log folder (its event files, not its sub-folders).
 
     A folder holds one event file per run (a rerun, a resumed run, a run started over in the same bundle_root). The
-    files are read oldest first and a later run replaces every step from its first one on: a resumed run continues
+    files are read oldest first (by the wall time of their first event, not by name: runs begun within one second
+    share the name's time) and a later run replaces every step from its first one on: a resumed run continues
     the curve of the run it resumed (the steps before it are kept), a run started over replaces the whole curve,
     and an interrupted run and its rerun are never joined into one zig-zag.
 
@@ -71,9 +84,10 @@ def read_scalars(log_dir: str | os.PathLike) -> dict[str, tuple[np.ndarray, np.n
     if not os.path.exists(path):
         raise FileNotFoundError(f"log_dir '{path}' does not exist.")
     files = _event_files(path) if os.path.isdir(path) else [path]
+    runs = sorted(((f, *_read_file(f)) for f in files), key=lambda r: _run_order(r[0], r[1]))
     merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for file in files:
-        for tag, (steps, values) in _read_file(file).items():
+    for _, _, scalars in runs:
+        for tag, (steps, values) in scalars.items():
             if len(steps) == 0:
                 continue
             if tag in merged:  # the later run replaces the steps from its first one on

@@ -94,6 +94,23 @@ def test_latest_run_of_a_folder_without_zigzag(tmp_path):
     assert steps.tolist() == [1, 2, 3] and values.tolist() == [3.0] * 3
 
 
+@pytest.mark.parametrize("names", [
+    ("events.out.tfevents.1700000000.host.7.9", "events.out.tfevents.1700000000.host.7.10"),  # writer 9, then 10
+    ("events.out.tfevents.1700000000.host.900.1", "events.out.tfevents.1700000000.host.80.1"),  # two processes
+])  # fmt: skip
+def test_runs_begun_within_one_second_are_ordered_by_their_first_event(tmp_path, names):
+    """Two runs whose file names carry the same second: the one opened later is the latest run, whatever the text
+    order of the rest of the names (writer 10 sorts before writer 9 as text; process ids say nothing of time)."""
+    from spectraflow_monai.visualize.curves import read_scalars
+
+    for i, (name, points) in enumerate(zip(names, ([(s, 1.0) for s in range(1, 11)], [(s, 2.0) for s in (1, 2)]))):
+        _write(tmp_path / f"w{i}", {"train_loss": points})
+        (event,) = os.listdir(tmp_path / f"w{i}")
+        os.replace(tmp_path / f"w{i}" / event, tmp_path / name)
+    steps, values = read_scalars(tmp_path)["train_loss"]
+    assert steps.tolist() == [1, 2] and values.tolist() == [2.0, 2.0]  # the later run started over
+
+
 def test_axes_named_iteration_or_epoch(run_dir):
     from spectraflow_monai.visualize.curves import read_scalars, step_units
 
