@@ -80,14 +80,13 @@ import json
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 import torch
 from fastapi import HTTPException
-from monai.transforms import LoadImage
 
 import monailabel
-from monailabel.datastore.local import LocalDatastore
 from monailabel.interfaces.app import MONAILabelApp
 from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.infer_v2 import InferTask
@@ -117,18 +116,13 @@ def _import_lib() -> None:
 _import_lib()
 
 from lib.checks import (  # noqa: E402
-    IMAGE_EXTENSIONS,
-    LABEL_EXTENSIONS,
     check_id,
-    check_json_value,
-    check_new_id,
     check_tag,
     client_request,
-    finite_json,
     redact_paths,
     resolve_image,
-    upload_extension,
 )
+from lib.datastore import CheckedLocalDatastore  # noqa: E402
 from lib.infers import (  # noqa: E402
     DEFAULT_WEIGHTS,
     DropSingletonChanneld,
@@ -145,6 +139,7 @@ from lib.scoring import (  # noqa: E402
     default_device,
     scoring_settings,
 )
+from lib.scoring_runs import ScoringRuns  # noqa: E402
 from lib.served import (  # noqa: E402
     check_apart,
     kept_backups,
@@ -160,7 +155,7 @@ from lib.trainers import (  # noqa: E402
     precision_setting,
     weight_settings,
 )
-from lib.uploads import DEFAULT_MAX_UPLOAD_MB, datastore_extensions, install_server_checks  # noqa: E402
+from lib.uploads import DEFAULT_MAX_UPLOAD_MB, install_server_checks  # noqa: E402
 
 __all__ = [
     "DropSingletonChanneld",
@@ -322,121 +317,6 @@ def _check_weights(path: str, network: torch.nn.Module, name: str) -> None:
         )
 
 
-def _spatial_shape(image: Any) -> tuple[int, ...]:
-    meta = getattr(image, "meta", {}) or {}
-    shape = meta.get("spatial_shape", image.shape)
-    return tuple(int(v) for v in (shape.tolist() if hasattr(shape, "tolist") else shape))
-
-
-class _CheckedLocalDatastore(LocalDatastore):
-    """Local datastore for requests: plain ids and tags only (``lib.checks.check_id`` / ``check_tag``, HTTP 400),
-    unknown ids and labels answered with 404, and an uploaded image or label refused before it is stored when its
-    id is one of the datastore's own names or too long for a file name (400), its extension is not an image format
-    of the datastore (415), or MONAI cannot read it (415). Every datastore route of MONAI Label (upload, save label,
-    download, info, delete; image and label) goes through these methods."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        self._image_shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # path -> (file version, size)
-        super().__init__(*args, **kwargs)
-
-    def _read_upload(self, filename: str, what: str) -> tuple[int, ...]:
-        """The spatial size of the uploaded image or label map at ``filename``; HTTP 415 when MONAI cannot read it."""
-        try:
-            image = LoadImage(image_only=True)(filename)
-        except Exception as e:  # every reader failure means "not an image"
-            reason = redact_paths(short_reason(e), {filename: "the upload", os.path.realpath(filename): "the upload"})
-            raise HTTPException(status_code=415, detail=f"the upload is not a readable {what} ({reason})") from None
-        return _spatial_shape(image)
-
-    def image_shape(self, image_id: str) -> tuple[int, ...]:
-        """The spatial size of datastore image ``image_id`` (read once per version of its file)."""
-        path = self.get_image_uri(image_id)
-        stat = os.stat(path)
-        version = (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
-        cached = self._image_shapes.get(path)
-        if cached is None or cached[0] != version:
-            cached = self._image_shapes[path] = (version, _spatial_shape(LoadImage(image_only=True)(path)))
-        return cached[1]
-
-    def _new_file(self, image_id: str, filename: str, allowed: tuple[str, ...], what: str) -> str:
-        """The checked id of a new datastore file from ``filename`` (its extension, as the datastore takes it)."""
-        name_id, ext = self._to_id(os.path.basename(filename))
-        upload_extension(f"x{ext}", datastore_extensions(self, allowed), what)
-        return check_new_id(image_id or name_id, ext, "image" if what == "image" else "label")
-
-    def require_image(self, image_id: str) -> None:
-        """HTTP 404 unless ``image_id`` is an image of the datastore."""
-        if image_id not in self._datastore.objects:
-            raise HTTPException(status_code=404, detail="image not found: GET /datastore/?output=all lists the ids")
-
-    def _require_label(self, label_id: str, label_tag: str) -> None:
-        if self._datastore.label(label_id, label_tag) is None:
-            raise HTTPException(status_code=404, detail="label not found: GET /datastore/?output=all lists the ids")
-
-    def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
-        image_id = self._new_file(image_id, image_filename, IMAGE_EXTENSIONS, "image")
-        check_json_value(image_info, "params")
-        self._read_upload(image_filename, "image")
-        return super().add_image(image_id, image_filename, image_info)
-
-    def remove_image(self, image_id: str) -> None:
-        self.require_image(check_id(image_id))
-        return super().remove_image(image_id)
-
-    def save_label(self, image_id: str, label_filename: str, label_tag: str, label_info: dict[str, Any]) -> str:
-        check_tag(label_tag)
-        self.require_image(check_id(image_id))
-        self._new_file(image_id, label_filename, LABEL_EXTENSIONS, "label map")
-        check_json_value(label_info, "params")
-        shape = self._read_upload(label_filename, "label map")
-        expected = self.image_shape(image_id)
-        if shape != expected:
-            raise HTTPException(
-                status_code=422,
-                detail=f"the label map's size {list(shape)} differs from the size {list(expected)} of image "
-                f"{image_id!r} (spatial dimensions, as MONAI reads them): a label map has its image's size and number "
-                "of dimensions",
-            )
-        return super().save_label(image_id, label_filename, label_tag, label_info)
-
-    def remove_label(self, label_id: str, label_tag: str) -> None:
-        self._require_label(check_id(label_id, "label"), check_tag(label_tag))
-        return super().remove_label(label_id, label_tag)
-
-    def get_image(self, image_id: str, params: Any = None) -> Any:
-        return super().get_image(check_id(image_id), params)
-
-    def get_image_uri(self, image_id: str) -> str:
-        return super().get_image_uri(check_id(image_id))
-
-    def get_image_info(self, image_id: str) -> dict[str, Any]:
-        self.require_image(check_id(image_id))
-        info = finite_json(super().get_image_info(image_id))
-        info.pop("path", None)  # the server path of the file: the answer shows ids only
-        return info
-
-    def update_image_info(self, image_id: str, info: dict[str, Any]) -> None:
-        self.require_image(check_id(image_id))
-        return super().update_image_info(image_id, check_json_value(info, "info"))
-
-    def get_label(self, label_id: str, label_tag: str, params: Any = None) -> Any:
-        return super().get_label(check_id(label_id, "label"), check_tag(label_tag), params)
-
-    def get_label_uri(self, label_id: str, label_tag: str) -> str:
-        return super().get_label_uri(check_id(label_id, "label"), check_tag(label_tag))
-
-    def get_label_info(self, label_id: str, label_tag: str) -> dict[str, Any]:
-        self._require_label(check_id(label_id, "label"), check_tag(label_tag))
-        return finite_json(super().get_label_info(label_id, label_tag))
-
-    def update_label_info(self, label_id: str, label_tag: str, info: dict[str, Any]) -> None:
-        self._require_label(check_id(label_id, "label"), check_tag(label_tag))
-        return super().update_label_info(label_id, label_tag, check_json_value(info, "info"))
-
-    def get_labels_by_image_id(self, image_id: str) -> dict[str, str]:
-        return super().get_labels_by_image_id(check_id(image_id))
-
-
 class SpectraFlowApp(MONAILabelApp):
     """MONAI Label app serving the SpectraFlow bundles (automatic segmentation and fine-tuning).
 
@@ -480,6 +360,8 @@ class SpectraFlowApp(MONAILabelApp):
         self.allow_empty_masks = strtobool(str(conf.get("allow_empty_masks", "false")))
         self.scoring_settings = scoring_settings(conf)
         self.untrained: dict[str, str] = {}
+        # scoring runs in this process, one at a time (lib/scoring_runs.py); MONAI Label's starts one at init
+        self.scoring_runs = ScoringRuns(self._run_scoring)
         super().__init__(
             app_dir=app_dir,
             studies=studies,
@@ -495,7 +377,7 @@ class SpectraFlowApp(MONAILabelApp):
             return super().init_datastore()
         from monailabel.config import settings
 
-        return _CheckedLocalDatastore(
+        return CheckedLocalDatastore(
             self.studies,
             extensions=settings.MONAI_LABEL_DATASTORE_FILE_EXT,
             auto_reload=settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD,
@@ -558,25 +440,36 @@ class SpectraFlowApp(MONAILabelApp):
         return {SCORING_NAME: UncertaintyScoring(self.served_infer_tasks, device=default_device(), **kwargs)}
 
     def async_scoring(self, method: str | None, params: dict[str, Any] | None = None) -> Any:
-        """MONAI Label's scoring in the background, except its automatic runs (at start, after a training, after each
-        *Next Sample*) while no unlabelled image needs a new score: each would start a process that loads the app
-        only to find nothing to do. A run that cannot be started (outside the server, MONAI Label posts to it) is
-        logged, never raised: the training or next sample that triggered it has succeeded."""
-        scoring = self._scoring_methods.get(SCORING_NAME)
-        if method is None and not params and isinstance(scoring, UncertaintyScoring):
+        """The scoring run MONAI Label starts by itself (at start, after a training, after each *Next Sample*): in
+        the server, a run of :attr:`scoring_runs` (``lib/scoring_runs.py``; while one runs, that one) unless no
+        unlabelled image needs a new score. Outside the server (a training's task process) MONAI Label asks the
+        server over HTTP; a server that cannot be reached is logged, never raised: the training that triggered it
+        has succeeded."""
+        if not self._server_mode:
             try:
-                if scoring.pending(self.datastore()) == 0:
-                    logger.debug(f"{SCORING_NAME}: every unlabelled image is scored by the served model")
-                    return {}
-            except Exception as e:  # a datastore that cannot be listed: let MONAI Label's run report it
-                logger.warning(f"{SCORING_NAME}: could not count the images to score ({type(e).__name__}: {e})")
-        try:
-            return super().async_scoring(method, params)
-        except Exception as e:
-            # outside the server process (a background training) MONAI Label asks the server over HTTP; a server
-            # that cannot be reached must not turn a finished training into a failed one
-            logger.warning(f"scoring was not started ({type(e).__name__}: {e}); POST /scoring/{SCORING_NAME} starts it")
+                return super().async_scoring(method, params)
+            except Exception as e:
+                logger.warning(f"scoring was not started ({type(e).__name__}: {e}); POST /scoring/{SCORING_NAME} "
+                               "starts it")  # fmt: skip
+                return {}
+        scoring = self._scoring_methods.get(SCORING_NAME)
+        if not isinstance(scoring, UncertaintyScoring) or method not in (None, SCORING_NAME):
             return {}
+        try:
+            if method is None and scoring.pending(self.datastore()) == 0:
+                logger.debug(f"{SCORING_NAME}: every unlabelled image is scored by the served model")
+                return {}
+        except Exception as e:  # a datastore that cannot be listed: the run reports it
+            logger.warning(f"{SCORING_NAME}: could not count the images to score ({type(e).__name__}: {e})")
+        record = self.scoring_runs.start({"method": SCORING_NAME, "force": False}, automatic=True)
+        return record if method else {SCORING_NAME: record}
+
+    def _run_scoring(self, request: dict[str, Any], stop: threading.Event) -> Any:
+        """One scoring run of :attr:`scoring_runs`, in the server process, writing through the server's datastore."""
+        scoring = self._scoring_methods[request["method"]]
+        if isinstance(scoring, UncertaintyScoring):
+            return scoring(request, self.datastore(), stop=stop)
+        return scoring(request, self.datastore())
 
     def served_infer_tasks(self) -> dict[str, InferTask]:
         """The inference tasks of the bundles served now (a model trained or uploaded since start included)."""

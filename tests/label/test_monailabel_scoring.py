@@ -67,6 +67,16 @@ def settings_saved():
         setattr(settings, key, value)
 
 
+def _run_scoring(client, app, **options) -> dict:
+    """``POST /scoring/uncertainty`` (a run in the server's process, in the background), waited for; its result."""
+    r = client.post("/scoring/uncertainty", json=options or None)
+    assert r.status_code == 200, r.text
+    app.scoring_runs.wait(300)
+    status = client.get("/scoring/").json()
+    assert status["id"] == r.json()["id"] and status["status"] == "DONE", status
+    return status["result"]
+
+
 def _scores(app) -> dict[str, float]:
     store = app.datastore()
     return {i: store.get_image_info(i).get(SCORE) for i in store.get_unlabeled_images()}
@@ -95,8 +105,7 @@ def test_2d_scoring_after_training_and_the_strategy_serves_the_highest(tmp_path,
     assert r.json()["selection"].startswith("random: no unlabelled image has an uncertainty score")
 
     app.train({"model": NAME_2D, "max_epochs": 1, "device": "cpu", "multi_gpu": False, "val_split": 0.3})
-    r = client.post("/scoring/uncertainty", params={"run_sync": True})
-    assert r.status_code == 200, r.text
+    _run_scoring(client, app)
     scores = _scores(app)
     assert set(scores) == {"img_a", "u0", "u1", "u2"}
     assert all(isinstance(v, float) and math.isfinite(v) and 0.0 <= v <= 1.0 for v in scores.values()), scores
@@ -122,9 +131,7 @@ def test_synapse_volumes_are_scored_over_their_slices(tmp_path, settings_saved):
     bundles = _make_bundles(tmp_path, studies, names=(NAME_3D,))
     app = _app(bundles, studies, models=NAME_3D)
     client = _client(app, bundles, studies)
-    r = client.post("/scoring/uncertainty", params={"run_sync": True})
-    assert r.status_code == 200, r.text
-    assert r.json()["skipped"] == {"photo": "no served model takes 2D images"}
+    assert _run_scoring(client, app)["skipped"] == {"photo": "no served model takes 2D images"}
     scores = _scores(app)
     assert scores["photo"] is None
     assert all(0.0 < scores[f"ct{i}"] <= 1.0 for i in range(2)), scores
@@ -180,28 +187,21 @@ def test_images_scored_by_the_served_model_are_not_scored_again(tmp_path, settin
 
 
 def test_automatic_scoring_starts_only_when_an_image_needs_a_score(tmp_path, settings_saved, monkeypatch):
-    from monailabel.utils.async_tasks.task import AsyncTask
-
-    started = []
-
-    def run(method, request=None, params=None, force_sync=False, enqueue=False):  # records instead of a process
-        started.append(method)
-        return {}, None
-
-    monkeypatch.setattr(AsyncTask, "run", staticmethod(run))
     studies = tmp_path / "studies"
     _write_studies(studies)
     (studies / "ct_a.nii.gz").unlink()
     bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
     app = _app(bundles, studies, models=NAME_2D)
+    started = []
+    monkeypatch.setattr(app.scoring_runs, "start", lambda request, automatic=False: started.append(automatic) or {})
     app.server_mode(True)
     app.async_scoring(None)  # what MONAI Label does at start, after a training and after every Next Sample
-    assert started == ["scoring"]
+    assert started == [True]
     app.scoring({"method": "uncertainty"})
     app.async_scoring(None)
-    assert started == ["scoring"]  # every unlabelled image is scored by the served model: no process started
+    assert started == [True]  # every unlabelled image is scored by the served model: no run started
     app.async_scoring("uncertainty")  # asked for by name: always runs
-    assert started == ["scoring", "scoring"]
+    assert started == [True, True]
 
 
 def test_a_scoring_trigger_that_fails_does_not_fail_the_training(tmp_path, settings_saved, monkeypatch):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import json
 import math
 import os
 import pathlib
@@ -55,6 +56,7 @@ __all__ = [
     "LABEL_TAGS",
     "MAX_FILE_NAME_BYTES",
     "MAX_JSON_DEPTH",
+    "MAX_TASK_BODY_BYTES",
     "RESERVED_IDS",
     "UNKNOWN_IMAGE",
     "CheckedAsyncTask",
@@ -63,6 +65,7 @@ __all__ = [
     "check_json_value",
     "check_new_id",
     "check_tag",
+    "check_task_body",
     "client_request",
     "current_client_request",
     "finite_json",
@@ -94,6 +97,8 @@ IMAGE_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".png", ".jpg", ".tif")
 LABEL_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".png", ".tif")
 #: the deepest nesting of objects and lists in a request's ``params`` or ``info``
 MAX_JSON_DEPTH = 32
+#: the largest task body (a training, batch inference or scoring request's JSON), in bytes
+MAX_TASK_BODY_BYTES = 64 * 1024
 # an absolute POSIX path or a Windows drive path inside a message (a token that starts at "/" or "X:\\")
 _PATH_IN_TEXT = re.compile(r"(?<![\w.:/-])(?:/|[A-Za-z]:\\)[^\s'\"(),;]+")
 
@@ -335,6 +340,23 @@ def resolve_image(image: str, datastore: Any, sessions: Any = None) -> tuple[str
     return uri, f"image {image!r}"
 
 
+def check_task_body(params: Any, what: str) -> dict[str, Any]:
+    """The JSON object of a task request (``{}`` for none), else HTTP 422 (not an object, NaN or Infinity, nested too
+    deep) or 413 (over :data:`MAX_TASK_BODY_BYTES`)."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise HTTPException(status_code=422, detail=f"the {what} options must be a JSON object")
+    check_json_value(params, f"the {what} options")
+    size = len(json.dumps(params).encode("utf-8"))
+    if size > MAX_TASK_BODY_BYTES:
+        raise HTTPException(
+            status_code=413, detail=f"the {what} options hold {size} bytes; at most {MAX_TASK_BODY_BYTES} are taken"
+        )
+    return params
+
+
+
 class CheckedAsyncTask(AsyncTask):
     """MONAI Label's ``AsyncTask`` that has the app check a request before it is run or queued, and answers without
     the server's bundle folder (:func:`_public_task`).
@@ -351,8 +373,7 @@ class CheckedAsyncTask(AsyncTask):
         from monailabel.interfaces.utils.app import app_instance
 
         app = app_instance()
-        if params is not None and not isinstance(params, dict):
-            raise HTTPException(status_code=422, detail=f"the {method} options must be a JSON object")
+        params = check_task_body(params, method) if params is not None else None
         merged = {**(request or {}), **(params or {})}
         if method == "train" and getattr(app, "check_train_request", None) is not None:
             checked = app.check_train_request(merged)
@@ -361,8 +382,6 @@ class CheckedAsyncTask(AsyncTask):
                 check_data(checked)
         elif method == "batch_infer" and getattr(app, "check_batch_infer_request", None) is not None:
             app.check_batch_infer_request(merged)
-        elif method == "scoring" and getattr(app, "check_scoring_request", None) is not None:
-            app.check_scoring_request(merged)
         result, detail = AsyncTask.run(method, request=request, params=params, force_sync=force_sync, enqueue=enqueue)
         return _public_task(result), detail
 

@@ -133,7 +133,10 @@ INFER_OPTIONS: dict[str, Callable[[Any], Any]] = {
     "logging": _choice(_LOG_LEVELS, upper=True),
     "timeout": _timeout,
     "skip_writer": _no_skip,
-    # set by MONAI Label from the upload, the session and the task; a request never chooses them
+    # set by MONAI Label from the upload, the session and the task; a request never chooses them (``bundle_path``
+    # goes onto a batch inference subprocess's PYTHONPATH, ``gpus`` into its CUDA_VISIBLE_DEVICES)
+    "bundle_path": _never,
+    "gpus": _never,
     "label": _never,
     "image_path": _never,
     "description": _never,

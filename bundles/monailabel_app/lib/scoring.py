@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,12 +41,14 @@ from monailabel.interfaces.utils.transform import run_transforms
 from spectraflow_monai.metrics.uncertainty import FlipEntropy
 
 __all__ = [
+    "ERROR_KEY",
     "MODEL_KEY",
     "SCORE_KEY",
     "SCORING_NAME",
     "STRATEGY_NAME",
     "TIME_KEY",
     "WEIGHTS_KEY",
+    "WRITE_SECONDS",
     "UncertaintyScoring",
     "UncertaintyStrategy",
     "default_device",
@@ -65,6 +68,12 @@ MODEL_KEY = "uncertainty_model"
 TIME_KEY = "uncertainty_ts"
 #: which weights gave the score: the served model file's size and modification time
 WEIGHTS_KEY = "uncertainty_weights"
+#: why the image could not be scored by those weights (the error's type; None once scored)
+ERROR_KEY = "uncertainty_error"
+#: scores are written into the datastore's record at most every this many seconds (and at the end of a run)
+WRITE_SECONDS = 2.0
+# a run scores again, at most this many times in all, when another model was served while it ran
+_MAX_PASSES = 3
 #: an image any strategy served within this many seconds is not served again (MONAI Label's Epistemic: a day)
 DEFAULT_HOLD_SECONDS = 24 * 60 * 60
 DEFAULT_MAX_SECONDS = 600.0
@@ -101,6 +110,31 @@ def _weights_stamp(task: Any) -> str:
         return ""
     stat = os.stat(path)
     return f"{stat.st_size}-{stat.st_mtime_ns}"
+
+
+class _InfoWriter:
+    """Scores on their way into the datastore: written every :data:`WRITE_SECONDS` and at the end, many images in one
+    write of the record (``update_image_infos`` of the app's datastore), image by image on another datastore."""
+
+    def __init__(self, datastore: Datastore) -> None:
+        self.datastore, self.pending = datastore, {}
+        self.last = time.monotonic()
+
+    def add(self, image_id: str, info: dict[str, Any]) -> None:
+        self.pending[image_id] = info
+        if time.monotonic() - self.last >= WRITE_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        pending, self.pending, self.last = self.pending, {}, time.monotonic()
+        if not pending:
+            return
+        many = getattr(self.datastore, "update_image_infos", None)
+        if many is not None:
+            many(pending)
+            return
+        for image_id, info in pending.items():
+            self.datastore.update_image_info(image_id, info)
 
 
 def _finite_score(info: Mapping[str, Any]) -> float | None:
@@ -165,47 +199,86 @@ class UncertaintyScoring(ScoringMethod):
                 count += 1
         return count
 
-    def __call__(self, request: Mapping[str, Any], datastore: Datastore) -> dict[str, Any]:
+    def __call__(
+        self, request: Mapping[str, Any], datastore: Datastore, stop: threading.Event | None = None
+    ) -> dict[str, Any]:
+        """Score the unlabelled images (see the module docstring).
+
+        Args:
+            request: ``{"force": bool}`` (default false: images scored by the served weights are left as they are).
+            datastore: the server's datastore; the scores are written with its ``update_image_infos`` (a few images
+                at a time, one write of the record each) where it has one, else image by image.
+            stop: set to stop after the current image (``DELETE /scoring/``). Defaults to None.
+
+        Returns:
+            ``scored``, ``current`` (already scored by the served weights), ``left``, ``skipped`` (image id -> why;
+            an unreadable image is remembered with the weights that failed on it and not tried again until others
+            are served) and ``passes`` (a model served during the run is scored in a further pass).
+        """
         started = time.monotonic()
-        tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
-        images = self._order(datastore, list(datastore.get_unlabeled_images()))
+        stop = stop if stop is not None else threading.Event()
+        force = request.get("force", False) is True if isinstance(request, Mapping) else False
         scored: dict[str, float] = {}
         skipped: dict[str, str] = {}
-        if not tasks:
-            logger.info(f"{SCORING_NAME}: no model is served for inference yet; nothing scored")
-            return {"scored": 0, "left": len(images), "reason": "no model is served for inference yet"}
-        stamps = {name: _weights_stamp(task) for name, task in tasks.items()}
-        force = bool(request.get("force", False)) if isinstance(request, Mapping) else False
-        current = 0
-        for done, image_id in enumerate(images):
-            if time.monotonic() - started > self.max_seconds:
-                logger.warning(
-                    f"{SCORING_NAME}: stopped after {self.max_seconds:.0f} s (--conf scoring_max_seconds) with "
-                    f"{len(images) - done} image(s) left; they keep their earlier score"
-                )
+        current, left, passes = 0, 0, 0
+        writer = _InfoWriter(datastore)
+        while passes < _MAX_PASSES:
+            tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
+            images = self._order(datastore, list(datastore.get_unlabeled_images()))
+            if not tasks:
+                logger.info(f"{SCORING_NAME}: no model is served for inference yet; nothing scored")
+                return {"scored": 0, "left": len(images), "reason": "no model is served for inference yet"}
+            stamps = {name: _weights_stamp(task) for name, task in tasks.items()}
+            passes += 1
+            current, left = 0, 0
+            for done, image_id in enumerate(images):
+                if stop.is_set() or time.monotonic() - started > self.max_seconds:
+                    left = len(images) - done
+                    break
+                outcome = self._score_one(datastore, image_id, tasks, stamps, force and image_id not in scored)
+                if outcome is None:
+                    current += 1  # scored by the model served now: nothing would change
+                    continue
+                info, why = outcome
+                if why is None:
+                    scored[image_id] = info[SCORE_KEY]
+                else:
+                    skipped[image_id] = why
+                if info is not None:
+                    writer.add(image_id, info)
+            writer.flush()
+            if left or stop.is_set():
                 break
-            path = datastore.get_image_uri(image_id)
-            rank = spatial_rank_of_name(path)
-            name = next((n for n, t in tasks.items() if t.input_rank == rank), None)
-            if name is None:
-                skipped[image_id] = f"no served model takes {rank}D images"
-                continue
-            if not force and self._current(datastore.get_image_info(image_id), name, stamps):
-                current += 1  # scored by the model served now: nothing would change
-                continue
-            try:
-                value = self._score(tasks[name], path)
-            except Exception as e:  # one unreadable image does not stop the others
-                logger.warning(f"{SCORING_NAME}: {image_id} not scored: {type(e).__name__}: {e}")
-                skipped[image_id] = type(e).__name__
-                continue
-            datastore.update_image_info(
-                image_id, {SCORE_KEY: value, MODEL_KEY: name, WEIGHTS_KEY: stamps[name], TIME_KEY: int(time.time())}
-            )
-            scored[image_id] = value
-        logger.info(f"{SCORING_NAME}: scored {len(scored)} image(s) in {time.monotonic() - started:.1f} s: {scored}")
-        left = len(images) - len(scored) - len(skipped) - current
-        return {"scored": len(scored), "current": current, "left": left, "skipped": skipped}
+            now = {name: _weights_stamp(task) for name, task in self.infer_tasks().items() if name in stamps}
+            if now == stamps:  # no other model was served during the run
+                break
+            force = False  # the next pass scores what the newly served weights have not
+        if left:
+            reason = "DELETE /scoring/" if stop.is_set() else f"{self.max_seconds:.0f} s (--conf scoring_max_seconds)"
+            logger.warning(f"{SCORING_NAME}: stopped ({reason}) with {left} image(s) left; they keep their earlier "
+                           "score")  # fmt: skip
+        logger.info(f"{SCORING_NAME}: scored {len(scored)} image(s) in {time.monotonic() - started:.1f} s")
+        return {"scored": len(scored), "current": current, "left": left, "skipped": skipped, "passes": passes}
+
+    def _score_one(
+        self, datastore: Datastore, image_id: str, tasks: Mapping[str, Any], stamps: Mapping[str, str], force: bool
+    ) -> tuple[dict[str, Any] | None, str | None] | None:
+        """One image: None when the served weights scored it already, else ``(info, why)``: the info to write (the
+        score, or for an unreadable image the weights that failed on it, so that it is not tried again until others
+        are served; None for an image no served model takes) and why it was not scored (None: scored)."""
+        path = datastore.get_image_uri(image_id)
+        rank = spatial_rank_of_name(path)
+        name = next((n for n, t in tasks.items() if t.input_rank == rank), None)
+        if name is None:
+            return None, f"no served model takes {rank}D images"
+        if not force and self._current(datastore.get_image_info(image_id), name, stamps):
+            return None
+        info = {MODEL_KEY: name, WEIGHTS_KEY: stamps[name], TIME_KEY: int(time.time())}
+        try:
+            return {**info, SCORE_KEY: self._score(tasks[name], path), ERROR_KEY: None}, None
+        except Exception as e:  # one unreadable image does not stop the others
+            logger.warning(f"{SCORING_NAME}: {image_id} not scored: {type(e).__name__}: {str(e)[:200]}")
+            return {**info, SCORE_KEY: None, ERROR_KEY: type(e).__name__}, type(e).__name__
 
     def _score(self, task: Any, path: str) -> float:
         data = {"image": path, "device": self.device}

@@ -49,11 +49,13 @@ from .checks import (
     upload_extension,
     upload_id,
 )
+from .scoring_runs import install_scoring_routes
 from .sessions import check_expiry
 
 __all__ = [
     "DEFAULT_MAX_UPLOAD_MB",
     "MODEL_EXTENSIONS",
+    "SESSION_EXTENSIONS",
     "add_image",
     "buffered_upload",
     "create_session",
@@ -64,6 +66,7 @@ __all__ = [
     "json_object",
     "run_wsi_inference",
     "save_label",
+    "session_file_name",
     "update_image_info",
     "update_label_info",
     "update_model",
@@ -73,6 +76,8 @@ __all__ = [
 
 #: the largest upload the server takes by default, in MB (``--conf max_upload_mb``)
 DEFAULT_MAX_UPLOAD_MB = 2048.0
+#: extensions a session keeps of its files' names (:func:`session_file_name`): images and DICOM files
+SESSION_EXTENSIONS = (*IMAGE_EXTENSIONS, ".dcm")
 #: extensions of a weight upload (``PUT /model/<name>``)
 MODEL_EXTENSIONS = (".pt", ".pth")
 _CHUNK = 1 << 20
@@ -328,8 +333,7 @@ def create_session(background_tasks: Any, uncompress: Any = False, expiry: Any =
     received = tempfile.mkdtemp()
     try:
         for i, upload in enumerate(files):
-            base = os.path.basename(str(upload.filename or "").replace("\\", "/"))
-            name = base if plain_name(base) and not base.startswith(".") else f"file{i}"
+            name = session_file_name(upload.filename, i)
             with buffered_upload(upload, "", limit - total) as path:
                 total += os.path.getsize(path)
                 shutil.move(path, os.path.join(received, name))
@@ -341,6 +345,18 @@ def create_session(background_tasks: Any, uncompress: Any = False, expiry: Any =
     return public_session({"session_id": session_id, "session_info": info.to_json()})
 
 
+def session_file_name(filename: Any, index: int) -> str:
+    """The name a session keeps an uploaded file under: the client's file name when it is a plain name ending with
+    an image extension (:data:`lib.checks.IMAGE_EXTENSIONS`) or ``.dcm``, else ``file<index>`` (a member of a DICOM
+    series without extension). No other name is kept, so that no session file can be a Python module, package data
+    or anything else a process would load code from."""
+    base = os.path.basename(str(filename or "").replace("\\", "/"))
+    if plain_name(base) and not base.startswith(".") and base.lower().endswith(SESSION_EXTENSIONS):
+        if len(base) > len(next(e for e in SESSION_EXTENSIONS if base.lower().endswith(e))):
+            return base
+    return f"file{int(index)}"
+
+
 def install_server_checks() -> None:
     """Wrap MONAI Label's inference, training and datastore endpoint helpers (see the module docstring);
     idempotent."""
@@ -348,7 +364,6 @@ def install_server_checks() -> None:
     from monailabel.endpoints import datastore as datastore_endpoint
     from monailabel.endpoints import infer as infer_endpoint
     from monailabel.endpoints import model as model_endpoint
-    from monailabel.endpoints import scoring as scoring_endpoint
     from monailabel.endpoints import session as session_endpoint
     from monailabel.endpoints import train as train_endpoint
     from monailabel.endpoints import wsi_infer as wsi_endpoint
@@ -371,7 +386,7 @@ def install_server_checks() -> None:
     ):
         replacement.spectraflow_checked = True
         setattr(module, name, replacement)
-    for module in (train_endpoint, batch_endpoint, scoring_endpoint):
+    for module in (train_endpoint, batch_endpoint):
         if not (isinstance(module.AsyncTask, type) and issubclass(module.AsyncTask, CheckedAsyncTask)):
             module.AsyncTask = CheckedAsyncTask
         for name in ("status", "stop"):  # the task records of GET and DELETE without the server's folders
@@ -397,3 +412,4 @@ def install_server_checks() -> None:
         datastore_endpoint.datastore = public_listing
 
     install_session_checks()
+    install_scoring_routes()
