@@ -27,6 +27,12 @@ def test_demo_end_to_end(tmp_path):
     assert set(out["times"]) == {"data", "stage1", "stage2", "evaluate"}
     text = (eval_dir / "report.md").read_text()
     assert "mDSC" in text and "overlays.png" in text
+    from spectraflow_monai.visualize.report import STAGE1_CURVES_NOTE
+
+    stage1 = next(line for line in text.splitlines() if line.startswith("- Stage-1 ("))
+    assert "`meanflow_error`" in stage1 and "`loss_dispersive`" in stage1 and "weighted" not in stage1
+    assert STAGE1_CURVES_NOTE in text
+    assert "Drawn on the 28x28 resize of each image, the size of its prediction" in text  # not a default 224
 
 
 def test_cli_usage(capsys):

@@ -18,12 +18,28 @@ import numpy as np
 
 from spectraflow_monai.visualize.utils import save_figure, shorten
 
-__all__ = ["HEADLINE_TAGS", "plot_training_curves", "read_scalars", "step_units"]
+__all__ = ["HEADLINE_TAGS", "REDUNDANT_TAGS", "plot_training_curves", "read_scalars", "redundant_tags", "step_units"]
 
 logger = logging.getLogger(__name__)
 
 #: tags plotted first in their folder's block: Stage-1's unweighted MeanFlow error, Stage-2's training loss
 HEADLINE_TAGS = ("meanflow_error", "train_loss")
+
+#: Stage-1 (MeanFlow) series that another series of the same folder shows better, left out of the curves:
+#: ``{tag: (the tags that make it redundant, each with a finite value), why}``
+REDUNDANT_TAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "loss_meanflow_weighted": (
+        ("meanflow_error",),
+        "the adaptively weighted MeanFlow loss L / (L + c)^p, close to 1 by construction (p = 1); meanflow_error is "
+        "the unweighted error",
+    ),
+    "dispersive_weighted": (("loss_dispersive",), "lambda * loss_dispersive, the same curve scaled"),
+    "loss": (
+        ("meanflow_error", "loss_meanflow_weighted", "loss_dispersive"),
+        "the optimised total loss_meanflow_weighted + lambda * loss_dispersive: the flat weighted term plus the "
+        "dispersive curve",
+    ),
+}
 
 
 def _event_files(folder: str) -> list[str]:
@@ -125,6 +141,29 @@ def _ema(values: np.ndarray, weight: float = 0.9) -> np.ndarray:
     return out
 
 
+def redundant_tags(scalars: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, str]:
+    """The series of one log folder left out of its curves (:data:`REDUNDANT_TAGS`), with the reason.
+
+    A tag is left out only when every series that makes it redundant is in the folder with a finite value (a
+    ``meanflow_error`` that is all NaN keeps ``loss_meanflow_weighted``).
+
+    Args:
+        scalars: ``{tag: (steps, values)}`` of one folder (:func:`read_scalars`).
+
+    Returns:
+        ``{tag: why}`` of the tags left out.
+    """
+
+    def informative(tag: str) -> bool:
+        return tag in scalars and bool(np.isfinite(scalars[tag][1]).any())
+
+    return {
+        tag: why
+        for tag, (instead, why) in REDUNDANT_TAGS.items()
+        if tag in scalars and all(informative(t) for t in instead)
+    }
+
+
 def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | os.PathLike) -> list[str]:
     """One PNG with a panel per scalar tag, grouped by log folder (a row block per folder, e.g. Stage-1, Stage-2).
 
@@ -132,7 +171,10 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
     ``train_loss``, ``train_loss_dice``, ``train_loss_bce``, ``train_loss_boundary``, ``boundary_beta``,
     ``val_mean_dice``, ``val_mean_iou``, ``val_hd95`` for Stage-2 and ``meanflow_error`` (the headline),
     ``loss_meanflow_weighted``, ``loss_dispersive``, ``dispersive_weighted``, ``loss`` for the SpectraFlow Stage-1
-    pretraining; the tags of ``HEADLINE_TAGS`` lead their block, the others follow in name order. Non-finite
+    pretraining; the tags of ``HEADLINE_TAGS`` lead their block, the others follow in name order. Stage-1 shows
+    ``meanflow_error`` and ``loss_dispersive``: the series that only repeat them (the weighted MeanFlow loss, a flat
+    line near 1; ``dispersive_weighted``; the total) are left out (:func:`redundant_tags`), logged and named at the
+    bottom of the figure. Non-finite
     values (an undefined HD95) are left out of a panel and counted in its title; long series also get a smoothed
     line. Each folder shows its latest run (:func:`read_scalars`); x axes are named ``iteration`` or ``epoch``
     (:func:`step_units`). Folders that do not exist
@@ -150,6 +192,7 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
         raise ValueError(f"log_dirs must be a mapping {{label: folder}}, got {type(log_dirs).__name__}.")
     groups: list[tuple[str, dict[str, tuple[np.ndarray, np.ndarray]]]] = []
     skipped: list[str] = []
+    left_out: list[str] = []
     for label, folder in log_dirs.items():
         folder = os.fspath(folder)
         if not os.path.exists(folder):
@@ -161,6 +204,11 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
             logger.warning("training curves: no scalars in '%s' (%s), skipped.", folder, label)
             skipped.append(f"{label} (no scalars)")
             continue
+        redundant = redundant_tags(scalars)
+        for tag, why in redundant.items():
+            logger.info("training curves: %s/%s not drawn: %s.", label, tag, why)
+        left_out += [f"{label}/{tag}" for tag in redundant]
+        scalars = {t: v for t, v in scalars.items() if t not in redundant}
         headline = [t for t in HEADLINE_TAGS if t in scalars]  # the curve to read first leads its block
         groups.append((str(label), {t: scalars[t] for t in headline + [t for t in scalars if t not in headline]}))
     if not groups:
@@ -172,7 +220,10 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
 
     ncols = min(3, max(len(s) for _, s in groups))
     rows = [math.ceil(len(s) / ncols) for _, s in groups]
-    fig = Figure(figsize=(4.2 * ncols, 3.0 * sum(rows) + (0.3 if skipped else 0.0)), layout="constrained")
+    foot = [f"Skipped: {', '.join(skipped)}"] if skipped else []
+    if left_out:
+        foot.append(f"Not drawn (another panel shows them): {', '.join(left_out)}")
+    fig = Figure(figsize=(4.2 * ncols, 3.0 * sum(rows) + 0.3 * len(foot)), layout="constrained")
     axes = fig.subplots(sum(rows), ncols, squeeze=False)
     plotted: list[str] = []
     row0 = 0
@@ -199,7 +250,7 @@ def plot_training_curves(log_dirs: Mapping[str, str | os.PathLike], path: str | 
         for j in range(len(scalars), nrow * ncols):
             axes[row0 + j // ncols][j % ncols].set_visible(False)
         row0 += nrow
-    if skipped:
-        fig.supxlabel("Skipped: " + ", ".join(skipped), fontsize=8)
+    if foot:
+        fig.supxlabel("\n".join(foot), fontsize=8)
     save_figure(fig, path)
     return plotted

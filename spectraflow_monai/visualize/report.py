@@ -31,7 +31,7 @@ from spectraflow_monai.visualize.overlays import plot_overlays
 from spectraflow_monai.visualize.predictions import check_datalist, find_prediction, pair_predictions, prediction_size
 from spectraflow_monai.visualize.utils import list_names
 
-__all__ = ["BETA_RAMP_NOTE", "find_prediction", "write_report"]
+__all__ = ["BETA_RAMP_NOTE", "STAGE1_CURVES_NOTE", "find_prediction", "write_report"]
 
 #: why the Stage-2 total loss can rise while it trains well (the report adds it under the Stage-2 curves)
 BETA_RAMP_NOTE = (
@@ -39,6 +39,15 @@ BETA_RAMP_NOTE = (
     "`boundary_beta_max` over `boundary_ramp_epochs` epochs (Chen et al., Sec. 4.2): the total can rise while every "
     "term falls. Read progress from `train_loss_dice`, `train_loss_bce`, `train_loss_boundary` and the validation "
     "metrics; `train_loss_boundary_weighted` is the β-weighted term inside the total."
+)
+
+
+#: which Stage-1 curves are drawn (the report adds it under a folder showing ``meanflow_error``)
+STAGE1_CURVES_NOTE = (
+    "  - Stage-1 draws the unweighted MeanFlow error `meanflow_error` and the dispersive loss `loss_dispersive`. The "
+    "series that only repeat them are not drawn (the figure names them at its foot): `loss_meanflow_weighted`, the "
+    "adaptively weighted L / (L + c)^p that is optimised, close to 1 by construction; `dispersive_weighted` "
+    "(λ·`loss_dispersive`); the total `loss`."
 )
 
 
@@ -141,6 +150,8 @@ def write_report(
                 lines.append(f"- {label} (`{d}`): " + ", ".join(f"`{t}`" for t in tags))
                 if {"train_loss", "boundary_beta"} <= set(tags):
                     lines.append(BETA_RAMP_NOTE)
+                if "meanflow_error" in tags and "loss_meanflow_weighted" not in tags:
+                    lines.append(STAGE1_CURVES_NOTE)
         lines.append("")
         lines.append(
             "Each log folder shows its latest run: a later event file replaces the steps it repeats (a resumed run "

@@ -48,18 +48,54 @@ def test_ema():
     np.testing.assert_allclose(cv._ema(np.array([1.0, 3.0]))[1], (0.09 + 0.3) / 0.19)
 
 
-def test_plot_training_curves_headline_first(tmp_path):
-    """Stage-1's unweighted MeanFlow error leads its block, ahead of the tags that sort before it."""
-    from torch.utils.tensorboard import SummaryWriter
+def _stage1_logs(folder, meanflow_error=None):
+    """Stage-1 event file as the MeanFlow pretrainer logs it: the weighted MeanFlow loss flat near 1 (the adaptive
+    weight normalises it), the unweighted error and the dispersive loss falling."""
+    steps = range(1, 9)
+    error = [1.0 / s for s in steps] if meanflow_error is None else meanflow_error
+    disp = [-0.1 * s for s in steps]
+    _write(folder, {
+        "meanflow_error": list(zip(steps, error)),
+        "loss_meanflow_weighted": [(s, 1.0 - 1e-3 / s) for s in steps],
+        "loss_dispersive": list(zip(steps, disp)),
+        "dispersive_weighted": [(s, 0.4 * d) for s, d in zip(steps, disp)],
+        "loss": [(s, 1.0 - 1e-3 / s + 0.4 * d) for s, d in zip(steps, disp)],
+    })  # fmt: skip
 
-    w = SummaryWriter(log_dir=str(tmp_path / "stage1"))
-    for step in range(3):
-        for tag in ("dispersive_weighted", "loss", "loss_meanflow_weighted", "meanflow_error"):
-            w.add_scalar(tag, 1.0 + step, step)
-    w.close()
+
+def test_stage1_curves_draw_the_informative_series(tmp_path):
+    """Stage-1's unweighted MeanFlow error leads its block, then the dispersive loss; the flat weighted MeanFlow
+    loss and the series that repeat these two are not drawn, and the figure's foot names them."""
+    _stage1_logs(tmp_path / "stage1")
     tags = cv.plot_training_curves({"Stage-1": tmp_path / "stage1"}, tmp_path / "curves.png")
-    assert tags == ["Stage-1/meanflow_error", "Stage-1/dispersive_weighted", "Stage-1/loss",
+    assert tags == ["Stage-1/meanflow_error", "Stage-1/loss_dispersive"]
+    scalars = cv.read_scalars(tmp_path / "stage1")
+    for tag in tags:  # each drawn series moves; the one left out is flat
+        assert np.ptp(scalars[tag.split("/")[1]][1]) > 0.5
+    assert np.ptp(scalars["loss_meanflow_weighted"][1]) < 1e-2
+    assert set(cv.redundant_tags(scalars)) == {"loss_meanflow_weighted", "dispersive_weighted", "loss"}
+    png(tmp_path / "curves.png")
+
+
+def test_weighted_meanflow_loss_is_drawn_without_a_finite_error(tmp_path, caplog):
+    """A ``meanflow_error`` that is all NaN (a loss without ``compute``) does not replace the weighted loss."""
+    _stage1_logs(tmp_path / "stage1", meanflow_error=[float("nan")] * 8)
+    caplog.set_level(logging.INFO, logger="spectraflow_monai.visualize.curves")
+    tags = cv.plot_training_curves({"Stage-1": tmp_path / "stage1"}, tmp_path / "curves.png")
+    assert tags == ["Stage-1/meanflow_error", "Stage-1/loss", "Stage-1/loss_dispersive",
                     "Stage-1/loss_meanflow_weighted"]  # fmt: skip
+    assert "Stage-1/dispersive_weighted not drawn" in caplog.text
+
+
+def test_report_says_which_stage1_curves_are_drawn(tmp_path):
+    from spectraflow_monai.visualize.report import STAGE1_CURVES_NOTE, write_report
+    from tests.visualize.helpers import SUMMARY
+
+    (tmp_path / "summary.md").write_text(SUMMARY)
+    _stage1_logs(tmp_path / "logs" / "stage1")
+    text = open(write_report(tmp_path, log_dirs={"Stage-1": tmp_path / "logs" / "stage1"})).read()
+    assert "- Stage-1 (`" + str(tmp_path / "logs" / "stage1") + "`): `meanflow_error`, `loss_dispersive`\n" in text
+    assert STAGE1_CURVES_NOTE in text
 
 
 def test_plot_training_curves_bad_args(run_dir, tmp_path):
