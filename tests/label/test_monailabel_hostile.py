@@ -1,0 +1,240 @@
+"""The MONAI Label app attacked over HTTP as a hostile client would (docs/monailabel.md, "Serving safely").
+
+One server (``python -m monailabel.main start_server`` on 127.0.0.1, the 2D bundle with a tiny network, its own
+session folder) serves the module:
+
+- **no request names code**: a ``sitecustomize.py`` uploaded into a session is not kept under that name, and no task
+  request may name the folder a task runs from (``bundle_path``) or its GPUs: scoring (both routes), batch inference
+  and training answer 422, and no file of the session is ever imported (a marker it would write stays absent);
+- **the server is the only writer of its record**: 300 label saves with infos and 120 image-info saves, sent from
+  eight threads while forced scoring runs score the unlabelled images, are all kept, and so are all the scores;
+- **one scoring run at a time**: eight concurrent forced requests start one run (the others 429), ``GET /info/``
+  answers while it runs, ``?run_sync=true`` is 422 and ``DELETE /scoring/`` stops it;
+- **task bodies**: ``force`` is a JSON boolean, NaN / Infinity and bodies over 64 KB are refused, and the status
+  routes keep answering afterwards.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/monailabel.md)")
+requests = pytest.importorskip("requests")
+
+from PIL import Image  # noqa: E402
+
+from .test_monailabel_app import NAME_2D, _studies_and_bundles, running_server  # noqa: E402
+from .test_monailabel_server import CONF  # noqa: E402
+
+UNLABELLED = 120  # images the scoring runs score while the saves arrive
+LABELLED = 150  # images that receive two labels each (300 label saves)
+TIMEOUT = 60
+
+
+def _png_bytes(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("monailabel_hostile")
+    studies, bundles = _studies_and_bundles(root)
+    rng = np.random.default_rng(11)
+    for i in range(UNLABELLED):
+        Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(studies / f"u{i:03d}.png")
+    for i in range(LABELLED):
+        Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(studies / f"a{i:03d}.png")
+    sessions = root / "sessions"
+    marker = root / "imported.txt"
+    saved = {k: os.environ.get(k) for k in ("MONAI_LABEL_SESSION_PATH", "MONAI_LABEL_AUTO_UPDATE_SCORING")}
+    os.environ["MONAI_LABEL_SESSION_PATH"] = str(sessions)
+    os.environ["MONAI_LABEL_AUTO_UPDATE_SCORING"] = "false"  # the tests start the runs they check
+    conf = {**CONF, "scoring_batch_size": "1"}
+    try:
+        with running_server(root, studies, bundles, conf) as (base, log):
+            yield SimpleNamespace(root=root, studies=studies, bundles=bundles, base=base, log=log,
+                                  sessions=sessions, marker=marker)  # fmt: skip
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait_scoring(server, deadline: float = 300.0) -> dict:
+    end = time.monotonic() + deadline
+    while True:
+        status = requests.get(f"{server.base}/scoring/", timeout=TIMEOUT).json()
+        if status.get("status") not in ("RUNNING", "SUBMITTED"):
+            return status
+        assert time.monotonic() < end, f"scoring still running after {deadline} s: {status}"
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- no request names code
+def test_no_session_file_can_be_imported_by_a_task(server):
+    payload = f"open({str(server.marker)!r}, 'w').write('imported')\n".encode()
+    image = _png_bytes(np.zeros((24, 24, 3), np.uint8))
+    files = [("files", ("sitecustomize.py", payload, "text/x-python")), ("files", ("image.png", image, "image/png"))]
+    r = requests.put(f"{server.base}/session/", files=files, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    session_id = r.json()["session_id"]
+    kept = sorted(p.name for p in server.sessions.rglob("*") if p.is_file())
+    assert kept and not any(name.endswith((".py", ".pyc", ".so", ".pth")) for name in kept), kept
+    folders = {str(p) for p in server.sessions.rglob("*") if p.is_dir()} | {str(server.sessions / session_id)}
+    names = [*sorted(folders), os.path.relpath(sorted(folders)[0], server.root), "."]
+    for folder in names:
+        for route, body in (
+            ("/scoring/uncertainty", {"bundle_path": folder}),
+            ("/scoring/uncertainty", {"gpus": "0"}),
+            ("/scoring/", {"uncertainty": {"bundle_path": folder}}),
+            ("/scoring/", {"bundle_path": folder}),
+            (f"/batch/infer/{NAME_2D}", {"bundle_path": folder, "device": "cpu"}),
+            (f"/train/{NAME_2D}", {"bundle_path": folder, "max_epochs": 1}),
+        ):
+            r = requests.post(f"{server.base}{route}", json=body, timeout=TIMEOUT)
+            assert r.status_code == 422, (route, body, r.status_code, r.text)
+    # a real run (in the server process) and a batch inference task process: nothing of the session is imported
+    r = requests.post(f"{server.base}/scoring/uncertainty", json={"force": True}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    assert _wait_scoring(server)["status"] == "DONE"
+    r = requests.post(f"{server.base}/batch/infer/{NAME_2D}", params={"images": "unlabeled"},
+                      json={"device": "cpu"}, timeout=TIMEOUT)  # fmt: skip
+    assert r.status_code == 200, r.text
+    end = time.monotonic() + 300
+    while requests.get(f"{server.base}/batch/infer/", timeout=TIMEOUT).json().get("status") in ("SUBMITTED",
+                                                                                                 "RUNNING"):  # fmt: skip
+        assert time.monotonic() < end
+        time.sleep(0.5)
+    assert not server.marker.exists()
+
+
+# ---------------------------------------------------------------- the server is the only writer of its record
+def test_saves_during_forced_scoring_are_all_kept(server):
+    rng = np.random.default_rng(5)
+    masks = {f"a{i:03d}": _png_bytes((rng.random((24, 24)) > 0.5).astype(np.uint8)) for i in range(LABELLED)}
+    stop = threading.Event()
+    runs = []
+
+    def keep_scoring():  # forced runs back to back while the saves arrive
+        while not stop.is_set():
+            r = requests.post(f"{server.base}/scoring/uncertainty", json={"force": True}, timeout=TIMEOUT)
+            if r.status_code == 200:
+                runs.append(r.json()["id"])
+            time.sleep(0.05)
+
+    def save_label(i: int, tag: str) -> int:
+        image = f"a{i:03d}"
+        r = requests.put(
+            f"{server.base}/datastore/label", params={"image": image, "tag": tag},
+            data={"params": json.dumps({"annotator": f"{tag}-{i}"})},
+            files={"label": (f"{image}.png", masks[image], "image/png")}, timeout=TIMEOUT,
+        )  # fmt: skip
+        return r.status_code
+
+    def save_note(i: int) -> int:
+        r = requests.put(f"{server.base}/datastore/image/info", params={"image": f"u{i:03d}"},
+                         data={"info": json.dumps({"note": f"note-{i}"})}, timeout=TIMEOUT)  # fmt: skip
+        return r.status_code
+
+    scorer = threading.Thread(target=keep_scoring)
+    scorer.start()
+    try:
+        time.sleep(0.5)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            jobs = [pool.submit(save_label, i, tag) for tag in ("final", "review") for i in range(LABELLED)]
+            jobs += [pool.submit(save_note, i) for i in range(UNLABELLED)]
+            codes = [job.result() for job in jobs]
+    finally:
+        stop.set()
+        scorer.join()
+    assert codes.count(200) == len(codes), {c: codes.count(c) for c in set(codes)}
+    assert runs, "no scoring run started during the saves"
+    _wait_scoring(server)
+    # one more run scores what the last forced run left (images it had not reached when the saves ended)
+    r = requests.post(f"{server.base}/scoring/uncertainty", json={}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    assert _wait_scoring(server)["status"] == "DONE"
+
+    listing = requests.get(f"{server.base}/datastore/", params={"output": "all"}, timeout=TIMEOUT).json()
+    objects = listing["objects"]
+    for i in range(LABELLED):
+        labels = objects[f"a{i:03d}"]["labels"]
+        for tag in ("final", "review"):
+            assert labels[tag]["info"].get("annotator") == f"{tag}-{i}", (i, tag, labels)
+    for i in range(UNLABELLED):
+        info = objects[f"u{i:03d}"]["image"]["info"]
+        assert info.get("note") == f"note-{i}", info
+        assert isinstance(info.get("uncertainty_tta_entropy"), float), info
+    on_disk = json.loads((server.studies / "datastore_v2.json").read_text())
+    assert on_disk["objects"]["u000"]["image"]["info"]["note"] == "note-0"
+    assert on_disk["objects"]["a000"]["labels"]["final"]["info"]["annotator"] == "final-0"
+
+
+# ---------------------------------------------------------------- one scoring run at a time
+def test_one_scoring_run_at_a_time_and_the_server_keeps_answering(server):
+    _wait_scoring(server)
+
+    def post() -> int:
+        return requests.post(f"{server.base}/scoring/uncertainty", json={"force": True}, timeout=TIMEOUT).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: post(), range(8)))
+    assert codes.count(200) == 1 and codes.count(429) == 7, codes
+    started = time.monotonic()
+    assert requests.get(f"{server.base}/info/", timeout=TIMEOUT).status_code == 200
+    assert time.monotonic() - started < 10.0
+    running = requests.get(f"{server.base}/scoring/", params={"check_if_running": True}, timeout=TIMEOUT)
+    if running.status_code == 200:  # still running: stop it
+        stopped = requests.delete(f"{server.base}/scoring/", timeout=TIMEOUT).json()
+        assert stopped["status"] == "STOPPED"
+    assert _wait_scoring(server)["status"] in ("DONE", "STOPPED")
+    r = requests.post(f"{server.base}/scoring/uncertainty", params={"run_sync": True}, json={}, timeout=TIMEOUT)
+    assert r.status_code == 422 and "run_sync" in r.text
+
+
+@pytest.mark.parametrize(
+    "route, body, status",
+    [
+        ("/scoring/uncertainty", '{"force": "false"}', 422),
+        ("/scoring/uncertainty", '{"force": 1}', 422),
+        ("/scoring/uncertainty", '{"force": NaN}', 422),
+        ("/scoring/uncertainty", '{"client_id": Infinity}', 422),
+        ("/scoring/uncertainty", json.dumps({"client_id": "x" * 200_000}), 413),
+        ("/scoring/uncertainty", '{"model": "x"}', 422),
+        ("/scoring/", '{"uncertainty": {"force": "true"}}', 422),
+        (f"/train/{NAME_2D}", '{"max_epochs": NaN}', 422),
+        (f"/train/{NAME_2D}", json.dumps({"max_epochs": 1, "x": "y" * 200_000}), 413),
+        (f"/batch/infer/{NAME_2D}", '{"device": "cpu", "timeout": Infinity}', 422),
+    ],
+)
+def test_task_bodies_are_checked_and_status_routes_keep_answering(server, route, body, status):
+    r = requests.post(f"{server.base}{route}", data=body, headers={"Content-Type": "application/json"},
+                      timeout=TIMEOUT)  # fmt: skip
+    assert r.status_code == status, r.text
+    assert len(r.text) < 2000
+    for status_route in ("/scoring/", "/train/", "/batch/infer/"):
+        answer = requests.get(f"{server.base}{status_route}", params={"all": True}, timeout=TIMEOUT)
+        assert answer.status_code in (200, 404), (status_route, answer.status_code, answer.text[:500])
+
+
+def test_session_keeps_image_and_dicom_names_only(server):
+    files = [("files", (name, b"\x00" * 16, "application/octet-stream"))
+             for name in ("1.2.3.dcm", "IM0001", "evil.py", "lib.so", "x.pth", ".hidden.png")]  # fmt: skip
+    r = requests.put(f"{server.base}/session/", files=files, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    folder = server.sessions / r.json()["session_id"]
+    kept = sorted(p.name for p in folder.rglob("*") if p.is_file() and p.name not in ("meta.info", ".spectraflow_session"))
+    assert "1.2.3.dcm" in kept and not any(n.endswith((".py", ".so", ".pth")) or n.startswith(".") for n in kept)
