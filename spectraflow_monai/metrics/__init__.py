@@ -8,7 +8,8 @@
   metrics and their table;
 - :mod:`~spectraflow_monai.metrics.hd95`: HD95 of batches, with missed structures scored as the image diagonal;
 - :mod:`~spectraflow_monai.metrics.frequency`: the frequency-band error;
-- :mod:`~spectraflow_monai.metrics.uncertainty`: how unsure a model is of an unlabelled image (active learning).
+- :mod:`~spectraflow_monai.metrics.uncertainty`: how unsure a model is of an unlabelled image (active learning): the
+  flip-averaged entropy the MONAI Label app scores with, and Wang et al.'s test-time-augmentation vote entropy.
 """
 
 from .frequency import (
@@ -35,12 +36,20 @@ from .surface import (
     surface_distances,
     transunet_case_metrics,
 )
-from .uncertainty import FLIPS_2D, FlipEntropy, compute_flip_entropy
+from .uncertainty import (
+    DIHEDRAL_2D,
+    FLIPS_2D,
+    FlipEntropy,
+    TTAVoteEntropy,
+    compute_flip_entropy,
+    compute_vote_entropy,
+)
 from .volume import VOLUME_METRIC_KEYS, organ_metrics
 from .volume_table import VolumeMetricTable
 
 __all__ = [
     "DEFAULT_BAND_EDGES",
+    "DIHEDRAL_2D",
     "EMPTY_CONVENTIONS",
     "FLIPS_2D",
     "FREQUENCY_BAND_MODES",
@@ -51,11 +60,13 @@ __all__ = [
     "HD95EmptyAsDiagonalMetric",
     "METRIC_KEYS",
     "SegmentationMetricSuite",
+    "TTAVoteEntropy",
     "VOLUME_METRIC_KEYS",
     "VolumeMetricTable",
     "binarize_prediction",
     "check_band_edges",
     "compute_flip_entropy",
+    "compute_vote_entropy",
     "compute_frequency_band_error",
     "compute_hd95",
     "reduce_defined",
