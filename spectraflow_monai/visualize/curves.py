@@ -30,14 +30,18 @@ HEADLINE_TAGS = ("meanflow_error", "train_loss")
 REDUNDANT_TAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "loss_meanflow_weighted": (
         ("meanflow_error",),
-        "the adaptively weighted MeanFlow loss L / (L + c)^p, close to 1 by construction (p = 1); meanflow_error is "
-        "the unweighted error",
+        (
+            "the adaptively weighted MeanFlow loss L / (L + c)^p, close to 1 by construction (p = 1); meanflow_error "
+            "is the unweighted error"
+        ),
     ),
     "dispersive_weighted": (("loss_dispersive",), "lambda * loss_dispersive, the same curve scaled"),
     "loss": (
         ("meanflow_error", "loss_meanflow_weighted", "loss_dispersive"),
-        "the optimised total loss_meanflow_weighted + lambda * loss_dispersive: the flat weighted term plus the "
-        "dispersive curve",
+        (
+            "the optimised total loss_meanflow_weighted + lambda * loss_dispersive: the flat weighted term plus the "
+            "dispersive curve"
+        ),
     ),
 }
 

@@ -93,7 +93,8 @@ def test_report_says_which_stage1_curves_are_drawn(tmp_path):
 
     (tmp_path / "summary.md").write_text(SUMMARY)
     _stage1_logs(tmp_path / "logs" / "stage1")
-    text = open(write_report(tmp_path, log_dirs={"Stage-1": tmp_path / "logs" / "stage1"})).read()
+    with open(write_report(tmp_path, log_dirs={"Stage-1": tmp_path / "logs" / "stage1"})) as f:
+        text = f.read()
     assert "- Stage-1 (`" + str(tmp_path / "logs" / "stage1") + "`): `meanflow_error`, `loss_dispersive`\n" in text
     assert STAGE1_CURVES_NOTE in text
 

@@ -112,5 +112,6 @@ def test_report_draws_and_names_the_size_of_the_predictions(run_dir, tmp_path, m
     sizes = []
     real = rep.plot_overlays
     monkeypatch.setattr(rep, "plot_overlays", lambda *a, **k: sizes.append(k["size"]) or real(*a, **k))
-    text = open(rep.write_report(ev, datalist, image_size=image_size)).read()
+    with open(rep.write_report(ev, datalist, image_size=image_size)) as f:
+        text = f.read()
     assert sizes == [drawn] and note in text and "224x224" not in text
