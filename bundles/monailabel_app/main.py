@@ -41,7 +41,8 @@ Settings (``--conf KEY VALUE``):
   answering the training request with 422.
 - ``preload``: ``true`` to load the networks at start-up instead of at the first request.
 - ``kept_model_backups``: model backups (``models/<file>.bak-<date>-<time>``) the served copy keeps per file
-  (default 2; an integer >= 0): older ones are removed at start and after each training run (``lib/served.py``).
+  (default 2; an integer >= 0): older ones are removed at start and after each training run (``lib/served.py``),
+  only those the bundle runs made (recorded when made); a file, folder or link only named like one is left alone.
 - ``scoring_max_seconds``, ``scoring_batch_size``, ``uncertainty_hold_seconds``: the uncertainty scoring's time
   budget per run (default 600 s), images or slices per forward pass (default 2 on a CPU, 8 on a GPU; each pass holds
   four flips of each), and how long the ``uncertainty`` strategy holds back an image it or another strategy served

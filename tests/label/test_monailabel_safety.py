@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,9 @@ import pytest
 pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/monailabel.md)")
 
 from PIL import Image  # noqa: E402
+
+from spectraflow_monai.utils.checkpoint import SET_ASIDE_LEDGER, set_aside  # noqa: E402
+from tests.utils.test_checkpoint import HOSTILE, check_removes_only_what_it_made  # noqa: E402
 
 from .test_monailabel_app import (  # noqa: E402,F401  (fixtures used by name)
     IMAGE_2D_SHAPE,
@@ -248,3 +252,46 @@ def test_infer_2d_jpeg_input_gives_a_png_label_map(app):
         label = np.asarray(f)
     assert label.shape == IMAGE_2D_SHAPE and label.dtype == np.uint8
     assert set(np.unique(label).tolist()) == {0, 1}  # the documented values: 0 background, 1 foreground
+
+
+# ----------------------------------------- model backups: the app removes only the backups the bundle runs made
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_prune_backups_removes_only_what_runs_made(tmp_path, case):
+    """The served copy's models/ pruning (at start and after each training run) is set_aside's own: links named
+    like backups (to another run's folder outside models/, to a file), a user's own files and folders named like
+    backups, backups replaced since, and ledger entries naming paths outside models/ are left alone and not counted;
+    of the backups the runs made, the newest ``kept_model_backups`` stay."""
+    served_lib = sys.modules[app_main.served_copy.__module__]
+    check_removes_only_what_it_made(tmp_path, case, keep=1, prune=lambda models: served_lib.prune_backups(models, 1))
+
+
+def test_served_copy_leaves_a_users_folder_named_like_a_backup(tmp_path):
+    """A user's folder named like a backup (run files, a subfolder, a link to another run) is not removed, even
+    with ``kept_model_backups`` 0; the installed bundle's backups and their ledger are not copied."""
+    served_lib = sys.modules[app_main.served_copy.__module__]
+    installed, copy = tmp_path / "installed", tmp_path / "model" / NAME_2D
+    (installed / "configs").mkdir(parents=True)
+    (installed / "configs" / "inference.yaml").write_text("x: 1\n")
+    (installed / "models").mkdir()
+    (installed / "models" / "model.pt").write_bytes(b"weights")
+    set_aside(installed / "models" / "model.pt", "20260101-000000", copy=True)
+    other_run = tmp_path / "other_run"
+    other_run.mkdir()
+    (other_run / "checkpoint_final.pt").write_bytes(b"another run's checkpoint")
+    users = copy / "models" / "stage2.bak-20200101-000000"
+    (users / "sub").mkdir(parents=True)
+    for name in ("checkpoint_epoch=1.pt", "run_record.json", "sub/notes.txt"):
+        (users / name).write_text("the user's")
+    os.symlink(other_run, users / "elsewhere")
+    (copy / "models" / "model.pt.bak-20200101-000000").write_text("the user's")
+    served_lib.served_copy(str(installed), str(copy), keep_backups=0)
+    assert sorted(os.listdir(copy / "models")) == ["model.pt", "model.pt.bak-20200101-000000", users.name]
+    assert sorted(str(p.relative_to(users)) for p in users.rglob("*")) == [
+        "checkpoint_epoch=1.pt", "elsewhere", "run_record.json", "sub", "sub/notes.txt"]  # fmt: skip
+    assert (other_run / "checkpoint_final.pt").read_bytes() == b"another run's checkpoint"
+    # the runs in the served copy set model.pt aside: those backups (only) are pruned to kept_model_backups
+    made = [set_aside(copy / "models" / "model.pt", f"2026010{i}-000000", copy=True).name for i in range(3)]
+    served_lib.served_copy(str(installed), str(copy), keep_backups=1)
+    assert sorted(os.listdir(copy / "models")) == sorted(
+        [SET_ASIDE_LEDGER, "model.pt", "model.pt.bak-20200101-000000", users.name, made[-1]])  # fmt: skip
+    assert (users / "checkpoint_epoch=1.pt").read_text() == "the user's"

@@ -28,6 +28,8 @@ pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/mon
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from spectraflow_monai.utils.checkpoint import SET_ASIDE_LEDGER, set_aside  # noqa: E402
+
 from .test_monailabel_app import (  # noqa: E402,F401  (_quiet_app: an autouse fixture used by name)
     NAME_2D,
     _Lines,
@@ -628,17 +630,24 @@ def test_a_run_of_another_pid_namespace_is_kept_while_its_heartbeat_lasts(tmp_pa
 
 
 def test_model_backups_are_bounded(tmp_path):
+    """The backups the bundle runs made in the served copy (recorded by set_aside) are pruned to kept_model_backups
+    per file; files only named like backups stay; the installed bundle's backups are not copied."""
     studies, bundles = _studies_and_bundles(tmp_path)
     installed = bundles / NAME_2D / "models"
     (installed / "model.pt.bak-20260101-000000").write_bytes(b"installed")
     copy = bundles / "monailabel_app" / "model" / NAME_2D / "models"
     copy.mkdir(parents=True)
-    names = ["model.pt.bak-20260101-000000", "model.pt.bak-20260102-000000", "model.pt.bak-20260102-000000-1",
-             "model.json.bak-20260101-000000", "model.pt.bak-notes"]  # fmt: skip
-    for name in names:
+    for name, stamps in [("model.pt", ["20260101-000000", "20260102-000000", "20260102-000000"]),
+                         ("model.json", ["20260101-000000"])]:  # fmt: skip
+        (copy / name).write_bytes(b"x")
+        for stamp in stamps:  # (the second of a stamp is named ...-1)
+            set_aside(copy / name, stamp, copy=True)
+        os.remove(copy / name)
+    for name in ["model.pt.bak-20250101-000000", "model.pt.bak-notes"]:  # a user's: not made by a run
         (copy / name).write_bytes(b"x")
     _app(bundles, studies, models=NAME_2D, kept_model_backups="1")
-    assert sorted(os.listdir(copy)) == ["model.json.bak-20260101-000000", "model.pt", "model.pt.bak-20260102-000000-1",
+    assert sorted(os.listdir(copy)) == [SET_ASIDE_LEDGER, "model.json.bak-20260101-000000", "model.pt",
+                                        "model.pt.bak-20250101-000000", "model.pt.bak-20260102-000000-1",
                                         "model.pt.bak-notes"]  # fmt: skip
     with pytest.raises(ValueError, match="kept_model_backups must be an integer >= 0, got 'two'"):
         _app(bundles, studies, models=NAME_2D, kept_model_backups="two")
@@ -659,8 +668,8 @@ def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
         _labelled_upload(client, f"few_{i}", seed=10 + i)
     pairs = len(app.datastore().datalist())
     models = Path(app.bundles[NAME_2D]) / "models"
-    for stamp in ("20260101-000000", "20260102-000000", "20260103-000000"):
-        (models / f"model.pt.bak-{stamp}").write_bytes(b"x")
+    for stamp in ("20260101-000000", "20260102-000000", "20260103-000000"):  # backups of earlier runs
+        set_aside(models / "model.pt", stamp, copy=True)
     served = _sha(models / "model.pt")
     assert 3 <= pairs - 1 < 8
     val_split = 1.0 / pairs  # one validation pair, the others (fewer than the batch size 8) train

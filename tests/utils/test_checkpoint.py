@@ -116,6 +116,7 @@ def test_what_is_set_aside_stays_bounded(tmp_path, caplog):
 
 # ------------------------------------------- set-aside pruning removes only what set_aside made (hostile names)
 _OLD = "20200101-000000"  # older than every version the tests make: pruning would pick it first
+_MINE = "20251231-000000"  # a version set_aside makes before the others (the oldest of its own)
 
 
 def _other_run(root):
@@ -204,6 +205,17 @@ def _hostile_ledger_of_wrong_types(folder, outside):
     return True
 
 
+def _hostile_links_inside_a_version(folder, outside):
+    """A run folder set aside with links in it named like run files: its own run file goes, the links stay."""
+    run, other = folder / "stage2", _other_run(outside)
+    _touch(run / "checkpoint_epoch=1.pt")
+    for name in ("checkpoint_final.pt", RECORD_FILE):
+        os.symlink(other / name, run / name)
+    os.symlink(other, run / "checkpoint_epoch=2.pt")
+    set_aside(run, _MINE)
+    return True
+
+
 def _hostile_ledger_is_a_link(folder, outside):
     """The ledger is a link to a file elsewhere: it is neither read nor written, nothing is recorded or removed."""
     (outside / "notes.json").write_text('{"versions": []}')
@@ -220,6 +232,7 @@ HOSTILE = {
     "ledger names outside": _hostile_ledger_naming_outside,
     "ledger not json": _hostile_ledger_not_json,
     "ledger of wrong types": _hostile_ledger_of_wrong_types,
+    "links inside a version": _hostile_links_inside_a_version,
     "ledger is a link": _hostile_ledger_is_a_link,
 }
 
@@ -240,11 +253,10 @@ def _snapshot(root):
     return found
 
 
-@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
-def test_set_aside_removes_only_what_it_made(tmp_path, case, caplog):
-    """Whatever else is named like a set-aside version, or listed in the ledger, stays: links (never followed),
-    a user's files and folders, versions replaced since, entries naming paths outside the folder; none of it is
-    counted among the kept versions, and what set_aside makes stays bounded."""
+def check_removes_only_what_it_made(tmp_path, case, keep=SET_ASIDE_KEPT, prune=None):
+    """Build the ``HOSTILE[case]`` names in ``tmp_path/models``, set ``model.pt`` and a run folder aside
+    SET_ASIDE_KEPT + 2 times (then ``prune(folder)`` when given, which is to keep ``keep``) and check that nothing
+    else changed (links and what they point to included) and that only the newest ``keep`` versions made are left."""
     folder, outside = tmp_path / "models", tmp_path / "outside"
     folder.mkdir()
     outside.mkdir()
@@ -252,23 +264,40 @@ def test_set_aside_removes_only_what_it_made(tmp_path, case, caplog):
     bounded = HOSTILE[case](folder, outside)
     before = _snapshot(tmp_path)
     stamps = [f"20260101-00000{i}" for i in range(SET_ASIDE_KEPT + 2)]
-    with caplog.at_level("INFO"):
-        for stamp in stamps:
-            set_aside(model, stamp, copy=True)
-            _touch(folder / "stage2" / "checkpoint_epoch=1.pt")
-            set_aside(folder / "stage2", stamp)
+    for stamp in stamps:
+        set_aside(model, stamp, copy=True)
+        _touch(folder / "stage2" / "checkpoint_epoch=1.pt")
+        set_aside(folder / "stage2", stamp)
+    removed = prune(folder) if prune is not None else []
     after = _snapshot(tmp_path)
-    ours = tuple(str(folder / f"{name}.bak-{s}") for name in ("model.pt", "stage2") for s in stamps)
+    ours = tuple(str(folder / f"{name}.bak-{s}") for name in ("model.pt", "stage2") for s in [_MINE, *stamps])
     theirs = lambda found: {p: v for p, v in found.items() if not p.startswith(ours)}
-    assert theirs(after) == theirs(before)  # nothing else touched, inside the folder or outside, links included
+    assert theirs(after) == theirs(before)  # nothing else touched, inside the folder or outside
+    assert {p: v for p, v in before.items() if v[0] == "link"}.items() <= after.items()  # links kept, as they were
     made = {name: sorted(p.name for p in folder.glob(f"{name}.bak-2026*")) for name in ("model.pt", "stage2")}
     if bounded:
-        assert made == {name: [f"{name}.bak-{s}" for s in stamps[-SET_ASIDE_KEPT:]] for name in made}
+        assert made == {name: [f"{name}.bak-{s}" for s in stamps[-keep:]] for name in made}
         ledger = json.loads((folder / SET_ASIDE_LEDGER).read_text())["versions"]
         assert sorted(v["name"] for v in ledger) == sorted(made["model.pt"] + made["stage2"])
+        if prune is not None:
+            assert removed == sorted(f"{n}.bak-{s}" for n in made for s in stamps[-SET_ASIDE_KEPT:-keep])
     else:
-        assert made == {name: [f"{name}.bak-{s}" for s in stamps] for name in made}
+        assert made == {name: [f"{name}.bak-{s}" for s in stamps] for name in made} and removed == []
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_set_aside_removes_only_what_it_made(tmp_path, case, caplog):
+    """Whatever else is named like a set-aside version, or listed in the ledger, stays: links (never followed,
+    outside the folder or inside a version), a user's files and folders, versions replaced since, entries naming
+    paths outside the folder; none of it is counted among the kept versions, and what set_aside makes stays
+    bounded."""
+    with caplog.at_level("INFO"):
+        check_removes_only_what_it_made(tmp_path, case)
     assert not [r.message for r in caplog.records if r.message.startswith("removed") and _OLD in r.message]
+    if case == "links inside a version":  # its own run file removed, the links named like run files kept
+        assert "holds files a run did not write there (checkpoint_epoch=2.pt, checkpoint_final.pt" in caplog.text
+        assert sorted(os.listdir(tmp_path / "models" / f"stage2.bak-{_MINE}")) == [
+            "checkpoint_epoch=2.pt", "checkpoint_final.pt", RECORD_FILE]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["file", "dir"])

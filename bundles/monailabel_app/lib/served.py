@@ -16,9 +16,12 @@ default ``<app>/model``), and serves and trains that copy:
   (:func:`set_aside_served_model`).
 
 - model backups, ``models/<file>.bak-<date>-<time>`` (what a bundle run that starts over keeps aside, e.g. a run in
-  the installed bundle with ``resume`` false), are bounded: the installed bundle's are not copied, and the served copy
-  keeps the newest ``--conf kept_model_backups`` of each file (default :data:`DEFAULT_KEPT_BACKUPS`), pruned at
-  start and after each training run (:func:`prune_backups`, each removal logged).
+  the installed bundle with ``resume`` false), are bounded: the installed bundle's are not copied (nor its ledger of
+  them), and the served copy keeps the newest ``--conf kept_model_backups`` of each file or run folder (default
+  :data:`DEFAULT_KEPT_BACKUPS`), pruned at start and after each training run (:func:`prune_backups`, each removal
+  logged). Only the backups that the bundle runs in the served copy made are removed (those recorded in
+  ``models/.spectraflow-set-aside.json``, :func:`spectraflow_monai.utils.checkpoint.prune_set_aside`); a file,
+  folder or link that is only named like one is never removed.
 
 Each bundle folder stands alone (its ``configs/`` are plain files), and so does its served copy.
 
@@ -30,10 +33,14 @@ from __future__ import annotations
 import filecmp
 import logging
 import os
-import re
 import shutil
 from typing import Any
 
+from spectraflow_monai.utils.checkpoint import (
+    SET_ASIDE_LEDGER,
+    is_set_aside_name,
+    prune_set_aside,
+)
 from spectraflow_monai.utils.files import atomic_path
 
 __all__ = [
@@ -57,8 +64,6 @@ MIRRORED = ("configs", "scripts")
 PREVIOUS_SUFFIX = ".previous"
 #: model backups kept per file in the served copy's ``models/`` (``--conf kept_model_backups``)
 DEFAULT_KEPT_BACKUPS = 2
-# a backup that spectraflow_monai.utils.checkpoint.set_aside writes: <name>.bak-<date>-<time>[-<n>]
-_BACKUP = re.compile(r"(.+)\.bak-(\d{8}-\d{6})(?:-(\d+))?")
 
 
 def kept_backups(conf: dict[str, Any]) -> int:
@@ -81,27 +86,19 @@ def kept_backups(conf: dict[str, Any]) -> int:
 
 
 def prune_backups(folder: str, keep: int) -> list[str]:
-    """Keep the newest ``keep`` backups (``<name>.bak-<date>-<time>[-<n>]``) of each name in ``folder``; returns the
-    names removed (logged). Nothing else is touched, links included."""
-    if not os.path.isdir(folder):
-        return []
-    groups: dict[str, list[tuple[str, int, str]]] = {}
-    for entry in os.listdir(folder):
-        match = _BACKUP.fullmatch(entry)
-        if match is not None and not os.path.islink(os.path.join(folder, entry)):
-            groups.setdefault(match.group(1), []).append((match.group(2), int(match.group(3) or 0), entry))
-    removed = []
-    for backups in groups.values():
-        for _, _, entry in sorted(backups)[: max(0, len(backups) - keep)]:
-            path = os.path.join(folder, entry)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-            removed.append(entry)
+    """Keep the newest ``keep`` backups of each file (or run folder) that the bundle runs made in ``folder`` (the
+    served copy's ``models/``); returns the names removed (each removal logged).
+
+    The backups are the versions that :func:`spectraflow_monai.utils.checkpoint.set_aside` recorded in ``folder``
+    (``<name>.bak-<date>-<time>[-<n>]``), and only those still as it made them are removed
+    (:func:`spectraflow_monai.utils.checkpoint.prune_set_aside`): a file, folder or link that is only named like a
+    backup, or a backup replaced since, is never removed and not counted; links are never followed; of a run folder
+    only the files a run writes there are removed, the folder itself only when that leaves it empty.
+    """
+    removed = prune_set_aside(folder, keep)
     if removed:
-        logger.info(f"{folder}: removed {len(removed)} older model backup(s), {keep} of each kept: {sorted(removed)}")
-    return sorted(removed)
+        logger.info(f"{folder}: removed {len(removed)} older model backup(s), {keep} of each kept: {removed}")
+    return removed
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -188,7 +185,8 @@ def served_copy(installed: str, dest: str, keep_backups: int = DEFAULT_KEPT_BACK
     if os.path.isdir(models):
         for name in sorted(os.listdir(models)):
             src, target = os.path.join(models, name), os.path.join(dest, "models", name)
-            if os.path.isfile(src) and not os.path.exists(target) and _BACKUP.fullmatch(name) is None:
+            backup = is_set_aside_name(name) or name == SET_ASIDE_LEDGER
+            if os.path.isfile(src) and not os.path.exists(target) and not backup:
                 _copy_file(src, target)
                 logger.info(f"served copy {dest}: models/{name} copied from {installed}")
     prune_backups(os.path.join(dest, "models"), keep_backups)
