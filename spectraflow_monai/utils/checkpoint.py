@@ -62,6 +62,7 @@ _SET_ASIDE_SUFFIX = r"\.bak-\d{8}-\d{6}(?:-\d+)?"
 _VERSION = re.compile(f"(.+){_SET_ASIDE_SUFFIX}")
 # what a ledger entry records of a version besides its name and kind (os.lstat right after it was made)
 _IDENTITY = ("dev", "ino", "ctime_ns")
+_GONE = "it is no longer there"
 _LEDGER_ABOUT = (
     "versions that spectraflow_monai.utils.checkpoint.set_aside made in this folder; only these are ever removed, "
     "and only while each is still the file or folder it made (kind, device and inode numbers, status change time)"
@@ -297,7 +298,10 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: the ledger is still written atomically
+            pass
         yield
     finally:
         os.close(fd)  # (closing releases the lock)
@@ -374,7 +378,7 @@ def _not_ours(path: Path, version: dict[str, Any]) -> str | None:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return "it is no longer there"
+        return _GONE
     if stat.S_ISLNK(st.st_mode):
         return "it is a link now"
     kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
@@ -438,8 +442,11 @@ def _prune(
             why = _not_ours(folder / version["name"], version)
             if why is None:
                 ours.append(version)
+                continue
+            dropped.append(version)
+            if why == _GONE:
+                logger.info(f"'{folder / version['name']}' (set aside) is no longer there: no longer counted.")
             else:
-                dropped.append(version)
                 logger.warning(
                     f"'{folder / version['name']}' is not the version set_aside made ({why}): it is not ours, left "
                     "alone and no longer counted."

@@ -334,3 +334,21 @@ _NAMES = [(f"model.pt.bak-{_OLD}", True), (f"model.pt.bak-{_OLD}-12", True), ("m
 @pytest.mark.parametrize("name, plain", _NAMES)
 def test_is_set_aside_name(name, plain):
     assert is_set_aside_name(name) is plain
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"versions": "model.pt.bak-20200101-000000"}', "null", ""])
+def test_a_ledger_that_is_not_one_removes_nothing(tmp_path, text, caplog):
+    (tmp_path / f"model.pt.bak-{_OLD}").write_bytes(b"a user's own copy")
+    (tmp_path / SET_ASIDE_LEDGER).write_text(text)
+    with caplog.at_level("WARNING"):
+        assert prune_set_aside(tmp_path, 0) == []
+    assert (tmp_path / f"model.pt.bak-{_OLD}").read_bytes() == b"a user's own copy"
+    assert "is not a set-aside ledger" in caplog.text
+
+
+def test_a_version_removed_by_hand_is_no_longer_counted(tmp_path):
+    model = _touch(tmp_path / "model.pt")
+    made = [set_aside(model, f"20260101-00000{i}", copy=True) for i in range(SET_ASIDE_KEPT)]
+    made[-1].unlink()
+    assert prune_set_aside(tmp_path, 1) == [made[0].name]
+    assert [v["name"] for v in json.loads((tmp_path / SET_ASIDE_LEDGER).read_text())["versions"]] == [made[1].name]
