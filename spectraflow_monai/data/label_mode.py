@@ -27,7 +27,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from spectraflow_monai.data.label_map import MAX_CLASSES, as_label_int
-from spectraflow_monai.utils.errors import DataError, SettingError
+from spectraflow_monai.utils.errors import DataError, SettingError, brief
 
 __all__ = ["LabelMode", "label_mode"]
 
@@ -38,7 +38,7 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
     """``label_classes`` -> ({source value: class index}, class names with background first)."""
     bad = SettingError(
         "label_classes must be null (binary masks), a list of class names (background first), a mapping "
-        f"{{source value: class index}} or a mapping {{class name: source value(s)}}, got {label_classes!r}."
+        f"{{source value: class index}} or a mapping {{class name: source value(s)}}, got {brief(label_classes)}."
     )
     if isinstance(label_classes, Sequence) and not isinstance(label_classes, str):
         names = [str(n) for n in label_classes]
@@ -50,12 +50,12 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
             for k, v in zip(keys, label_classes.values()):
                 c = as_label_int(v)
                 if c is None or not 0 <= c < MAX_CLASSES:
-                    raise SettingError(f"label_classes maps the value {k} to {v!r}: class indices are ints >= 0.")
+                    raise SettingError(f"label_classes maps the value {brief(k)} to {brief(v)}: class indices are ints >= 0.")
                 mapping[int(k)] = c  # type: ignore[index]
             n = max(mapping.values()) + 1
             missing = sorted(set(range(n)) - set(mapping.values()))
             if missing:
-                raise SettingError(f"label_classes {label_classes!r}: no value maps to class(es) {missing}.")
+                raise SettingError(f"label_classes {brief(label_classes)}: no value maps to class(es) {brief(missing)}.")
             names = ["background", *(f"class_{i}" for i in range(1, n))]
         else:  # {class name: source value(s)}
             mapping, names = {}, []
@@ -64,7 +64,7 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
                 ints = [as_label_int(v) for v in vals]
                 if not vals or any(v is None for v in ints):
                     raise SettingError(
-                        f"label_classes: class {name!r} must list integer source values, got {values!r}."
+                        f"label_classes: class {name!r} must list integer source values, got {brief(values)}."
                     )
                 for v in ints:
                     if v in mapping:
@@ -75,10 +75,10 @@ def _parse(label_classes: Any) -> tuple[dict[int, int], list[str]]:
         raise bad
     if not 2 <= len(names) <= MAX_CLASSES:
         raise SettingError(
-            f"label_classes must name 2..{MAX_CLASSES} classes (background first), got {label_classes!r}."
+            f"label_classes must name 2..{MAX_CLASSES} classes (background first), got {len(names)}: {brief(label_classes)}."
         )
     if len(set(names)) != len(names) or not all(n.strip() for n in names):
-        raise SettingError(f"label_classes names must be distinct and non-empty, got {names!r}.")
+        raise SettingError(f"label_classes names must be distinct and non-empty, got {brief(names)}.")
     return mapping, names
 
 

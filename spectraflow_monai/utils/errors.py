@@ -26,12 +26,47 @@ __all__ = [
     "SUMMARY_ITEMS",
     "SettingError",
     "TrainingError",
+    "brief",
     "error_summary",
     "find_input_error",
     "install_excepthook",
     "set_error_log_dir",
     "worker_input_error",
 ]
+
+
+#: items of a list or mapping that :func:`brief` shows before "... and N more"
+BRIEF_ITEMS = 8
+#: characters of one shown value at most
+BRIEF_CHARS = 200
+
+
+def brief(value: Any, items: int = BRIEF_ITEMS, chars: int = BRIEF_CHARS) -> str:
+    """``repr(value)`` bounded for a message: a list, tuple, set or mapping shows its first ``items`` entries and
+    "... and N more"; any text longer than ``chars`` is cut with "...". A value of 100,000 classes makes a line of a
+    few hundred characters, not hundreds of kilobytes.
+
+    Args:
+        value: what to show.
+        items: entries of a collection shown. Defaults to :data:`BRIEF_ITEMS`.
+        chars: the longest text of one entry (and of a value that is not a collection). Defaults to
+            :data:`BRIEF_CHARS`.
+    """
+
+    def cut(text: str) -> str:
+        return text if len(text) <= chars else text[: chars - 3] + "..."
+
+    if isinstance(value, dict):
+        shown = [f"{cut(repr(k))}: {cut(repr(v))}" for k, v in list(value.items())[:items]]
+        more = f", ... and {len(value) - items} more" if len(value) > items else ""
+        return "{" + ", ".join(shown) + more + "}"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        entries = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else list(value)
+        shown = [cut(repr(v)) for v in entries[:items]]
+        more = f", ... and {len(entries) - items} more" if len(entries) > items else ""
+        left, right = ("[", "]") if isinstance(value, list) else ("(", ")") if isinstance(value, tuple) else ("{", "}")
+        return left + ", ".join(shown) + more + right
+    return cut(repr(value))
 
 
 class DataError(ValueError):

@@ -8,6 +8,7 @@ import torch
 from spectraflow_monai.utils.errors import (
     DataError,
     SettingError,
+    brief,
     error_summary,
     find_input_error,
     worker_input_error,
@@ -107,3 +108,26 @@ def test_an_error_raised_in_a_dataloader_worker_is_found_in_its_text():
     assert error_summary(info.value) == "error: '/d/case0.nii.gz' holds 3 non-finite voxel(s); listed detail"
     assert worker_input_error("Caught RuntimeError in DataLoader worker process 0.\nbuiltins.KeyError: 'x'") is None
     assert worker_input_error("os.system: not an error class in a worker's text") is None
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ([1, 2, 3], "[1, 2, 3]"),
+        (list(range(100_000)), "[0, 1, 2, 3, 4, 5, 6, 7, ... and 99992 more]"),
+        ({f"k{i}": i for i in range(10)}, "{" + ", ".join(f"'k{i}': {i}" for i in range(8)) + ", ... and 2 more}"),
+        ((1, 2), "(1, 2)"),
+        ("x" * 1000, "'" + "x" * 196 + "..."),
+        (None, "None"),
+    ],
+)
+def test_brief_bounds_what_a_message_shows(value, expected):
+    assert brief(value) == expected
+
+
+def test_a_100000_class_label_setting_gives_a_short_error_line():
+    from spectraflow_monai.data.label_mode import label_mode
+
+    with pytest.raises(SettingError, match=r"got 100000: \['c0', .* and 99992 more\]") as err:
+        label_mode([f"c{i}" for i in range(100_000)])
+    assert len(str(err.value)) < 400

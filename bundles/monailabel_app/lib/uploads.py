@@ -62,6 +62,7 @@ __all__ = [
     "datastore_extensions",
     "delete_model",
     "download_dataset",
+    "install_proxy_check",
     "install_server_checks",
     "json_object",
     "run_wsi_inference",
@@ -413,3 +414,27 @@ def install_server_checks() -> None:
 
     install_session_checks()
     install_scoring_routes()
+    install_proxy_check()
+
+
+def install_proxy_check() -> None:
+    """``/proxy/dicom/...`` answers 404 on a local datastore (MONAI Label forwarded the request to the studies
+    folder's path as a URL: a bare 500); a DICOMweb datastore is proxied as MONAI Label does. Idempotent."""
+    from monailabel.config import settings
+    from monailabel.endpoints import proxy as proxy_endpoint
+
+    forward = proxy_endpoint.proxy_dicom
+    if getattr(forward, "spectraflow_checked", False):
+        return
+
+    @functools.wraps(forward)
+    async def proxy_dicom(request: Any, op: str, path: str) -> Any:
+        if not str(settings.MONAI_LABEL_STUDIES).startswith(("http://", "https://")):
+            raise HTTPException(
+                status_code=404,
+                detail="the DICOMweb proxy serves a DICOMweb datastore; this server's studies are a local folder",
+            )
+        return await forward(request, op, path)
+
+    proxy_dicom.spectraflow_checked = True
+    proxy_endpoint.proxy_dicom = proxy_dicom

@@ -11,7 +11,7 @@ from typing import Any
 from spectraflow_monai.apps.seg2d.presets import DATASET_PRESETS, canonical_dataset_name
 from spectraflow_monai.data.datalist import DATA_SOURCES, OWN_DATA_KWARGS, decathlon_datalist, folder_datalist
 from spectraflow_monai.data.subsets import check_val_fraction, holdout, low_data_subset
-from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.errors import SettingError, brief
 
 __all__ = ["TEST_AS_VALIDATION", "DataSource", "build_datalist", "canonical_source_name"]
 
@@ -120,7 +120,7 @@ def build_datalist(
         return folder_datalist(dataset_dir, split, fraction, seed, val_fraction, label_classes, **preset_kwargs)
     key = canonical_source_name(dataset)
     if label_classes is not None:
-        raise SettingError(f"label_classes must be null for the binary preset {key!r}, got {label_classes!r}.")
+        raise SettingError(f"label_classes must be null for the binary preset {key!r}, got {brief(label_classes)}.")
     val_from_train = preset_kwargs.pop("val_from_train", None)
     return _preset_datalist(key, dataset_dir, split, fraction, seed, val_from_train, **preset_kwargs)
 
