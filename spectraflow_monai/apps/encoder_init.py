@@ -25,7 +25,7 @@ import torch.nn as nn
 from spectraflow_monai.networks import DINOv2Encoder, SpectraFlowNet
 from spectraflow_monai.networks.weights import normalize_weights_source
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.run_record import check_model_settings
+from spectraflow_monai.utils.run_record import check_model_digest, check_model_settings
 from spectraflow_monai.utils.settings import ENCODER_INITS
 
 __all__ = ["ENCODER_INIT_CHOICES", "initialize_encoder", "resolve_encoder_init", "resolve_encoder_start"]
@@ -118,7 +118,8 @@ def initialize_encoder(
         stage1_export: the Stage-1 encoder export (needed for ``encoder_init="stage1"``).
         model_settings: the model settings of this run; when the Stage-1 export has its settings recorded beside it
             (``encoder_stage1.json``), each one it holds (encoder name and arguments, image size) must agree, else
-            a :class:`SettingError` names both values instead of a raw size mismatch. Defaults to None.
+            a :class:`SettingError` names both values instead of a raw size mismatch; a record written for another
+            export is refused (:func:`~spectraflow_monai.utils.run_record.check_model_digest`). Defaults to None.
 
     Returns:
         the source loaded: ``"timm"``, a file path, or ``None`` (random initialisation).
@@ -132,6 +133,7 @@ def initialize_encoder(
     source = resolve_encoder_init(choice, stage1_export, pretrained_weights)
     if choice == "stage1":
         label = "stage1"
+        check_model_digest(source)  # the export's record (encoder_stage1.json) is this export's
         check_model_settings(
             source,
             dict(model_settings or {}),

@@ -4,7 +4,9 @@ From a bundle folder, ``python -m spectraflow_monai export-onnx`` reads ``models
 recorded beside it (``models/model.json``: encoder, image size, decoder, classes), builds the network as inference
 does (:func:`~spectraflow_monai.apps.workflow.recorded_network`), loads the weights and writes ``models/model.onnx``
 with :func:`~spectraflow_monai.networks.export.export_onnx` (a free batch axis; checked with onnxruntime at batch 1
-and 3). ``configs/inference_onnx.yaml`` layered on ``configs/inference.yaml`` then segments with it.
+and 3). The file carries the SHA-256 of ``model.pt`` and of ``model.json``
+(:func:`~spectraflow_monai.networks.export.export_digests`), so that ``configs/inference_onnx.yaml`` layered on
+``configs/inference.yaml`` segments with it only beside the model it was exported from.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ def export_model_file(
     """Export the model of a bundle's model file to ONNX, beside it by default (``models/model.onnx``).
 
     The network is built from the settings recorded beside ``model_file`` (``model.json``, which inference through
-    the ONNX file reads too), the weights are loaded with ``torch.load(..., weights_only=True)``, and the export is
-    checked against the network at batch 1 and 3 within ``atol``.
+    the ONNX file reads too; a record written for another model file is refused,
+    :func:`~spectraflow_monai.utils.run_record.check_model_digest`), the weights are loaded with
+    ``torch.load(..., weights_only=True)``, and the export is checked against the network at batch 1 and 3 within
+    ``atol``. It carries the digests of ``model_file`` and of its record
+    (:func:`~spectraflow_monai.networks.export.export_digests`).
 
     Args:
         model_file: the trained model (``models/model.pt``). Defaults to ``"models/model.pt"``.
@@ -48,16 +53,17 @@ def export_model_file(
 
     Raises:
         FileNotFoundError: ``model_file`` does not exist.
-        SettingError: no model settings recorded beside ``model_file``.
-        ValueError: ``model_file`` is not a model of the recorded network, or the check fails.
+        SettingError: no model settings recorded beside ``model_file``, a record written for another model file or
+            edited, or weights that do not fit the recorded network.
+        ValueError: ``model_file`` is not a weights file, or the check fails.
     """
     import torch  # here, so that `spectraflow export-onnx --help` answers without importing torch or MONAI
     from ignite.handlers import Checkpoint
 
     from spectraflow_monai.apps.workflow import recorded_network
-    from spectraflow_monai.networks.export import export_onnx
+    from spectraflow_monai.networks.export import export_digests, export_onnx
     from spectraflow_monai.utils.errors import SettingError
-    from spectraflow_monai.utils.run_record import ModelRecord, read_model_settings
+    from spectraflow_monai.utils.run_record import ModelRecord, read_model_settings, weights_mismatch
     from spectraflow_monai.utils.settings import model_settings_path
 
     model_file = os.fspath(model_file)
@@ -68,18 +74,24 @@ def export_model_file(
             f"{model_file}: no model settings recorded beside it ({model_settings_path(model_file)}, written by "
             "training); the network cannot be built without them."
         )
-    record = ModelRecord(model_file)
+    record = ModelRecord(model_file)  # the record must be model_file's (check_model_digest)
+    digests = export_digests(model_file)
     network = recorded_network(record, record.out_channels)
     try:
         state = torch.load(model_file, map_location="cpu", weights_only=True)
-        Checkpoint.load_objects({"model": network}, state)
-    except (RuntimeError, KeyError, TypeError, ValueError, EOFError, OSError) as err:
+    except (RuntimeError, TypeError, ValueError, EOFError, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{model_file}: not a model of the network recorded beside it ({first}).") from err
+        raise ValueError(f"{model_file}: not a weights file ({first}).") from err
+    if not isinstance(state, dict):
+        raise ValueError(f"{model_file}: not a weights file (it holds a {type(state).__name__}, not a dict).")
+    try:
+        Checkpoint.load_objects({"model": network}, state)
+    except (RuntimeError, KeyError, TypeError) as err:
+        raise weights_mismatch(model_file, err) from err
     output = Path(output) if output is not None else Path(os.path.splitext(model_file)[0] + ".onnx")
     return export_onnx(
         network, output, image_size=record.image_size, in_channels=network.in_channels, atol=atol,
-        int8_encoder=int8_encoder,
+        int8_encoder=int8_encoder, metadata=digests,
     )  # fmt: skip
 
 
@@ -111,7 +123,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx
                         "equal to PyTorch's (raise --atol if the check asks; compare the masks on own images)",
                         )  # fmt: skip
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # the libraries' INFO lines (the exporter's passes: hundreds of lines) stay out; this package's steps are logged
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("spectraflow_monai").setLevel(logging.INFO)
     try:
         path = export_model_file(args.model, args.output, atol=args.atol, int8_encoder=args.int8_encoder)
     except (OSError, ValueError, ImportError) as e:  # bad input: one line naming the file, no traceback

@@ -1,6 +1,12 @@
 """Ignite handlers used by the SpectraFlow bundles."""
 
-from .checkpoint import AtomicFiniteSaver, GradScalerState, ResumableEarlyStopHandler, SafeCheckpointSaver
+from .checkpoint import (
+    AtomicFiniteSaver,
+    GradScalerState,
+    RecordedCheckpointLoader,
+    ResumableEarlyStopHandler,
+    SafeCheckpointSaver,
+)
 from .deep_supervision import FinalHeadHandler
 from .nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
 from .progress import ProgressBarHandler
@@ -18,6 +24,7 @@ __all__ = [
     "NonFiniteLossError",
     "ProgressBarHandler",
     "RandomStateHandler",
+    "RecordedCheckpointLoader",
     "ResumableEarlyStopHandler",
     "RunStatsHandler",
     "SafeCheckpointSaver",

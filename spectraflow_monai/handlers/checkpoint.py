@@ -6,7 +6,10 @@
 - :class:`ResumableEarlyStopHandler`: MONAI's ``EarlyStopHandler`` with ``state_dict`` / ``load_state_dict``
   (patience counter and best score of ignite's ``EarlyStopping``);
 - :class:`GradScalerState`: the AMP grad scaler of a MONAI trainer (created when the run starts) as a
-  checkpointable object.
+  checkpointable object;
+- :class:`RecordedCheckpointLoader`: MONAI's ``CheckpointLoader`` for evaluation and inference, whose weights that
+  do not fit the network built from the model's record end the run in one line naming the model file, the record
+  and the fix.
 """
 
 from __future__ import annotations
@@ -19,12 +22,18 @@ from typing import Any
 import ignite.distributed as idist
 from ignite.engine import Engine
 from ignite.handlers.checkpoint import BaseSaveHandler, Checkpoint
-from monai.handlers import CheckpointSaver, EarlyStopHandler
+from monai.handlers import CheckpointLoader, CheckpointSaver, EarlyStopHandler
 
 from spectraflow_monai.utils.checkpoint import NonFiniteStateError, atomic_torch_save, check_finite_state
-from spectraflow_monai.utils.run_record import write_model_settings
+from spectraflow_monai.utils.run_record import set_exports_aside, weights_mismatch, write_model_settings
 
-__all__ = ["AtomicFiniteSaver", "GradScalerState", "ResumableEarlyStopHandler", "SafeCheckpointSaver"]
+__all__ = [
+    "AtomicFiniteSaver",
+    "GradScalerState",
+    "RecordedCheckpointLoader",
+    "ResumableEarlyStopHandler",
+    "SafeCheckpointSaver",
+]
 
 
 class AtomicFiniteSaver(BaseSaveHandler):
@@ -38,8 +47,11 @@ class AtomicFiniteSaver(BaseSaveHandler):
         dirname: folder of the files.
         filename: fixed file name used for every save (``None``: the name ignite proposes).
         model_settings: the settings that built the model; written beside every file saved
-            (:func:`~spectraflow_monai.utils.run_record.write_model_settings`: ``model.pt`` -> ``model.json``), so
-            that a model file describes itself. Defaults to None (nothing written beside).
+            (:func:`~spectraflow_monai.utils.run_record.write_model_settings`: ``model.pt`` -> ``model.json``, with
+            the new file's digest), so that a model file describes itself. Before such a file is replaced, its exports
+            (``model.onnx``, ``model_int8.onnx``, ...) are kept aside
+            (:func:`~spectraflow_monai.utils.run_record.set_exports_aside`): an export never stays beside a model it
+            was not exported from. Defaults to None (nothing written beside).
     """
 
     def __init__(
@@ -56,6 +68,8 @@ class AtomicFiniteSaver(BaseSaveHandler):
         pending, self._pending = self._pending, []
         check_finite_state(checkpoint, path)
         if idist.get_rank() == 0:
+            if self.model_settings is not None:
+                set_exports_aside(path)
             atomic_torch_save(checkpoint, path)
             if self.model_settings is not None:
                 write_model_settings(path, self.model_settings)
@@ -155,6 +169,26 @@ class SafeCheckpointSaver(CheckpointSaver):
         except NonFiniteStateError as refused:
             self.logger.error(f"final checkpoint not saved: {refused}")
             raise e from None
+
+
+class RecordedCheckpointLoader(CheckpointLoader):
+    """MONAI ``CheckpointLoader`` (same arguments) for a model whose network was built from its record.
+
+    Evaluation and inference build the network from the settings recorded beside the model file
+    (``models/model.json``, :class:`~spectraflow_monai.utils.run_record.ModelRecord`); weights that do not fit that
+    network (PyTorch's ``Error(s) in loading state_dict``: a ``model.json`` that is not the model's, a record of an
+    earlier version beside another model) raise a :class:`~spectraflow_monai.utils.errors.SettingError` naming the
+    model file, the record, the first line of PyTorch's message and the fix, which the bundles report in one
+    ``error:`` line (the traceback goes to the run's log folder).
+    """
+
+    def __call__(self, engine: Engine) -> None:
+        try:
+            super().__call__(engine)
+        except RuntimeError as err:
+            if "Error(s) in loading state_dict" not in str(err):
+                raise
+            raise weights_mismatch(self.load_path, err) from err
 
 
 class ResumableEarlyStopHandler(EarlyStopHandler):

@@ -1,6 +1,12 @@
 """Deployment exports of the SpectraFlow networks: ONNX (with the frequency transforms as real matrix products and
 FDConv's per-sample convolution in a batch-free form), and :class:`OnnxNetwork`, which runs an exported model with
-onnxruntime as a ``torch.nn.Module`` (MONAI inferers and evaluators take it in place of the network)."""
+onnxruntime as a ``torch.nn.Module`` (MONAI inferers and evaluators take it in place of the network).
+
+An export of a bundle's model carries what it was exported from: the SHA-256 of ``model.pt`` and of the
+``model.json`` beside it, as ONNX ``metadata_props`` (:data:`ONNX_MODEL_DIGEST`, :data:`ONNX_RECORD_DIGEST`,
+:func:`export_digests`); :class:`OnnxNetwork` given the model file refuses an export whose digests differ from the
+files beside it, or that carries none (:func:`check_export_digests`).
+"""
 
 from __future__ import annotations
 
@@ -12,16 +18,116 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from spectraflow_monai.utils.errors import DataError, SettingError
 from spectraflow_monai.utils.files import atomic_path
+from spectraflow_monai.utils.fingerprint import file_digest
+from spectraflow_monai.utils.settings import model_settings_path
 
-__all__ = ["OnnxNetwork", "export_onnx", "quantize_encoder_linear", "set_batch_free_conv", "set_real_dft"]
+__all__ = [
+    "ONNX_MODEL_DIGEST",
+    "ONNX_RECORD_DIGEST",
+    "OnnxNetwork",
+    "check_export_digests",
+    "export_command",
+    "export_digests",
+    "export_onnx",
+    "quantize_encoder_linear",
+    "set_batch_free_conv",
+    "set_real_dft",
+]
 
 #: the install hint of the ``onnx`` extra
 ONNX_EXTRA_HINT = 'install the onnx extra: pip install -e ".[onnx]" (onnx, onnxscript, onnxruntime)'
 #: onnxruntime's graph optimisation levels by name (``OnnxNetwork(optimization=...)``)
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 
+#: the ONNX metadata key of the SHA-256 of the model file (``model.pt``) an export was made from
+ONNX_MODEL_DIGEST = "spectraflow.model_sha256"
+#: the ONNX metadata key of the SHA-256 of the model record (``model.json``, the file) beside that model file
+ONNX_RECORD_DIGEST = "spectraflow.record_sha256"
+
 logger = logging.getLogger(__name__)
+
+
+def export_command(model_file: str | os.PathLike, onnx_file: str | os.PathLike | None = None) -> str:
+    """The command that writes the export of ``model_file`` (to ``onnx_file`` when it is not the default
+    ``<stem>.onnx``), paths relative to the working folder when under it (``--model models/model.pt`` from a bundle
+    folder)."""
+
+    def shown(path: str | os.PathLike) -> str:
+        relative = os.path.relpath(os.path.abspath(os.fspath(path)))
+        return relative if not relative.startswith("..") else os.fspath(path)
+
+    command = f"python -m spectraflow_monai export-onnx --model {shown(model_file)}"
+    default = os.path.splitext(os.path.abspath(os.fspath(model_file)))[0] + ".onnx"
+    if onnx_file is not None and os.path.abspath(os.fspath(onnx_file)) != default:
+        command += f" --output {shown(onnx_file)}"
+    return command
+
+
+def export_digests(model_file: str | os.PathLike) -> dict[str, str]:
+    """The ONNX metadata of an export of ``model_file``: ``{ONNX_MODEL_DIGEST: SHA-256 of model_file,
+    ONNX_RECORD_DIGEST: SHA-256 of the record file beside it}`` (``model.pt`` -> ``model.json``).
+
+    Raises:
+        DataError: ``model_file`` or its record is not a file.
+    """
+    record = model_settings_path(model_file)
+    for path in (os.fspath(model_file), record):
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: no such file (an export records the digests of the model and of its record).")
+    return {ONNX_MODEL_DIGEST: file_digest(model_file), ONNX_RECORD_DIGEST: file_digest(record)}
+
+
+def check_export_digests(
+    metadata: Mapping[str, str], onnx_file: str | os.PathLike, model_file: str | os.PathLike
+) -> None:
+    """Refuse an export that was not made from ``model_file`` and the record beside it.
+
+    The record (``model.json``) must be there and its SHA-256 equal the export's :data:`ONNX_RECORD_DIGEST`; the
+    model file's SHA-256 must equal :data:`ONNX_MODEL_DIGEST` when the model file is there (inference through ONNX
+    does not need ``model.pt``: without it only the record is checked, with a log line saying so).
+
+    Args:
+        metadata: the export's ONNX metadata (onnxruntime's ``get_modelmeta().custom_metadata_map``).
+        onnx_file: the export, for the messages.
+        model_file: the model file the export must be of (``models/model.pt``).
+
+    Raises:
+        DataError: no record beside ``model_file``.
+        SettingError: the export carries no digests, or one differs: in one line naming the files and the command
+            that exports the model again (:func:`export_command`).
+    """
+    onnx_file, model_file = os.fspath(onnx_file), os.fspath(model_file)
+    record = model_settings_path(model_file)
+    again = f"export it again: {export_command(model_file, onnx_file)}"
+    if not os.path.isfile(record):
+        raise DataError(f"{record}: no model record beside {model_file}; the ONNX model {onnx_file} is served with "
+                        "the settings training wrote there: put back the model.json its training wrote.")  # fmt: skip
+    if ONNX_RECORD_DIGEST not in metadata:
+        raise SettingError(f"{onnx_file} carries no digests of the model it was exported from (an export of an "
+                           f"earlier version, or of another tool): {again}.")  # fmt: skip
+    checked = [(record, ONNX_RECORD_DIGEST)]
+    if os.path.isfile(model_file):
+        checked.append((model_file, ONNX_MODEL_DIGEST))
+    else:
+        logger.info(f"{onnx_file}: {model_file} is not beside it, only its record {record} is checked.")
+    for path, key in checked:
+        if metadata.get(key) != file_digest(path):
+            raise SettingError(f"{onnx_file} was not exported from {path} (a stale export: the model was trained "
+                               f"again, or another model put there): {again}.")  # fmt: skip
+
+
+def _write_metadata(onnx_file: str | os.PathLike, metadata: Mapping[str, str]) -> None:
+    """Set ``metadata`` (keys and values as text) in the ``metadata_props`` of the ONNX file, in place."""
+    import onnx
+
+    model = onnx.load(os.fspath(onnx_file))
+    props = {p.key: p for p in model.metadata_props}
+    for key, value in metadata.items():
+        entry = props.get(str(key)) or model.metadata_props.add()
+        entry.key, entry.value = str(key), str(value)
+    onnx.save(model, os.fspath(onnx_file))
 
 
 def set_real_dft(network: nn.Module, enabled: bool = True) -> nn.Module:
@@ -63,6 +169,7 @@ def export_onnx(
     atol: float = 1e-4,
     verify_batch_sizes: Sequence[int] = (1, 3),
     int8_encoder: bool = False,
+    metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Export ``network`` (e.g. ``SpectraFlowNet``) to ONNX at a fixed image size, and check it with onnxruntime.
 
@@ -74,7 +181,8 @@ def export_onnx(
     at build time). With ``verify`` and onnxruntime installed, the ONNX model's logits on random batches of each of
     ``verify_batch_sizes`` (``batch_size`` when given) must equal the network's own (eager, complex FFTs, grouped
     convolution) within ``atol``. The file is written under a temporary name and moved to ``path`` only after the
-    check, so a failed export leaves any earlier ``path`` as it was.
+    check, so a failed export leaves any earlier ``path`` as it was. ``metadata`` is written into the file's
+    ``metadata_props`` (:func:`export_digests`: what the export was made from).
 
     Args:
         network: the network; it is not modified.
@@ -88,6 +196,7 @@ def export_onnx(
         int8_encoder: quantise the ViT encoder's linear layers to int8 (:func:`quantize_encoder_linear`; faster on
             the CPU, no longer equal to the network within float round-off: give an ``atol`` that suits the model
             and compare the masks on own images). Defaults to False.
+        metadata: ONNX metadata written into the file (kept by the int8 quantisation). Defaults to None.
 
     Returns:
         the path written.
@@ -123,8 +232,10 @@ def export_onnx(
         with torch.no_grad():
             torch.onnx.export(
                 model, (example,), temp_name, input_names=["image"], output_names=["logits"], dynamo=True,
-                dynamic_shapes=dynamic_shapes, external_data=False,
+                dynamic_shapes=dynamic_shapes, external_data=False, verbose=False,
             )  # fmt: skip
+        if metadata:
+            _write_metadata(temp_name, metadata)
         if int8_encoder:
             quantize_encoder_linear(temp_name, temp_name)
         if verify:
@@ -138,7 +249,8 @@ def quantize_encoder_linear(source: str | os.PathLike, target: str | os.PathLike
     onnxruntime's ``quantize_dynamic`` (int8 weights, activations quantised per call) is applied to the ``MatMul`` /
     ``Gemm`` nodes that the exporter's node metadata names as an ``aten.linear`` of the ``encoder`` module (the
     attention and MLP projections, about two thirds of SpectraFlowNet-S's CPU time); the decoder, FDConv and the real
-    DFT matrix products stay float32. ``target`` may be ``source``.
+    DFT matrix products stay float32. ``target`` may be ``source``. The ``metadata_props`` of ``source`` (what it
+    was exported from, :func:`export_digests`) are kept.
 
     Args:
         source: the float32 ONNX file written by :func:`export_onnx`.
@@ -156,7 +268,9 @@ def quantize_encoder_linear(source: str | os.PathLike, target: str | os.PathLike
     def meta(node: object, key: str) -> str:
         return next((p.value for p in node.metadata_props if p.key == key), "")
 
-    graph = onnx.load(os.fspath(source), load_external_data=False).graph
+    source_model = onnx.load(os.fspath(source), load_external_data=False)
+    graph = source_model.graph
+    metadata = {p.key: p.value for p in source_model.metadata_props}
     nodes = [
         n.name for n in graph.node
         if n.op_type in ("MatMul", "Gemm") and "/encoder" in meta(n, "namespace")
@@ -167,7 +281,9 @@ def quantize_encoder_linear(source: str | os.PathLike, target: str | os.PathLike
     target = Path(target)
     with atomic_path(target, suffix=".tmp") as temp_name:
         quantize_dynamic(os.fspath(source), temp_name, nodes_to_quantize=nodes, weight_type=QuantType.QInt8)
-    logger.info("%s: %d linear layers of the encoder quantised to int8", target, len(nodes))
+        if metadata:
+            _write_metadata(temp_name, metadata)
+    logger.info("%d linear layers of the encoder quantised to int8", len(nodes))
     return target
 
 
@@ -188,6 +304,7 @@ def _check_export(
     session = onnxruntime.InferenceSession(onnx_file, providers=["CPUExecutionProvider"])
     was_training = network.training
     network.eval()
+    largest = 0.0
     try:
         for shape in shapes:
             example = torch.randn(*shape, device=device)
@@ -199,9 +316,11 @@ def _check_export(
                 raise ValueError(
                     f"the ONNX export {path} differs from the network by {diff:.3g} at batch {shape[0]} (atol={atol})."
                 )
-            logger.info("ONNX export %s: logits within %.3g of the network's at batch %d", path, diff, shape[0])
+            largest = max(largest, diff)
     finally:
         network.train(was_training)
+    batches = ", ".join(str(shape[0]) for shape in shapes)
+    logger.info("ONNX export %s: logits within %.3g of the network's at batch %s", path, largest, batches)
 
 
 class OnnxNetwork(nn.Module):
@@ -212,6 +331,11 @@ class OnnxNetwork(nn.Module):
     It has no parameters and ignores ``torch.autocast`` (onnxruntime runs the graph as exported, float32). The model's
     input shape is read from the file; an input whose channels or spatial size differ from it is refused naming the
     file and both shapes (a free batch axis takes any batch size).
+
+    Given ``model_file`` (a bundle's ``models/model.pt``), the export must be of that model: the digests it carries
+    (:func:`export_digests`) must match the record beside it (``model.json``, needed) and the model file when it is
+    there (:func:`check_export_digests`); a stale export, or one without digests, is refused in one line naming the
+    command that exports the model again.
 
     Args:
         path: the ``.onnx`` file (:func:`export_onnx`).
@@ -225,12 +349,15 @@ class OnnxNetwork(nn.Module):
         session_config: onnxruntime session configuration entries, e.g.
             ``{"session.intra_op.allow_spinning": "0"}`` (threads that sleep instead of spinning between runs).
             Defaults to None.
+        model_file: the model file the export must be of (see above); None: not checked. Defaults to None.
 
     Raises:
         ImportError: onnxruntime is not installed (naming the ``onnx`` extra).
-        FileNotFoundError: ``path`` is not a file.
-        ValueError: ``threads`` or ``optimization`` is not valid, the file is not an ONNX model onnxruntime reads, or
-            it takes another spatial size than ``image_size``.
+        DataError: (a ``ValueError``) ``path`` is not a file, or not an ONNX model onnxruntime reads (a truncated
+            file); no record beside ``model_file``.
+        SettingError: (a ``ValueError``) the export is not of ``model_file`` and its record, or it takes another
+            spatial size than ``image_size``.
+        ValueError: ``threads`` or ``optimization`` is not valid.
     """
 
     def __init__(
@@ -241,6 +368,7 @@ class OnnxNetwork(nn.Module):
         providers: Sequence[str] = ("CPUExecutionProvider",),
         image_size: int | Sequence[int] | None = None,
         session_config: Mapping[str, str] | None = None,
+        model_file: str | os.PathLike | None = None,
     ) -> None:
         super().__init__()
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
@@ -252,8 +380,9 @@ class OnnxNetwork(nn.Module):
         except ImportError as err:
             raise ImportError(f"running an ONNX model needs onnxruntime: {ONNX_EXTRA_HINT}.") from err
         self.path = os.fspath(path)
+        write = f": write it with {export_command(model_file, self.path)}" if model_file is not None else ""
         if not os.path.isfile(self.path):
-            raise FileNotFoundError(f"{self.path}: no such ONNX model file.")
+            raise DataError(f"{self.path}: no such ONNX model file{write}.")
         options = onnxruntime.SessionOptions()
         options.graph_optimization_level = {
             "disable": onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -268,14 +397,17 @@ class OnnxNetwork(nn.Module):
         try:
             self.session = onnxruntime.InferenceSession(self.path, options, providers=list(providers))
         except Exception as err:  # onnxruntime raises its own exception types for unreadable models
-            raise ValueError(f"{self.path}: not an ONNX model onnxruntime can run ({err}).") from err
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            raise DataError(f"{self.path}: not an ONNX model onnxruntime can run ({first}){write}.") from err
+        if model_file is not None:
+            check_export_digests(self.session.get_modelmeta().custom_metadata_map, self.path, model_file)
         model_input = self.session.get_inputs()[0]
         self.input_name = model_input.name
         self.input_shape = tuple(model_input.shape)  # the batch axis a name (free) or an int
         if image_size is not None:
             size = [image_size] * 2 if isinstance(image_size, int) else [int(n) for n in image_size]
             if list(self.input_shape[-2:]) != size:
-                raise ValueError(
+                raise SettingError(
                     f"{self.path} takes {'x'.join(str(n) for n in self.input_shape[-2:])} images, the model settings "
                     f"say image_size {image_size}: export the model again (spectraflow export-onnx)."
                 )

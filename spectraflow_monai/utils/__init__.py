@@ -17,6 +17,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     ".settings": ("check_image_size",),
     ".errors": ("DataError", "install_excepthook", "SettingError"),
+    ".fingerprint": ("file_digest",),
+    ".run_record": ("MODEL_DIGEST_KEY", "SETTINGS_DIGEST_KEY", "check_model_digest", "settings_digest"),
     ".precision": (
         "AutocastInferer", "Precision", "amp_kwargs", "autocast_kwargs", "autocast_off", "cpu_bf16_flags",
         "cpu_supports_bf16", "cuda_supports_bf16", "resolve_precision",

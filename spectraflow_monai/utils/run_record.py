@@ -11,9 +11,13 @@ with two small JSON files:
   keeping the earlier files aside; or a new ``--bundle_root``);
 - ``<model>.json`` beside a model file (``models/model.json`` beside ``model.pt``, ``models/encoder_stage1.json``
   beside the Stage-1 export), written with the file itself (:func:`write_model_settings`): the model settings that
-  built it. Evaluation and inference read them (:func:`model_record`): a user gives data, output and device; a model
-  setting given on the command line that contradicts the record is an error naming both values. Fine-tuning from the
-  Stage-1 export compares its encoder settings the same way
+  built it, with two digests that tie the record to its model: ``model_sha256``, the SHA-256 of the model file's
+  bytes, and ``settings_sha256``, the SHA-256 of the recorded settings (:func:`settings_digest`). Evaluation and
+  inference read them (:class:`ModelRecord`): a user gives data, output and device; a model setting given on the
+  command line that contradicts the record is an error naming both values. A record whose settings were edited, or
+  that was written for another model file (a retrained ``model.pt`` beside an old ``model.json``), is refused in one
+  line (:func:`check_model_digest`); a record of an earlier version without the digests is read with a warning.
+  Fine-tuning from the Stage-1 export compares its encoder settings the same way
   (:func:`spectraflow_monai.apps.encoder_init.initialize_encoder`), instead of failing with a raw size mismatch.
 
 Settings that may change between restarts (``max_epochs``, ``num_workers``, the device, ...) are recorded under
@@ -31,8 +35,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +47,7 @@ import torch.distributed as dist
 
 from spectraflow_monai.utils.checkpoint import RECORD_FILE, latest_checkpoint, set_aside
 from spectraflow_monai.utils.distributed import process_rank
-from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.errors import DataError, SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
 from spectraflow_monai.utils.files import write_text_atomic
 from spectraflow_monai.utils.settings import (
@@ -56,15 +62,23 @@ from spectraflow_monai.utils.settings import (
 )
 
 __all__ = [
+    "MODEL_DIGEST_KEY",
     "RECORD_FILE",
     "RECORD_FORMAT",
+    "SETTINGS_DIGEST_KEY",
     "ModelRecord",
+    "check_model_digest",
     "check_model_settings",
     "data_fingerprint",
+    "file_digest",
+    "model_exports",
     "model_settings_path",
     "read_model_settings",
     "record_finished",
     "record_run",
+    "set_exports_aside",
+    "settings_digest",
+    "weights_mismatch",
     "write_model_settings",
 ]
 
@@ -77,6 +91,11 @@ RECORD_FORMAT = 2
 _DERIVED = ("out_channels",)
 # the parts of a record that must agree for a restart to continue the run
 _COMPARED = ("settings", "model", "data", "label_setup", "seed", "precision")
+#: the key of a model record (``model.json``) holding the SHA-256 of its model file's bytes (:func:`file_digest`)
+MODEL_DIGEST_KEY = "model_sha256"
+#: the key of a model record holding the SHA-256 of its own model settings (:func:`settings_digest`)
+SETTINGS_DIGEST_KEY = "settings_sha256"
+_WARNED: set[tuple[str, str]] = set()  # (record, what): a warning about an earlier record is given once per process
 
 
 def _version() -> str:
@@ -313,21 +332,141 @@ def record_finished(run_dir: str | os.PathLike, epoch: int, max_epochs: int) -> 
     write_text_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
+def settings_digest(settings: Mapping[str, Any]) -> str:
+    """The SHA-256 of model settings as a record holds them: of their canonical JSON
+    (``json.dumps(settings, sort_keys=True)``), what ``model.json`` records as ``settings_sha256``."""
+    return hashlib.sha256(json.dumps(_plain(settings), sort_keys=True).encode()).hexdigest()
+
+
+def _warn_once(record: str, what: str, message: str) -> None:
+    if (record, what) not in _WARNED:
+        _WARNED.add((record, what))
+        logger.warning(message)
+
+
 def write_model_settings(model_file: str | os.PathLike, settings: ModelSettings | Mapping[str, Any]) -> str:
     """Write the model settings (a :class:`~spectraflow_monai.utils.settings.ModelSettings`, whole) beside
-    ``model_file`` (:func:`model_settings_path`), atomically; returns the path."""
+    ``model_file`` (:func:`model_settings_path`), atomically; returns the path.
+
+    The record holds the settings under ``model``, the model file's name, ``model_sha256`` (the SHA-256 of the model
+    file's bytes, :func:`file_digest`) and ``settings_sha256`` (:func:`settings_digest` of ``model``), so that a
+    reader refuses a record beside another model file or one edited by hand (:func:`check_model_digest`). Write the
+    model file first: a record written while there is no model file holds no ``model_sha256`` (with a warning) and
+    its model file is then read unchecked.
+    """
     path = model_settings_path(model_file)
-    content = {"model": _plain(settings), "model_file": os.path.basename(os.fspath(model_file))}
+    model = _plain(settings)
+    content = {"model": model, "model_file": os.path.basename(os.fspath(model_file))}
+    if os.path.isfile(model_file):
+        content[MODEL_DIGEST_KEY] = file_digest(model_file)
+    else:
+        logger.warning(f"{path}: written before its model file {os.fspath(model_file)} exists: no {MODEL_DIGEST_KEY} "
+                       "recorded.")  # fmt: skip
+    content[SETTINGS_DIGEST_KEY] = settings_digest(model)
     content["format"] = RECORD_FORMAT
     content["spectraflow_monai"] = _version()
     write_text_atomic(path, json.dumps(content, indent=2) + "\n")
     return path
 
 
+def _model_record(model_file: str | os.PathLike) -> dict[str, Any] | None:
+    """The record beside ``model_file`` (all of it), its settings checked against its ``settings_sha256``; None when
+    there is none."""
+    path = model_settings_path(model_file)
+    content = _read_json(path)
+    if content is None:
+        return None
+    if not isinstance(content, dict) or not isinstance(content.get("model") or {}, dict):
+        raise SettingError(f"{path} is not a model record (no 'model' settings): put the model.json its training wrote "
+                           f"beside {os.fspath(model_file)}, or re-train.")  # fmt: skip
+    recorded = content.get(SETTINGS_DIGEST_KEY)
+    if recorded is None:
+        _warn_once(path, SETTINGS_DIGEST_KEY, f"{path} holds no {SETTINGS_DIGEST_KEY} (written by an earlier "
+                   "version): its settings are read unchecked; re-train to record it.")  # fmt: skip
+    elif recorded != settings_digest(content.get("model") or {}):
+        raise SettingError(
+            f"{path} was edited after it was written (its model settings no longer match its {SETTINGS_DIGEST_KEY}): "
+            f"put the model.json its training wrote beside {os.fspath(model_file)}, or re-train."
+        )
+    return content
+
+
 def read_model_settings(model_file: str | os.PathLike) -> dict[str, Any] | None:
-    """The model settings recorded beside ``model_file``, or None when there is no record."""
-    content = _read_json(model_settings_path(model_file))
+    """The model settings recorded beside ``model_file``, or None when there is no record.
+
+    Raises:
+        SettingError: the record cannot be read, or its settings were edited after it was written (they differ from
+            its ``settings_sha256``; a record without it, of an earlier version, is read with a warning).
+    """
+    content = _model_record(model_file)
     return None if content is None else dict(content.get("model") or {})
+
+
+def check_model_digest(model_file: str | os.PathLike) -> None:
+    """Refuse a model file that is not the one its record (``model.json`` beside it) was written for.
+
+    The record's ``settings_sha256`` must match its settings (an edited record is refused) and its ``model_sha256``
+    the SHA-256 of ``model_file``'s bytes (a record beside a retrained or foreign model file is refused). A record of
+    an earlier version without a digest is accepted with a warning naming it; a model file without a record is not
+    checked (:class:`ModelRecord` warns about it).
+
+    Args:
+        model_file: the model file (``models/model.pt``).
+
+    Raises:
+        DataError: ``model_file`` does not exist while a record is beside it.
+        SettingError: in one line naming the model file, the record and the fix, when a digest differs.
+    """
+    model_file = os.fspath(model_file)
+    path = model_settings_path(model_file)
+    content = _model_record(model_file)
+    if content is None:
+        return
+    if not os.path.isfile(model_file):
+        raise DataError(f"model file {model_file!r} does not exist (its record {path} does).")
+    recorded = content.get(MODEL_DIGEST_KEY)
+    if recorded is None:
+        _warn_once(path, MODEL_DIGEST_KEY, f"{path} holds no {MODEL_DIGEST_KEY} (written by an earlier version): "
+                   f"{model_file} is not checked against it; re-train to record it.")  # fmt: skip
+    elif recorded != file_digest(model_file):
+        name = os.path.basename(path)
+        raise SettingError(
+            f"{model_file}: {path} was written for another {os.path.basename(model_file)} (its {MODEL_DIGEST_KEY} "
+            f"is not this file's): put the {name} its training wrote beside it, or re-train."
+        )
+
+
+def weights_mismatch(model_file: str | os.PathLike, error: BaseException) -> SettingError:
+    """The one-line :class:`SettingError` of a model file whose weights do not load into the network built from its
+    record (``error``: PyTorch's ``Error(s) in loading state_dict``, whose first detail line it quotes), naming the
+    model file, the record and the fix."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    detail = lines[1] if len(lines) > 1 else lines[0]
+    detail = detail if len(detail) <= 200 else detail[:200] + "..."
+    return SettingError(
+        f"{os.fspath(model_file)}: its weights do not fit the network its record {model_settings_path(model_file)} "
+        f"describes ({detail}): put the model.json its training wrote beside it, or re-train."
+    )
+
+
+def model_exports(model_file: str | os.PathLike) -> list[Path]:
+    """The exports of ``model_file`` beside it: ``<stem>.onnx`` and ``<stem>_*.onnx`` / ``<stem>-*.onnx`` /
+    ``<stem>.*.onnx`` (e.g. an int8 export ``model_int8.onnx``), regular files only (no links)."""
+    model_file = Path(os.fspath(model_file))
+    if not model_file.parent.is_dir():
+        return []
+    pattern = re.compile(re.escape(model_file.stem) + r"(?:[._-][^/]*)?\.onnx")
+    return sorted(
+        p for p in model_file.parent.iterdir() if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink()
+    )
+
+
+def set_exports_aside(model_file: str | os.PathLike, stamp: str | None = None) -> list[Path]:
+    """Keep the exports of ``model_file`` (:func:`model_exports`) aside as ``<name>.bak-<time>``
+    (:func:`~spectraflow_monai.utils.checkpoint.set_aside`), before a new ``model_file`` replaces the one they were
+    exported from: no stale export stays beside a new model. Returns the new paths."""
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    return [set_aside(p, stamp) for p in model_exports(model_file)]
 
 
 def check_model_settings(
@@ -379,8 +518,12 @@ class ModelRecord:
         given: ``{setting: value}`` given on the command line; None values are not given. Each given value is
             checked against the record and replaces the read one. Defaults to None.
 
+    The record must be the one written for ``model_file`` (:func:`check_model_digest`, when the model file is
+    there: the ONNX inference reads the record of a model file that may be absent).
+
     Raises:
-        SettingError: a given value differs from the record, naming both; a record that cannot be read.
+        SettingError: a given value differs from the record, naming both; a record that cannot be read, that was
+            edited, or that was written for another model file.
     """
 
     def __init__(
@@ -391,6 +534,10 @@ class ModelRecord:
     ) -> None:
         self.model_file = os.fspath(model_file)
         self.recorded = read_model_settings(self.model_file)
+        # the record must be this model file's; a model file that is not there is the config's weights check's error
+        # (or the ONNX inference, which reads the record only)
+        if self.recorded is not None and os.path.isfile(self.model_file):
+            check_model_digest(self.model_file)
         if self.recorded is None:
             logger.warning(
                 f"{self.model_file}: no settings recorded beside it ({model_settings_path(self.model_file)}); the "

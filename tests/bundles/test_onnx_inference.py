@@ -1,7 +1,8 @@
 """Bundle inference through onnxruntime: ``spectraflow export-onnx`` writes ``models/model.onnx`` beside
 ``models/model.pt`` (and its ``model.json``), and ``['configs/inference.yaml','configs/inference_onnx.yaml']`` run in
-a lone copy of the bundle writes the masks the PyTorch inference writes, without reading ``model.pt``. Skipped where
-the ``onnx`` extra is not installed."""
+a lone copy of the bundle writes the masks the PyTorch inference writes (at fp32), without reading ``model.pt``'s
+weights. A model.onnx that is missing, truncated or not of the model beside it (a model trained again) ends the run in
+one error line naming the export command. Skipped where the ``onnx`` extra is not installed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from spectraflow_monai.utils.bundles import bundle_path
+from spectraflow_monai.utils.errors import DataError, SettingError, error_summary, find_input_error
 from tests.bundles.helpers import run_bundle
 
 pytest.importorskip("onnxscript")
@@ -27,27 +29,28 @@ def _lone_copy(bundle: str, tmp_path: Path) -> Path:
     return target
 
 
-def _write_model(folder: Path, out_channels: int, num_classes: int | None) -> Path:
-    """models/model.pt (a state dict, as training saves it) with model.json beside it: a 28 px, 2-block network
-    whose decoder is moved away from its initialisation, so that the masks depend on every part of it."""
+def _write_model(folder: Path, out_channels: int, num_classes: int | None, seed: int = 0) -> Path:
+    """models/model.pt (a state dict, as training saves it) with model.json beside it, written after it (its digest):
+    a 28 px, 2-block network whose decoder is moved away from its initialisation, so that the masks depend on every
+    part of it."""
     from spectraflow_monai.apps.workflow import recorded_network
     from spectraflow_monai.utils.run_record import ModelRecord, write_model_settings
     from spectraflow_monai.utils.settings import ModelSettings
 
     model = folder / "models" / "model.pt"
-    model.parent.mkdir()
+    model.parent.mkdir(parents=True, exist_ok=True)
     # a Synapse model carries its CT preprocessing, as its training records it
     ct = {} if num_classes is None else {"hu_window": [-125.0, 275.0], "nonfinite": "error"}
     settings = ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=out_channels,
                              num_classes=num_classes, image_mean=[0.5, 0.4, 0.3], image_std=[0.25, 0.2, 0.3],
                              **ct)  # fmt: skip
-    write_model_settings(model, settings)
-    torch.manual_seed(0)
-    network = recorded_network(ModelRecord(model), out_channels)
+    torch.manual_seed(seed)
+    network = recorded_network(ModelRecord(model, defaults=settings.to_dict()), out_channels)
     with torch.no_grad():
         for p in network.decoder.parameters():
             p.add_(0.05 * torch.randn_like(p))
     torch.save(network.state_dict(), model)
+    write_model_settings(model, settings)
     return model
 
 
@@ -114,18 +117,67 @@ def test_onnx_inference_writes_the_pytorch_masks(bundle, tmp_path):
         np.testing.assert_array_equal(_read(tmp_path / "onnx" / name), mask)
         values |= set(np.unique(mask).tolist())
     assert len(values) > 1  # not a constant mask: the comparison sees the network's output
+    if bundle == SYNAPSE:
+        return
+    # the model trained again (a new model.pt and model.json) beside the old model.onnx: refused in one line
+    _write_model(folder, 1, None, seed=1)
+    with pytest.raises(Exception) as exc:
+        run_bundle(configs, meta, output_dir=str(tmp_path / "stale"), **common)
+    line = _one_error_line(exc.value, SettingError)
+    assert "model.onnx was not exported from" in line and "export-onnx --model" in line
+    assert not (tmp_path / "stale").exists()
 
 
-def test_onnx_inference_without_model_onnx_names_the_command(tmp_path):
+def _one_error_line(exc: BaseException, kind: type) -> str:
+    """The run's one error line (what the excepthook prints), for a user's mistake of ``kind``."""
+    assert isinstance(find_input_error(exc), kind), exc
+    line = error_summary(exc)
+    assert line.startswith("error: ") and "\n" not in line
+    return line
+
+
+@pytest.mark.parametrize("onnx_file", [None, b"truncated ONNX"])
+def test_onnx_inference_without_a_readable_model_onnx_names_the_command(tmp_path, monkeypatch, onnx_file):
     folder = _lone_copy(TWO_D, tmp_path)
     _write_model(folder, 1, None)
+    if onnx_file is not None:
+        (folder / "models" / "model.onnx").write_bytes(onnx_file)
+    monkeypatch.chdir(folder)  # from the bundle folder, as the docs run it
     configs = [str(folder / "configs" / "inference.yaml"), str(folder / "configs" / "inference_onnx.yaml")]
     with pytest.raises(Exception) as exc:  # MONAI wraps the initialize step's error in a RuntimeError
-        run_bundle(configs, str(folder / "configs" / "metadata.json"), bundle_root=str(folder),
+        run_bundle(configs, str(folder / "configs" / "metadata.json"), bundle_root=".",
                    input_dir=str(_images(tmp_path / "images")))  # fmt: skip
-    error = exc.value.__cause__ or exc.value
-    assert isinstance(error, FileNotFoundError) and "model.onnx' does not exist" in str(error)
-    assert "python -m spectraflow_monai export-onnx --model models/model.pt" in str(error)
+    line = _one_error_line(exc.value, DataError)
+    assert ("no such ONNX model file" if onnx_file is None else "not an ONNX model onnxruntime can run") in line
+    assert "python -m spectraflow_monai export-onnx --model models/model.pt" in line
+
+
+def test_export_onnx_command_is_quiet_and_refuses_a_record_of_another_model(tmp_path, capsys):
+    """The export prints its own steps (a line each at most) and the path, not the exporter's passes; a model.json
+    written for another model.pt, or weights that do not fit the record, stop it in one line."""
+    import subprocess
+    import sys
+
+    from spectraflow_monai.cli import main
+    from spectraflow_monai.utils.run_record import read_model_settings, write_model_settings
+
+    model = _write_model(tmp_path, 1, None)
+    command = [sys.executable, "-m", "spectraflow_monai", "export-onnx", "--model", str(model)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / "models" / "model.onnx"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr  # the check's line (and a library warning)
+    other = _write_model(tmp_path / "other", 1, None, seed=1)
+    shutil.copy(other, model)  # another model.pt beside this model.json
+    with pytest.raises(SystemExit):
+        main(["export-onnx", "--model", str(model)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was written for another model.pt" in err[0]
+    torch.save({"unexpected": torch.zeros(1)}, model)
+    write_model_settings(model, read_model_settings(model))  # a hand-made pair: weights of another network
+    with pytest.raises(SystemExit):
+        main(["export-onnx", "--model", str(model)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "its weights do not fit the network its record" in err[0] and "re-train" in err[0]
 
 
 def test_export_onnx_command_errors_are_one_line(tmp_path, capsys):

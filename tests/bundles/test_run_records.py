@@ -19,7 +19,7 @@ import pytest
 
 import spectraflow_monai
 from spectraflow_monai.apps.seg2d import generate_synthetic_dataset
-from spectraflow_monai.utils.run_record import RECORD_FORMAT
+from spectraflow_monai.utils.run_record import RECORD_FORMAT, check_model_digest, file_digest, settings_digest
 from spectraflow_monai.utils.settings import IMAGENET_MEAN, IMAGENET_STD, ModelSettings
 from tests.bundles.helpers import config_paths, error_text, run_bundle
 
@@ -93,6 +93,8 @@ def test_a_run_records_itself(trained):
     assert record["not_compared"]["max_epochs"] == 1
     beside = json.loads((trained / "models" / "model.json").read_text())  # model.pt describes itself
     assert beside["model"] == record["model"] and beside["model_file"] == "model.pt"
+    assert beside["model_sha256"] == file_digest(trained / "models" / "model.pt")  # the record is of this model.pt
+    assert beside["settings_sha256"] == settings_digest(beside["model"])
     stage1 = json.loads((trained / "models" / "stage1" / "run_record.json").read_text())
     assert stage1["not_compared"]["stage1_epochs"] == 1 and stage1["data"]["train"]["items"] == 4
     export = json.loads((trained / "models" / "encoder_stage1.json").read_text())
@@ -174,13 +176,19 @@ def test_stage2_names_an_export_of_other_settings(trained, data_dir, tmp_path):
 
 
 def test_starting_over_keeps_the_earlier_run_aside(trained, data_dir, tmp_path):
+    """A new run keeps the earlier run aside; the exports of the earlier model.pt go aside when the new model.pt
+    replaces it (no stale model.onnx beside the new model), and the new model.json is the new model.pt's."""
     root = tmp_path / "again"
     shutil.copytree(trained, root)
+    for name in ("model.onnx", "model_int8.onnx"):  # exports of the earlier model (their content is not read here)
+        (root / "models" / name).write_bytes(b"an export of the earlier model.pt")
     run_bundle(TRAIN, META, **{**_common(root, data_dir), **STAGE2, "learning_rate": 0.001, "resume": False})
     record = json.loads((root / "models" / "stage2" / "run_record.json").read_text())
     assert record["settings"]["learning_rate"] == 0.001
     names = {p.name.split(".bak-")[0] for p in (root / "models").glob("*.bak-*")}
     assert {"stage2", "model.pt", "model.json"} <= names  # the earlier checkpoints with their record, the model
+    assert {"model.onnx", "model_int8.onnx"} <= names and not list((root / "models").glob("*.onnx"))
+    check_model_digest(root / "models" / "model.pt")
     (aside,) = (root / "models").glob("stage2.bak-*")
     assert json.loads((aside / "run_record.json").read_text())["settings"]["learning_rate"] == 0.0001
 

@@ -117,3 +117,74 @@ def test_all_background_training_masks_are_reported_before_training(tmp_path, ca
         with pytest.raises(Exception) as info:
             parser.get_parsed_content("train#datalist")
         assert "allow_empty_masks" in error_summary(info.value)
+
+
+def _model_files(root: Path, **record) -> Path:
+    """A random ``models/model.pt`` of the NET network with its model.json written after it (its digest), with
+    ``record`` replacing model settings in the record (a record that contradicts the weights)."""
+    from spectraflow_monai.utils.run_record import write_model_settings
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    torch.manual_seed(0)
+    net = parse_config(INFERENCE, bundle_root=str(root), **NET).get_parsed_content("network_def")
+    model = root / "models" / "model.pt"
+    model.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(net.state_dict(), model)
+    write_model_settings(model, ModelSettings(**{**NET, **record}))
+    return model
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ({"score_at_original_size": "maybe"}, "score_at_original_size must be true or false, got 'maybe'"),
+        ({"corruption": "fog"}, "corruption must be null or one of ['brightness', 'contrast', 'gaussian_blur', "
+                                "'gaussian_noise'], got 'fog'"),
+        ({"corruption": "contrast", "corruption_severity": 9}, "corruption_severity must be an int from 0 to 5, got 9"),
+        ({"corruption_severity": "high"}, "corruption_severity must be an int from 0 to 5, got 'high'"),
+    ],
+)  # fmt: skip
+def test_bad_evaluation_settings_end_in_one_line_naming_them(tmp_path, override, named):
+    _model_files(tmp_path)
+    with pytest.raises(Exception) as info:
+        run_bundle([TRAIN, EVALUATE], META, bundle_root=str(tmp_path), num_workers=0, progress_bar=False,
+                   synthetic_size={"num_train": 2, "num_val": 2}, output_dir=str(tmp_path / "eval"),
+                   **override)  # fmt: skip
+    assert isinstance(find_input_error(info.value), SettingError), info.value
+    line = error_summary(info.value)
+    assert "\n" not in line and named in line, line
+    assert not (tmp_path / "eval" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("configs", [[TRAIN, EVALUATE], [INFERENCE]])
+def test_a_record_that_contradicts_the_weights_ends_in_one_line(tmp_path, configs):
+    """A model.json (with the model.pt's digest) that names another network than the weights: PyTorch's
+    ``Error(s) in loading state_dict`` becomes one line naming the model file, the record and the fix."""
+    model = _model_files(tmp_path, encoder_kwargs={"depth": 3})
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(np.zeros((30, 40, 3), dtype=np.uint8)).save(images / "a.png")
+    with pytest.raises(Exception) as info:
+        run_bundle(configs, META, bundle_root=str(tmp_path), num_workers=0, progress_bar=False, input_dir=str(images),
+                   synthetic_size={"num_train": 2, "num_val": 2}, output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert isinstance(find_input_error(info.value), SettingError), info.value
+    line = error_summary(info.value)
+    assert "\n" not in line and f"{model}: its weights do not fit the network its record" in line, line
+    assert str(tmp_path / "models" / "model.json") in line and "Missing key(s)" in line and "re-train" in line
+
+
+def test_a_record_that_contradicts_the_weights_prints_no_traceback(tmp_path):
+    """On the terminal: no traceback (it is in the run's log folder), the last line names the model and its record."""
+    model = _model_files(tmp_path / "b", encoder_kwargs={"depth": 3})
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(np.zeros((30, 40, 3), dtype=np.uint8)).save(images / "a.png")
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "['configs/inference.yaml']",
+           "--bundle_root", str(tmp_path / "b"), "--input_dir", str(images)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("SPECTRAFLOW_TRACEBACK", None)
+    proc = subprocess.run(cmd, cwd=BUNDLE, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {model}: its weights do not fit the network its record") and "re-train" in last
+    assert "Error(s) in loading state_dict" not in proc.stdout + proc.stderr

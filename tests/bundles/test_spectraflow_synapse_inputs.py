@@ -71,6 +71,16 @@ def test_bad_nonfinite_setting_is_named(tmp_path):
     assert not (tmp_path / "cache").exists() and not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("configs", [[TRAIN, EVALUATE], [INFERENCE]])
+@pytest.mark.parametrize("value", [0, "4"])
+def test_bad_sw_batch_size_is_named_before_any_work(tmp_path, configs, value):
+    with pytest.raises(Exception) as info:
+        run_bundle(configs, META, bundle_root=str(tmp_path), sw_batch_size=value, **NET)
+    line = error_summary(info.value)
+    assert line.startswith("error: ") and f"sw_batch_size must be a positive int (slices per network call), got {value!r}" in line
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "data").exists()
+
+
 # ---------------------------------------------------------------- NaN / inf voxels: named, or replaced when asked
 def test_training_stops_on_a_volume_with_nan_voxels(tmp_path):
     data = tmp_path / "data"

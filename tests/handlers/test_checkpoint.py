@@ -10,11 +10,14 @@ from monai.transforms import Compose, RandFlipd, RandGaussianNoised
 from spectraflow_monai.handlers import (
     NonFiniteLossError,
     RandomStateHandler,
+    RecordedCheckpointLoader,
     ResumableEarlyStopHandler,
     SafeCheckpointSaver,
     StopOnNonFiniteLoss,
 )
 from spectraflow_monai.utils.checkpoint import NonFiniteStateError
+from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.run_record import check_model_digest
 
 
 def _engine(score: float) -> Engine:
@@ -75,6 +78,35 @@ def test_best_model_saver_keeps_the_newest_of_equal_scores(tmp_path):
     saver.metrics_completed(_engine(0.0))
     assert torch.equal(_load(tmp_path / "model.pt")["weight"], net.weight)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
+def test_a_new_best_model_sets_the_exports_of_the_earlier_one_aside(tmp_path):
+    """model.pt is written with its record (model.json, holding its digest); before a new model.pt replaces it, the
+    exports beside it (model.onnx, an int8 one) are set aside: no stale export stays beside the new model."""
+    net = torch.nn.Linear(2, 2)
+    saver = SafeCheckpointSaver(str(tmp_path), {"model": net}, save_key_metric=True, key_metric_name="dice",
+                                key_metric_filename="model.pt", model_settings={"image_size": 56})  # fmt: skip
+    saver.metrics_completed(_engine(0.5))
+    check_model_digest(tmp_path / "model.pt")
+    (tmp_path / "model.onnx").write_text("export of the first model")
+    (tmp_path / "model_int8.onnx").write_text("int8 export of the first model")
+    with torch.no_grad():
+        net.weight.add_(1.0)
+    saver.metrics_completed(_engine(0.9))
+    check_model_digest(tmp_path / "model.pt")  # the record is the new model's
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "model.onnx" not in names and "model_int8.onnx" not in names, names
+    assert [n.split(".bak-")[0] for n in names if ".bak-" in n] == ["model.onnx", "model_int8.onnx"]
+
+
+def test_weights_that_do_not_fit_the_network_end_in_one_line(tmp_path):
+    torch.save(torch.nn.Linear(2, 3).state_dict(), tmp_path / "model.pt")
+    loader = RecordedCheckpointLoader(str(tmp_path / "model.pt"), {"model": torch.nn.Linear(2, 2)})
+    with pytest.raises(SettingError) as info:
+        loader(Engine(lambda e, b: None))
+    message = str(info.value)
+    assert "\n" not in message and "size mismatch for weight" in message and str(tmp_path / "model.json") in message
+    assert "put the model.json its training wrote beside it, or re-train" in message
 
 
 def test_final_checkpoint_skipped_when_failing_with_non_finite_weights(tmp_path):

@@ -15,11 +15,18 @@ from spectraflow_monai.utils.run_record import (
     RECORD_FILE,
     RECORD_FORMAT,
     ModelRecord,
+    check_model_digest,
     check_model_settings,
     data_fingerprint,
+    file_digest,
+    model_exports,
     model_settings_path,
+    read_model_settings,
     record_finished,
     record_run,
+    set_exports_aside,
+    settings_digest,
+    weights_mismatch,
     write_model_settings,
 )
 from spectraflow_monai.utils.settings import IMAGENET_MEAN, DataSettings, ModelSettings, Stage2Settings
@@ -231,3 +238,93 @@ def test_the_image_size_follows_the_architecture(architecture, kwargs, taken, re
         assert (settings.encoder_name, settings.fusion, settings.refine) == (None, None, None)
     with pytest.raises(SettingError, match=f"image_size must be a positive int multiple of .* got {refused}"):
         ModelSettings(architecture=architecture, network_kwargs=kwargs, image_size=refused)
+
+
+def _model(folder, weights=0.0, **settings):
+    """``folder/model.pt`` (one tensor) with its record written after it, as training writes them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model = folder / "model.pt"
+    torch.save({"w": torch.full((3,), weights)}, model)
+    write_model_settings(model, ModelSettings(image_size=56, **settings))
+    return model
+
+
+def test_the_record_holds_the_digests_of_its_model_and_settings(tmp_path):
+    import hashlib
+
+    model = _model(tmp_path)
+    content = json.loads((tmp_path / "model.json").read_text())
+    assert content["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest() == file_digest(model)
+    assert content["settings_sha256"] == settings_digest(content["model"])
+    assert content["settings_sha256"] == hashlib.sha256(json.dumps(content["model"], sort_keys=True).encode()).hexdigest()
+    check_model_digest(model)  # the pair training wrote
+    assert ModelRecord(model).image_size == 56
+
+
+@pytest.mark.parametrize("reader", [check_model_digest, ModelRecord])
+def test_a_record_beside_another_model_file_is_refused_in_one_line(tmp_path, reader):
+    model = _model(tmp_path / "a")
+    retrained = _model(tmp_path / "b", weights=1.0)
+    shutil.copy(retrained, model)  # a retrained model.pt beside the old model.json
+    with pytest.raises(SettingError) as info:
+        reader(model)
+    message = str(info.value)
+    assert "\n" not in message and str(model) in message and str(tmp_path / "a" / "model.json") in message
+    assert "was written for another model.pt" in message and "put the model.json its training wrote beside it" in message
+
+
+@pytest.mark.parametrize("reader", [check_model_digest, ModelRecord, read_model_settings])
+def test_an_edited_record_is_refused_in_one_line(tmp_path, reader):
+    """A Synapse record whose label map was edited (1 and 5 swapped) with the model file left as it was."""
+    model = _model(tmp_path, num_classes=9, out_channels=9, label_map={0: 0, 1: 1, 5: 5, 6: 6})
+    record = tmp_path / "model.json"
+    content = json.loads(record.read_text())
+    content["model"]["label_map"] = {"0": 0, "1": 5, "5": 1, "6": 6}
+    record.write_text(json.dumps(content, indent=2))
+    with pytest.raises(SettingError) as info:
+        reader(model)
+    message = str(info.value)
+    assert "\n" not in message and str(record) in message and "was edited after it was written" in message
+    assert "put the model.json its training wrote" in message
+
+
+def test_a_record_without_digests_is_read_with_a_warning(tmp_path, caplog):
+    """A record of an earlier version (no model_sha256, no settings_sha256) keeps working, named once."""
+    model = _model(tmp_path)
+    record = tmp_path / "model.json"
+    content = json.loads(record.read_text())
+    del content["model_sha256"], content["settings_sha256"]
+    record.write_text(json.dumps(content))
+    check_model_digest(model)
+    assert ModelRecord(model).image_size == 56
+    assert caplog.text.count("holds no model_sha256") == 1 and caplog.text.count("holds no settings_sha256") == 1
+    check_model_digest(tmp_path / "no_record.pt")  # no record: nothing to check
+
+
+def test_a_record_written_before_its_model_file_has_no_model_digest(tmp_path, caplog):
+    model = tmp_path / "model.pt"
+    write_model_settings(model, ModelSettings())
+    assert "model_sha256" not in json.loads((tmp_path / "model.json").read_text()) and "before its model" in caplog.text
+    torch.save({}, model)
+    check_model_digest(model)  # accepted, with the earlier-record warning
+    assert "holds no model_sha256" in caplog.text
+
+
+def test_the_exports_of_a_model_are_set_aside(tmp_path):
+    model = _model(tmp_path)
+    for name in ("model.onnx", "model_int8.onnx", "model.int8.onnx", "modelx.onnx", "other.onnx", "model.onnx.txt"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "model-link.onnx").symlink_to(tmp_path / "other.onnx")
+    assert [p.name for p in model_exports(model)] == ["model.int8.onnx", "model.onnx", "model_int8.onnx"]
+    kept = set_exports_aside(model, "20260101-000000")
+    assert sorted(p.name for p in kept) == [
+        "model.int8.onnx.bak-20260101-000000", "model.onnx.bak-20260101-000000", "model_int8.onnx.bak-20260101-000000"
+    ]  # fmt: skip
+    assert model_exports(model) == [] and (tmp_path / "modelx.onnx").is_file() and (tmp_path / "other.onnx").is_file()
+
+
+def test_weights_that_do_not_fit_the_record_are_named_in_one_line(tmp_path):
+    error = RuntimeError('Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "a".')
+    message = str(weights_mismatch(tmp_path / "model.pt", error))
+    assert "\n" not in message and str(tmp_path / "model.json") in message and 'Missing key(s) in state_dict: "a"' in message
+    assert "put the model.json its training wrote beside it, or re-train" in message

@@ -12,7 +12,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ),
     ".synthetic": ("generate_synthetic_dataset", "synthesize_pair"),
     ".datalist": ("DataSource", "build_datalist", "canonical_source_name"),
-    ".augmentation": ("train_augmentation",),
+    ".augmentation": ("evaluation_corruption", "train_augmentation"),
     ".labels": (
         "LabelSetup", "OneHotOutput", "label_setup", "label_transform", "metric_suite_handler", "postprocessing",
         "prediction_writer",

@@ -1,14 +1,19 @@
 """The training augmentation of the ``spectraflow_2d_segmentation`` bundle: geometry for every data set, colour
-jitter suited to the modality of its source (endoscopy, dermoscopy, histology; none for own data unless added)."""
+jitter suited to the modality of its source (endoscopy, dermoscopy, histology; none for own data unless added); and
+the corruption of evaluation's robustness setting (paper Fig. 5)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spectraflow_monai.utils.errors import SettingError
+import numpy as np
 
-__all__ = ["train_augmentation"]
+from spectraflow_monai.transforms.corruptions import Corruptiond
+from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.settings import CORRUPTION_KINDS, MAX_SEVERITY
+
+__all__ = ["evaluation_corruption", "train_augmentation"]
 
 
 def train_augmentation(geometric: Sequence[Any], colour: Mapping[str, Sequence[Any]], data_source: Any) -> list[Any]:
@@ -30,3 +35,23 @@ def train_augmentation(geometric: Sequence[Any], colour: Mapping[str, Sequence[A
             f"(--colour_augmentation#{name} \"[]\" for none)."
         )
     return [*geometric, *colour[name]]
+
+
+def evaluation_corruption(corruption: Any = None, corruption_severity: Any = 1, keys: Any = "image") -> list[Any]:
+    """The corruption of evaluation's ``corruption`` / ``corruption_severity`` settings (paper Fig. 5): ``[]`` for
+    clean images (``corruption`` None), else one :class:`~spectraflow_monai.transforms.Corruptiond` of ``keys``.
+
+    Args:
+        corruption: None or one of :data:`~spectraflow_monai.utils.settings.CORRUPTION_KINDS`. Defaults to None.
+        corruption_severity: an int from 0 (the identity) to 5, checked also without a corruption. Defaults to 1.
+        keys: the keys corrupted (the images, never the labels). Defaults to ``"image"``.
+
+    Raises:
+        SettingError: a setting's value is not one of these, naming the setting and the value.
+    """
+    if corruption is not None and corruption not in CORRUPTION_KINDS:
+        raise SettingError(f"corruption must be null or one of {list(CORRUPTION_KINDS)}, got {corruption!r}.")
+    severity = corruption_severity
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 0 <= severity <= MAX_SEVERITY:
+        raise SettingError(f"corruption_severity must be an int from 0 to {MAX_SEVERITY}, got {severity!r}.")
+    return [] if corruption is None else [Corruptiond(keys, kind=corruption, severity=int(severity))]

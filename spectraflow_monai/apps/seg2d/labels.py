@@ -28,6 +28,7 @@ from spectraflow_monai.handlers.metric_suite import MetricSuiteHandler
 from spectraflow_monai.losses.dice_bce_boundary import DiceBCEBoundaryLoss
 from spectraflow_monai.metrics.segmentation import SegmentationMetricSuite
 from spectraflow_monai.transforms.label import SaveLabelValuesd
+from spectraflow_monai.utils.settings import as_bool
 
 __all__ = [
     "LabelSetup",
@@ -154,11 +155,12 @@ def metric_suite_handler(label_setup: LabelSetup, output_dir: str, original_size
     """The paper's metric suite for the masks of ``label_setup`` (:meth:`LabelSetup.metric_suite`, per class for label
     maps) as a :class:`~spectraflow_monai.handlers.MetricSuiteHandler` writing to ``output_dir``; with
     ``original_size`` every image is scored at its own size (its ground truth read again by
-    :meth:`LabelSetup.label_loader`)."""
+    :meth:`LabelSetup.label_loader`): the bundle's ``score_at_original_size``, true or false (else a
+    :class:`~spectraflow_monai.utils.errors.SettingError` naming it)."""
     return MetricSuiteHandler(
         output_dir,
         suite=label_setup.metric_suite(),
-        original_size=original_size,
+        original_size=as_bool(original_size, "score_at_original_size"),
         label_loader=label_setup.label_loader(),
         **kwargs,
     )

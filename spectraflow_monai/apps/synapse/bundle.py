@@ -79,6 +79,7 @@ def check_synapse_settings(
     hu_window: Any = None,
     nonfinite: Any = None,
     nonfinite_value: Any = None,
+    sw_batch_size: Any = None,
     **data_source: Any,
 ) -> dict[str, Any]:
     """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
@@ -93,6 +94,7 @@ def check_synapse_settings(
         hu_window: the HU window ``[a_min, a_max]``, two finite numbers with ``a_min < a_max``. Defaults to None.
         nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to None.
         nonfinite_value: the replacement value of ``nonfinite: replace``, a finite number. Defaults to None.
+        sw_batch_size: the slices per network call of evaluation and inference, a positive int. Defaults to None.
         data_source: the own-data settings ``data_list_file_path``, ``dataset_dir``, ``label_map``,
             ``class_names``, ``unmapped_labels``, ``val_fraction``, ``data_fraction``, checked by
             :func:`spectraflow_monai.apps.synapse.datalist.check_own_data_settings` (a JSON path that is no file, a
@@ -131,6 +133,12 @@ def check_synapse_settings(
                 out["nonfinite_value"] = check_nonfinite_args(mode, nonfinite_value, "nonfinite", "nonfinite_value")
             except ValueError as e:
                 raise SettingError(str(e)) from e
+    if sw_batch_size is not None:
+        if isinstance(sw_batch_size, bool) or not isinstance(sw_batch_size, (int, np.integer)) or sw_batch_size < 1:
+            raise SettingError(
+                f"sw_batch_size must be a positive int (slices per network call), got {sw_batch_size!r}."
+            )
+        out["sw_batch_size"] = int(sw_batch_size)
     if data_source:
 
         out.update(check_own_data_settings(num_classes=num_classes, **data_source))

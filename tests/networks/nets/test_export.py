@@ -105,9 +105,11 @@ def test_onnx_export_with_int8_encoder_linears(tmp_path):
     from spectraflow_monai.networks.export import OnnxNetwork, export_onnx, quantize_encoder_linear
 
     net = _net(encoder_kwargs={"depth": 2})
-    path = export_onnx(net, tmp_path / "net.onnx", image_size=28, atol=0.05, int8_encoder=True)
-    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    path = export_onnx(net, tmp_path / "net.onnx", image_size=28, atol=0.05, int8_encoder=True, metadata={"k": "v"})
+    exported = onnx.load(str(path))
+    ops = [n.op_type for n in exported.graph.node]
     assert ops.count("DynamicQuantizeLinear") > 0 and ops.count("MatMulInteger") == 2 * 4  # 2 blocks, 4 linears each
+    assert {p.key: p.value for p in exported.metadata_props}["k"] == "v"  # the quantisation keeps the metadata
     runner = OnnxNetwork(path, threads=1)
     for batch in (1, 3):
         x = torch.randn(batch, 3, 28, 28)
@@ -147,12 +149,57 @@ def test_onnx_network_arguments(tmp_path):
     pytest.importorskip("onnxruntime")
     from spectraflow_monai.networks.export import OnnxNetwork
 
-    with pytest.raises(FileNotFoundError, match="no such ONNX model"):
+    from spectraflow_monai.utils.errors import DataError
+
+    with pytest.raises(DataError, match="no such ONNX model"):
         OnnxNetwork(tmp_path / "missing.onnx")
     (tmp_path / "bad.onnx").write_bytes(b"not a model")
-    with pytest.raises(ValueError, match="bad.onnx: not an ONNX model"):
+    with pytest.raises(DataError, match="bad.onnx: not an ONNX model"):
         OnnxNetwork(tmp_path / "bad.onnx")
     with pytest.raises(ValueError, match="optimization"):
         OnnxNetwork(tmp_path / "bad.onnx", optimization="fast")
     with pytest.raises(ValueError, match="threads"):
         OnnxNetwork(tmp_path / "bad.onnx", threads=-1)
+
+
+def test_an_export_carries_the_digests_of_its_model_and_record(tmp_path):
+    """export_digests in the ONNX metadata; OnnxNetwork(model_file=...) takes the export only beside the model.pt /
+    model.json it was exported from (model.pt may be absent: then the record alone is checked), and refuses a stale
+    export, a foreign one and one without digests in one line naming the export command."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from spectraflow_monai.networks.export import ONNX_MODEL_DIGEST, OnnxNetwork, export_digests, export_onnx
+    from spectraflow_monai.utils.errors import DataError, SettingError
+
+    model, record = tmp_path / "model.pt", tmp_path / "model.json"
+    model.write_bytes(b"weights")
+    record.write_text('{"model": {}}')
+    path = export_onnx(torch.nn.Conv2d(3, 2, 3, padding=1), tmp_path / "model.onnx", image_size=8, in_channels=3,
+                       metadata=export_digests(model))  # fmt: skip
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert props[ONNX_MODEL_DIGEST] == export_digests(model)[ONNX_MODEL_DIGEST] and len(props[ONNX_MODEL_DIGEST]) == 64
+    OnnxNetwork(path, model_file=model)  # the pair it was exported from
+
+    def refused(error=SettingError):
+        with pytest.raises(error) as info:
+            OnnxNetwork(path, model_file=model)
+        assert "\n" not in str(info.value) and str(path) in str(info.value)
+        return str(info.value)
+
+    model.write_bytes(b"weights trained again")  # a stale export
+    assert "was not exported from" in refused() and f"--model {model}" in refused()
+    model.unlink()  # no model.pt: the record alone is checked
+    OnnxNetwork(path, model_file=model)
+    record.write_text('{"model": {"image_size": 56}}')  # another model's record
+    assert "was not exported from" in refused() and str(record) in refused()
+    record.unlink()
+    assert "no model record" in refused(DataError)
+    record.write_text('{"model": {}}')
+    stripped = onnx.load(str(path))
+    del stripped.metadata_props[:]
+    onnx.save(stripped, str(path))  # an export of an earlier version: no digests
+    assert "carries no digests" in refused() and "python -m spectraflow_monai export-onnx" in refused()
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    assert "not an ONNX model" in refused(DataError)
