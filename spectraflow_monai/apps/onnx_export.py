@@ -108,7 +108,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Write the ONNX file of a bundle's model (default: models/model.pt -> models/model.onnx, beside "
-        "its settings record models/model.json) for configs/inference_onnx.yaml. Needs the onnx extra: "
+        "its settings record models/model.json) for configs/inference_onnx.yaml; it carries the SHA-256 of both "
+        "files, and inference refuses it beside another model (export again after training). Needs the onnx extra: "
         'pip install -e ".[onnx]".',
     )
     parser.add_argument("--model", default="models/model.pt", metavar="FILE",

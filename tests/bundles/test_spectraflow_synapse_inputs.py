@@ -77,7 +77,8 @@ def test_bad_sw_batch_size_is_named_before_any_work(tmp_path, configs, value):
     with pytest.raises(Exception) as info:
         run_bundle(configs, META, bundle_root=str(tmp_path), sw_batch_size=value, **NET)
     line = error_summary(info.value)
-    assert line.startswith("error: ") and f"sw_batch_size must be a positive int (slices per network call), got {value!r}" in line
+    named = f"sw_batch_size must be a positive int (slices per network call), got {value!r}"
+    assert line.startswith("error: ") and named in line, line
     assert not (tmp_path / "cache").exists() and not (tmp_path / "data").exists()
 
 

@@ -256,7 +256,8 @@ def test_the_record_holds_the_digests_of_its_model_and_settings(tmp_path):
     content = json.loads((tmp_path / "model.json").read_text())
     assert content["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest() == file_digest(model)
     assert content["settings_sha256"] == settings_digest(content["model"])
-    assert content["settings_sha256"] == hashlib.sha256(json.dumps(content["model"], sort_keys=True).encode()).hexdigest()
+    canonical = json.dumps(content["model"], sort_keys=True).encode()
+    assert content["settings_sha256"] == hashlib.sha256(canonical).hexdigest()
     check_model_digest(model)  # the pair training wrote
     assert ModelRecord(model).image_size == 56
 
@@ -270,7 +271,8 @@ def test_a_record_beside_another_model_file_is_refused_in_one_line(tmp_path, rea
         reader(model)
     message = str(info.value)
     assert "\n" not in message and str(model) in message and str(tmp_path / "a" / "model.json") in message
-    assert "was written for another model.pt" in message and "put the model.json its training wrote beside it" in message
+    assert "was written for another model.pt" in message
+    assert "put the model.json its training wrote beside it" in message
 
 
 @pytest.mark.parametrize("reader", [check_model_digest, ModelRecord, read_model_settings])
@@ -326,5 +328,6 @@ def test_the_exports_of_a_model_are_set_aside(tmp_path):
 def test_weights_that_do_not_fit_the_record_are_named_in_one_line(tmp_path):
     error = RuntimeError('Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "a".')
     message = str(weights_mismatch(tmp_path / "model.pt", error))
-    assert "\n" not in message and str(tmp_path / "model.json") in message and 'Missing key(s) in state_dict: "a"' in message
+    assert "\n" not in message and str(tmp_path / "model.json") in message
+    assert 'Missing key(s) in state_dict: "a"' in message
     assert "put the model.json its training wrote beside it, or re-train" in message

@@ -61,3 +61,9 @@ def test_metric_suite_handler_per_class_for_label_maps(tmp_path, classes, per_cl
     handler = metric_suite_handler(LabelSetup.read(classes), str(tmp_path), original_size=True)
     assert isinstance(handler, MetricSuiteHandler) and handler.original_size
     assert (handler.suite.num_classes is not None) is per_class
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, None])
+def test_metric_suite_handler_names_a_bad_original_size_setting(tmp_path, value):
+    with pytest.raises(SettingError, match=f"score_at_original_size must be true or false, got {value!r}"):
+        metric_suite_handler(LabelSetup.read(None), str(tmp_path), original_size=value)

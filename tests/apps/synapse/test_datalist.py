@@ -284,6 +284,8 @@ def test_class_names():
         ({"val_fraction": 1.5}, "val_fraction must be a number in"),
         ({"data_fraction": 0}, "data_fraction must be a number in"),
         ({"data_list_file_path": "/nonexistent/d.json"}, "does not exist"),
+        ({"sw_batch_size": 0}, r"sw_batch_size must be a positive int \(slices per network call\), got 0"),
+        ({"sw_batch_size": True}, "sw_batch_size must be a positive int"),
     ],
 )
 def test_settings_are_checked_first(kwargs, match):
