@@ -188,3 +188,21 @@ def test_a_record_that_contradicts_the_weights_prints_no_traceback(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {model}: its weights do not fit the network its record") and "re-train" in last
     assert "Error(s) in loading state_dict" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("configs", [[TRAIN, EVALUATE], [INFERENCE]])
+def test_a_record_of_another_model_ends_in_one_line(tmp_path, configs):
+    """A model.pt trained again (or copied over) beside the model.json of the earlier one: refused before any input
+    is read, naming both files and the fix."""
+    model = _model_files(tmp_path)
+    state = torch.load(model, weights_only=True)
+    torch.save({k: v + 1 if v.is_floating_point() else v for k, v in state.items()}, model)  # another model.pt
+    with pytest.raises(Exception) as info:
+        run_bundle(configs, META, bundle_root=str(tmp_path), num_workers=0, progress_bar=False,
+                   input_dir=str(tmp_path / "none"), output_dir=str(tmp_path / "out"))  # fmt: skip
+    assert isinstance(find_input_error(info.value), SettingError), info.value
+    line = error_summary(info.value)
+    record = tmp_path / "models" / "model.json"
+    assert "\n" not in line and f"{model}: {record} was written for another model.pt" in line, line
+    assert "put the model.json its training wrote beside it, or re-train" in line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()

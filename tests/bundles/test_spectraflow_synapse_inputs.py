@@ -82,6 +82,30 @@ def test_bad_sw_batch_size_is_named_before_any_work(tmp_path, configs, value):
     assert not (tmp_path / "cache").exists() and not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("configs", [[TRAIN, EVALUATE], [INFERENCE]])
+def test_an_edited_model_record_ends_in_one_line(tmp_path, configs):
+    """A model.json whose label map was edited after training wrote it (organs 1 and 5 swapped: wrong label values
+    written without a word otherwise) is refused before any volume is read, naming the record and the fix."""
+    import json
+
+    from spectraflow_monai.utils.run_record import write_model_settings
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    _random_model(INFERENCE, tmp_path)
+    model, record = tmp_path / "models" / "model.pt", tmp_path / "models" / "model.json"
+    label_map = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6, 7: 7, 8: 8}
+    write_model_settings(model, ModelSettings(**NET, num_classes=9, out_channels=9, label_map=label_map))
+    content = json.loads(record.read_text())
+    content["model"]["label_map"].update({"1": 5, "5": 1})
+    record.write_text(json.dumps(content, indent=2))
+    with pytest.raises(Exception) as info:
+        run_bundle(configs, META, bundle_root=str(tmp_path), num_workers=0, progress_bar=False,
+                   input_dir=str(tmp_path / "none"), output_dir=str(tmp_path / "out"))  # fmt: skip
+    line = error_summary(info.value)
+    assert line.startswith(f"error: {record} was edited after it was written") and "re-train" in line, line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
 # ---------------------------------------------------------------- NaN / inf voxels: named, or replaced when asked
 def test_training_stops_on_a_volume_with_nan_voxels(tmp_path):
     data = tmp_path / "data"
