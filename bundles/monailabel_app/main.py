@@ -48,22 +48,27 @@ Settings (``--conf KEY VALUE``):
   four flips of each), and how long the ``uncertainty`` strategy holds back an image it or another strategy served
   (default 86400 s, a day, as MONAI Label's Epistemic strategy); docs/monailabel.md, "Next sample by uncertainty".
 
-A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle
-without it is served for training only (an inference request is answered with HTTP 404 and the reason) until a
-training request has written it. Every training request is a new run on the datastore's current labels, from the
-served ``model.pt`` (``pretrained``, default) or the bundle's initial weights; its best model then replaces the served
-one and the log says so (``lib/trainers.py``).
-Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image id or label: 404, a
-file that cannot be read as an image or has no image extension: 415, an upload over ``max_upload_mb``: 413, a 2D
-image sent to a volume model or the reverse: 422, a training or inference option that is not accepted: 422, weights
-that do not fit the served network or cannot serve (sparse, meta, quantized, NaN, all zero): 422, a label map of
-another size than its image: 422, ``params`` / ``info`` with NaN, Infinity or nesting deeper than 32: 422, a split
-that leaves no validation pair or too few training pairs: 422, an unknown active learning strategy, scoring method
-or batch inference model: 404) and the server keeps serving. Every upload's temporary file is removed
-whatever the answer (``lib/uploads.py``); an uploaded model replaces the served one atomically once it is checked,
-the previous one kept as ``models/model.pt.previous``; the folders of stopped training runs are removed at start and
-before each run (a run of another host or PID namespace once its heartbeat is 15 minutes old); sessions live at most
-a day, and only the session folders the app created (marked) are ever removed (``lib/sessions.py``).
+A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/train.yaml``) to infer; a bundle without
+it is served for training only (an inference request is answered with HTTP 404 and the reason) until a training request
+has written it. Every training request is a new run on the datastore's current labels, from the served ``model.pt``
+(``pretrained``, default) or the bundle's initial weights; its best model then replaces the served one and the log says
+so (``lib/trainers.py``). Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image
+id or label: 404, a file that cannot be read as an image or has no image extension: 415, an upload over
+``max_upload_mb``: 413, a 2D image sent to a volume model or the reverse: 422, a training or inference option that is
+not accepted: 422, weights that do not fit the network their record describes or cannot serve (sparse, meta, quantized,
+NaN, all zero), weights without their record, a record written for other weights or edited: 422, a served model whose
+files on disk are not a pair: 503, a label map of another size than its image: 422, an image uploaded again at another
+size (with labels) or extension: 409, an info over 64 KB: 413, a task body with NaN / Infinity or a key that is not an
+option (``bundle_path`` included): 422, over 64 KB: 413, a scoring request while a run runs: 429, ``params`` / ``info``
+with NaN, Infinity or nesting deeper than 32: 422, a split that leaves no validation pair or too few training pairs:
+422, an unknown active learning strategy, scoring method or batch inference model: 404) and the server keeps serving.
+Every upload's temporary file is removed whatever the answer (``lib/uploads.py``); an uploaded model (a ZIP of
+``model.pt`` and its ``model.json``) replaces the served pair once it is checked, the previous pair kept as
+``models/model.pt.previous`` / ``models/model.json.previous``; scoring runs in the server process, one run at a time,
+and the server is the only writer of the datastore's record (``lib/scoring_runs.py``, ``lib/datastore.py``); the folders
+of stopped training runs are removed at start and before each run (a run of another host or PID namespace once its
+heartbeat is 15 minutes old); sessions live at most a day, and only the session folders the app created (marked) are
+ever removed (``lib/sessions.py``).
 
 What a client may send (``lib/checks.py``): an image is the id of a datastore image, a file uploaded with the
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
@@ -81,6 +86,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import threading
 from typing import Any
 
@@ -99,6 +105,10 @@ from monailabel.tasks.activelearning.random import Random
 from monailabel.utils.others.generic import file_checksum, strtobool
 
 import spectraflow_monai
+from spectraflow_monai.utils.errors import DataError, SettingError
+from spectraflow_monai.utils.fingerprint import file_digest
+from spectraflow_monai.utils.run_record import MODEL_DIGEST_KEY, SETTINGS_DIGEST_KEY, check_model_digest
+from spectraflow_monai.utils.settings import model_settings_path
 
 
 def _import_lib() -> None:
@@ -129,6 +139,7 @@ from lib.infers import (  # noqa: E402
     DropSingletonChanneld,
     SpectraFlowInferTask,
     image_problem,
+    input_rank,
     short_reason,
 )
 from lib.options import check_infer_options  # noqa: E402
@@ -144,7 +155,7 @@ from lib.scoring_runs import ScoringRuns  # noqa: E402
 from lib.served import (  # noqa: E402
     check_apart,
     kept_backups,
-    replace_served_model,
+    replace_served_pair,
     served_copy,
     set_aside_served_model,
 )
@@ -156,7 +167,7 @@ from lib.trainers import (  # noqa: E402
     precision_setting,
     weight_settings,
 )
-from lib.uploads import DEFAULT_MAX_UPLOAD_MB, install_server_checks  # noqa: E402
+from lib.uploads import DEFAULT_MAX_UPLOAD_MB, install_server_checks, unpack_model_pair  # noqa: E402
 
 __all__ = [
     "DropSingletonChanneld",
@@ -361,6 +372,8 @@ class SpectraFlowApp(MONAILabelApp):
         self.allow_empty_masks = strtobool(str(conf.get("allow_empty_masks", "false")))
         self.scoring_settings = scoring_settings(conf)
         self.untrained: dict[str, str] = {}
+        self.unusable: dict[str, tuple[Any, str]] = {}  # bundle -> (stamp of its served pair, why it cannot serve)
+        self._serving = threading.RLock()
         # scoring runs in this process, one at a time (lib/scoring_runs.py); MONAI Label's starts one at init
         self.scoring_runs = ScoringRuns(self._run_scoring)
         super().__init__(
@@ -397,11 +410,18 @@ class SpectraFlowApp(MONAILabelApp):
             )
             logger.warning(f"+++ {self.untrained[name]} ({path}); serving it for training only")
             return None
+        stamp = self._pair_stamp(name)
+        if os.path.isfile(model_pt):
+            try:
+                check_model_digest(model_pt)  # the record beside it was written for this very file
+            except (SettingError, DataError) as e:
+                raise ValueError(str(e)) from None
         task = SpectraFlowInferTask(path, self.conf, overrides={**self.overrides[name], **self.precision})
         if not task.is_valid():
             raise ValueError(f"bundle {name!r} at {path} cannot be served for inference (see the log above).")
         if os.path.isfile(model_pt):
             _check_weights(model_pt, task.network, name)
+        task.served_stamp = stamp
         self.untrained.pop(name, None)
         precision = task.overrides.get("precision", "the bundle's setting")
         logger.info(f"+++ Adding Inferer:: {name} => {path} (labels {task.labels}; precision {precision})")
@@ -489,28 +509,65 @@ class SpectraFlowApp(MONAILabelApp):
     def _served_model(self, name: str) -> str:
         return os.path.join(self.bundles[name], "models", DEFAULT_WEIGHTS)
 
+    def _pair_stamp(self, name: str) -> tuple[Any, ...]:
+        """Size and modification time of the served ``models/model.pt`` and its record ``models/model.json``."""
+        files = (self._served_model(name), model_settings_path(self._served_model(name)))
+        stats = [os.stat(f) if os.path.isfile(f) else None for f in files]
+        return tuple((st.st_size, st.st_mtime_ns, st.st_ino) if st is not None else None for st in stats)
+
     def _serve_trained(self) -> None:
-        """Serve for inference each bundle that had no weights at start once a training run or an upload has written
-        them; a bundle whose served model was deleted (``DELETE /model/<name>``) is served for training only."""
-        for name in list(self.untrained):
-            if os.path.isfile(self._served_model(name)):
-                task = self._infer_task(name)
-                if task is not None:
-                    self._infers[name] = task
-        for name in [n for n in self._infers if n in self.bundles]:
-            torchscript = os.path.join(self.bundles[name], "models", "model.ts")
-            if not (os.path.isfile(self._served_model(name)) or os.path.isfile(torchscript)):
-                self._infers.pop(name)
+        """Serve each bundle with the model and record it holds now: a bundle that had no weights at start once a
+        training run or an upload has written them; a bundle whose ``model.pt`` or ``model.json`` changed is served
+        anew from them (network, preprocessing: the record's); a bundle whose served model was deleted
+        (``DELETE /model/<name>``) is served for training only; one whose model cannot be served (a record written
+        for another model file, an edited record, a file that is not weights of the recorded network) answers 503
+        naming why until a model is uploaded or trained."""
+        with self._serving:  # requests and the scoring run ask at the same time: one rebuild
+            self._serve_pairs()
+
+    def _serve_pairs(self) -> None:
+        for name in self.bundles:
+            task = self._infers.get(name)
+            stamp = self._pair_stamp(name)
+            if task is not None and getattr(task, "served_stamp", stamp) == stamp:
+                continue
+            if task is None and name not in self.untrained and name not in self.unusable:
+                continue  # a bundle this app does not serve for inference
+            if name in self.unusable and self.unusable[name][0] == stamp:
+                continue
+            self._infers.pop(name, None)
+            self.unusable.pop(name, None)
+            if not os.path.isfile(self._served_model(name)) and task is not None:
                 self.untrained[name] = (
                     f"model {name!r} has no served weights (models/model.pt was deleted): upload one "
                     f"(PUT /model/{name}) or train it (POST /train/{name})"
                 )
+                continue
+            if not os.path.isfile(self._served_model(name)):
+                continue
+            try:
+                task = self._infer_task(name)
+            except Exception as e:  # the reason is answered (503) and logged; the server keeps serving
+                reason = redact_paths(short_reason(e).split(": ", 1)[-1], {self.bundles[name]: name})
+                logger.error(f"+++ {name}: the served model cannot be served: {e}")
+                self.unusable[name] = (stamp, reason)
+                continue
+            if task is not None:
+                self._infers[name] = task
+                logger.info(f"+++ {name}: serving models/model.pt with its record models/model.json")
 
     def require_infer_model(self, model: Any) -> None:
-        """HTTP 404 naming the loaded models unless ``model`` is served for inference."""
+        """HTTP 404 naming the loaded models unless ``model`` is served for inference; 503 naming why when its served
+        model cannot be served (see :meth:`_serve_trained`)."""
         self._serve_trained()
         if isinstance(model, str) and model in self._infers:
             return
+        if isinstance(model, str) and model in self.unusable:
+            raise HTTPException(
+                status_code=503,
+                detail=f"model {model!r} cannot serve its models/model.pt: {self.unusable[model][1]}; upload a model "
+                f"with its record (PUT /model/{model}) or train it (POST /train/{model})",
+            )
         if isinstance(model, str) and model in self.untrained:
             raise HTTPException(status_code=404, detail=self.untrained[model])
         raise HTTPException(
@@ -524,10 +581,11 @@ class SpectraFlowApp(MONAILabelApp):
                 status_code=404, detail=f"model {model!r} is not served; models: {sorted(self.bundles)}"
             )
 
-    def _network(self, name: str) -> torch.nn.Module:
-        """The served network of bundle ``name`` (its inference config with the app's overrides), without weights."""
+    def _network(self, name: str, bundle_root: str | None = None) -> torch.nn.Module:
+        """The network bundle ``name`` serves (its inference config with the app's overrides; the record beside the
+        served model, or the one in ``bundle_root``'s ``models/``), without weights."""
         task = self._infers.get(name)
-        if isinstance(task, SpectraFlowInferTask) and task.network is not None:
+        if bundle_root is None and isinstance(task, SpectraFlowInferTask) and task.network is not None:
             return task.network
         from monai.bundle import ConfigParser
 
@@ -536,38 +594,67 @@ class SpectraFlowApp(MONAILabelApp):
         config = next(c for c in configs if os.path.isfile(c))
         parser = ConfigParser()
         parser.read_config(config)
-        parser.config.update({"bundle_root": path})
+        parser.config.update({"bundle_root": bundle_root or path})
         parser.update({**self.overrides[name], **self.precision})
         return parser.get_parsed_content("network_def", instantiate=True)
 
-    def replace_model(self, model: str, path: str) -> dict[str, Any]:
-        """Serve the weight file at ``path`` as bundle ``model``'s ``models/model.pt`` (``PUT /model/<model>``).
+    def _pair_problem(self, name: str, folder: str) -> str | None:
+        """Why the model pair in ``folder/models`` (``model.pt`` and its ``model.json``) cannot serve as bundle
+        ``name``'s, or None: the record must hold the digest of these weights and of its own settings, describe a
+        model of this bundle's kind (2D images or CT volumes), agree with the app's overrides, and the weights must
+        be exactly those of the network it describes (:func:`weights_problem`)."""
+        weights = os.path.join(folder, "models", DEFAULT_WEIGHTS)
+        record = model_settings_path(weights)
+        try:
+            with open(record) as f:
+                content = json.load(f)
+            if not isinstance(content, dict) or not isinstance(content.get("model"), dict):
+                return "model.json is not a model record (no 'model' settings)"
+            if not content.get(MODEL_DIGEST_KEY) or not content.get(SETTINGS_DIGEST_KEY):
+                return (f"model.json holds no {MODEL_DIGEST_KEY} / {SETTINGS_DIGEST_KEY}: upload the model.json that "
+                        "training wrote beside this model.pt (this version records both)")  # fmt: skip
+            check_model_digest(weights)
+            volume = bool(content["model"].get("hu_window"))
+            if volume != (input_rank(self.bundles[name]) == 3):
+                kind = "CT volumes (a Synapse model)" if volume else "2D images"
+                return f"model.json describes a model of {kind}, not of bundle {name!r}"
+            network = self._network(name, bundle_root=folder)
+        except (ValueError, OSError, RuntimeError) as e:
+            return redact_paths(short_reason(e).split(": ", 1)[-1], {folder: "the upload"})
+        return weights_problem(weights, network)
 
-        The file is checked first (:func:`weights_problem`: weights-only, exactly the served network's keys and
-        shapes); then it replaces the served model atomically and the previous one is kept as
-        ``models/model.pt.previous`` (``lib/served.py``).
+    def replace_model(self, model: str, path: str) -> dict[str, Any]:
+        """Serve the model of the archive at ``path`` (``PUT /model/<model>``: a ZIP of ``model.pt`` and the
+        ``model.json`` its training wrote beside it) as bundle ``model``'s served pair.
+
+        The pair is checked first (:meth:`_pair_problem`); then it replaces the served pair (the record first, each
+        atomically), the previous one kept as ``models/model.pt.previous`` and ``models/model.json.previous``
+        (``lib/served.py``), and the next request serves the new model with its record's preprocessing.
 
         Raises:
-            HTTPException: 404 for a bundle that is not served, 422 naming why the file does not fit (the served
-                model is unchanged).
+            HTTPException: 404 for a bundle that is not served; 413 / 422 for an archive that is not exactly the
+                pair, 422 naming why the pair cannot serve (the served model is unchanged).
         """
         self.require_bundle(model)
-        problem = weights_problem(path, self._network(model))
-        if problem is not None:
-            raise HTTPException(status_code=422, detail=f"the uploaded weights were not served: {problem}")
-        served = self._served_model(model)
-        replaced = replace_served_model(path, served)
-        logger.info(
-            f"+++ {model}: an uploaded model now serves as models/model.pt"
-            f"{' (the previous one is kept as models/model.pt.previous)' if replaced else ''}"
-        )
+        with tempfile.TemporaryDirectory() as folder:
+            weights, record = unpack_model_pair(path, os.path.join(folder, "models"), self.max_upload_bytes)
+            problem = self._pair_problem(model, folder)
+            if problem is not None:
+                raise HTTPException(status_code=422, detail=f"the uploaded model was not served: {problem}")
+            served = self._served_model(model)
+            replaced = replace_served_pair(weights, record, served)
+        kept = " (the previous pair is kept as models/model.pt.previous, models/model.json.previous)"
+        logger.info(f"+++ {model}: an uploaded model now serves as models/model.pt with its models/model.json"
+                    f"{kept if replaced else ''}")  # fmt: skip
         self._serve_trained()
         stat = os.stat(served)
-        return {"checksum": file_checksum(served), "modified_time": int(stat.st_mtime)}
+        return {"checksum": file_checksum(served), "modified_time": int(stat.st_mtime),
+                MODEL_DIGEST_KEY: file_digest(served)}  # fmt: skip
 
     def delete_model(self, model: str) -> None:
         """Stop serving bundle ``model``'s ``models/model.pt`` (``DELETE /model/<model>``): it becomes
-        ``models/model.pt.previous``; inference answers 404 until a model is uploaded or trained.
+        ``models/model.pt.previous`` and its record ``models/model.json.previous``; inference answers 404 until a
+        model is uploaded or trained, and no start or task process copies the installed model back.
 
         Raises:
             HTTPException: 404 when the bundle is not served or has no served model.
@@ -575,10 +662,11 @@ class SpectraFlowApp(MONAILabelApp):
         self.require_bundle(model)
         if not set_aside_served_model(self._served_model(model)):
             raise HTTPException(status_code=404, detail=f"model {model!r} has no served weights (models/model.pt)")
-        logger.info(f"+++ {model}: models/model.pt set aside as models/model.pt.previous (DELETE /model)")
+        logger.info(f"+++ {model}: models/model.pt and its record set aside as *.previous (DELETE /model)")
         self._serve_trained()
 
-    def info(self) -> dict[str, Any]:
+    def info(self, request: Any = None) -> dict[str, Any]:
+        """MONAI Label's ``/info/`` (and its task process's ``info`` method) with the models served now."""
         self._serve_trained()
         return super().info()
 
@@ -671,6 +759,11 @@ class SpectraFlowApp(MONAILabelApp):
             raise HTTPException(status_code=422, detail="the batch inference options must be a JSON object")
         self.require_infer_model(request.get("model"))
         images = request.get("images", "all")
+        own = self.bundle_path(request.get("model"))  # MONAI Label sets it for the task process: the served copy
+        if own and isinstance(request.get("bundle_path"), str) and os.path.realpath(request["bundle_path"]) == (
+            os.path.realpath(own)
+        ):
+            request = {k: v for k, v in request.items() if k != "bundle_path"}
         try:
             checked = check_infer_options({k: v for k, v in request.items() if k != "images"})
         except ValueError as e:

@@ -11,7 +11,15 @@ session folder) serves the module:
 - **one scoring run at a time**: eight concurrent forced requests start one run (the others 429), ``GET /info/``
   answers while it runs, ``?run_sync=true`` is 422 and ``DELETE /scoring/`` stops it;
 - **task bodies**: ``force`` is a JSON boolean, NaN / Infinity and bodies over 64 KB are refused, and the status
-  routes keep answering afterwards.
+  routes keep answering afterwards;
+- **a model and its record travel together**: weights alone are 422 naming the record, a pair whose record was
+  written for other weights is 422, a pair trained with another normalisation is served with its own (the masks
+  change), a ``model.pt`` replaced on disk behind the server's back is 503 naming why, and ``DELETE /model`` is not
+  undone by a task process;
+- **look-alike names**: the server's start prunes model backups (``kept_model_backups 0``) without touching a link
+  named like a backup (to another run's folder outside ``models/``) or a user's file named like one;
+- **re-uploads and the proxy**: an image uploaded again at another size (with labels) or extension is 409, an info
+  over 64 KB is 413, ``/proxy/dicom/...`` on a local datastore is 404.
 """
 
 from __future__ import annotations
@@ -21,20 +29,25 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/monailabel.md)")
 requests = pytest.importorskip("requests")
 
 from PIL import Image  # noqa: E402
 
-from .test_monailabel_app import NAME_2D, _studies_and_bundles, running_server  # noqa: E402
+from .test_monailabel_app import NAME_2D, NET, SIZE, _studies_and_bundles, running_server  # noqa: E402
 from .test_monailabel_server import CONF  # noqa: E402
 
 UNLABELLED = 120  # images the scoring runs score while the saves arrive
@@ -59,14 +72,24 @@ def server(tmp_path_factory):
         Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(studies / f"a{i:03d}.png")
     sessions = root / "sessions"
     marker = root / "imported.txt"
+    # look-alikes in the served copy's models/ before the first start: a link to another run, a user's own file
+    outside = root / "other_run"
+    outside.mkdir()
+    for name in ("checkpoint_final.pt", "run_record.json", "model.pt"):
+        (outside / name).write_bytes(b"another run's")
+    models = bundles / "monailabel_app" / "model" / NAME_2D / "models"
+    models.mkdir(parents=True)
+    os.symlink(outside, models / "model.pt.bak-20200101-000000")
+    (models / "model.pt.bak-20200102-000000").write_bytes(b"a user's own file")
     saved = {k: os.environ.get(k) for k in ("MONAI_LABEL_SESSION_PATH", "MONAI_LABEL_AUTO_UPDATE_SCORING")}
     os.environ["MONAI_LABEL_SESSION_PATH"] = str(sessions)
     os.environ["MONAI_LABEL_AUTO_UPDATE_SCORING"] = "false"  # the tests start the runs they check
-    conf = {**CONF, "scoring_batch_size": "1"}
+    conf = {**CONF, "scoring_batch_size": "1", "kept_model_backups": "0"}
     try:
         with running_server(root, studies, bundles, conf) as (base, log):
             yield SimpleNamespace(root=root, studies=studies, bundles=bundles, base=base, log=log,
-                                  sessions=sessions, marker=marker)  # fmt: skip
+                                  sessions=sessions, marker=marker, outside=outside, models=models,
+                                  conf=conf)  # fmt: skip
     finally:
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
@@ -114,8 +137,7 @@ def test_no_session_file_can_be_imported_by_a_task(server):
                       json={"device": "cpu"}, timeout=TIMEOUT)  # fmt: skip
     assert r.status_code == 200, r.text
     end = time.monotonic() + 300
-    while requests.get(f"{server.base}/batch/infer/", timeout=TIMEOUT).json().get("status") in ("SUBMITTED",
-                                                                                                 "RUNNING"):  # fmt: skip
+    while requests.get(f"{server.base}/batch/infer/", timeout=TIMEOUT).json().get("status") in ("SUBMITTED", "RUNNING"):
         assert time.monotonic() < end
         time.sleep(0.5)
     assert not server.marker.exists()
@@ -236,5 +258,118 @@ def test_session_keeps_image_and_dicom_names_only(server):
     r = requests.put(f"{server.base}/session/", files=files, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     folder = server.sessions / r.json()["session_id"]
-    kept = sorted(p.name for p in folder.rglob("*") if p.is_file() and p.name not in ("meta.info", ".spectraflow_session"))
+    own = ("meta.info", ".spectraflow_session")
+    kept = sorted(p.name for p in folder.rglob("*") if p.is_file() and p.name not in own)
     assert "1.2.3.dcm" in kept and not any(n.endswith((".py", ".so", ".pth")) or n.startswith(".") for n in kept)
+
+
+# ---------------------------------------------------------------- look-alike names
+def test_the_start_prunes_no_look_alike_backup(server):
+    link = server.models / "model.pt.bak-20200101-000000"
+    assert link.is_symlink() and sorted(p.name for p in server.outside.iterdir()) == [
+        "checkpoint_final.pt", "model.pt", "run_record.json"]  # fmt: skip
+    assert (server.models / "model.pt.bak-20200102-000000").read_bytes() == b"a user's own file"
+
+
+# ---------------------------------------------------------------- a model and its record travel together
+def _infer(server) -> requests.Response:
+    return requests.post(f"{server.base}/infer/{NAME_2D}", params={"image": "img_a", "output": "image"},
+                         files={"params": (None, json.dumps({"device": "cpu"}))}, timeout=TIMEOUT)  # fmt: skip
+
+
+def _pair(weights: dict, settings: dict) -> bytes:
+    from spectraflow_monai.utils.run_record import write_model_settings
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "model.pt"
+        torch.save(weights, model)
+        write_model_settings(model, ModelSettings.from_dict(settings))
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as zf:
+            zf.write(model, "model.pt")
+            zf.write(model.with_name("model.json"), "model.json")
+        return buffer.getvalue()
+
+
+def test_a_model_is_served_with_its_own_record(server):
+    served = server.models / "model.pt"
+    weights = torch.load(served, weights_only=True)
+    settings = {**NET, **SIZE[NAME_2D]}
+    before = _infer(server)
+    assert before.status_code == 200, before.text
+    r = requests.put(f"{server.base}/model/{NAME_2D}", files={"file": ("model.pt", served.read_bytes())},
+                     timeout=TIMEOUT)  # fmt: skip
+    assert r.status_code == 422 and "model.json" in r.json()["detail"], r.text
+    foreign = _pair({k: v * 0.5 if v.is_floating_point() else v for k, v in weights.items()}, settings)
+    with zipfile.ZipFile(io.BytesIO(foreign)) as zf:  # the record of those weights beside these
+        record = zf.read("model.json")
+    mixed = io.BytesIO()
+    with zipfile.ZipFile(mixed, "w") as zf:
+        zf.writestr("model.pt", served.read_bytes())
+        zf.writestr("model.json", record)
+    r = requests.put(f"{server.base}/model/{NAME_2D}", files={"file": ("m.zip", mixed.getvalue())}, timeout=TIMEOUT)
+    assert r.status_code == 422 and "written for another" in r.json()["detail"], r.text
+    # the same weights trained under another normalisation: served with it, so the mask changes
+    other = _pair(weights, {**settings, "image_mean": [0.1, 0.1, 0.1], "image_std": [0.05, 0.05, 0.05]})
+    r = requests.put(f"{server.base}/model/{NAME_2D}", files={"file": ("m.zip", other)}, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    after = _infer(server)
+    assert after.status_code == 200 and after.content != before.content
+    assert json.loads((server.models / "model.json").read_text())["model"]["image_mean"] == [0.1, 0.1, 0.1]
+    # a model.pt replaced on disk behind the server's back: 503 naming why, never a bare 500
+    served.write_bytes(served.read_bytes()[:1000])
+    r = _infer(server)
+    assert r.status_code == 503 and "written for another" in r.json()["detail"], r.text
+    assert str(server.root) not in r.text
+    r = requests.put(f"{server.base}/model/{NAME_2D}", files={"file": ("m.zip", other)}, timeout=TIMEOUT)
+    assert r.status_code == 200 and _infer(server).status_code == 200
+
+
+def test_a_deleted_model_stays_deleted(server):
+    pair = (server.models / "model.pt").read_bytes(), (server.models / "model.json").read_bytes()
+    assert requests.delete(f"{server.base}/model/{NAME_2D}", timeout=TIMEOUT).status_code == 200
+    assert not (server.models / "model.pt").exists() and (server.models / "model.json.previous").is_file()
+    # a task process builds the app again, as MONAI Label starts one (its `info` method: the app and nothing else)
+    env = dict(os.environ, MONAI_LABEL_APP_CONF=json.dumps(server.conf), CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "monailabel.interfaces.utils.app", "-a", str(server.bundles / "monailabel_app"),
+           "-s", str(server.studies), "-m", "info"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, cwd=server.root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert _infer(server).status_code == 404
+    assert not (server.models / "model.pt").exists()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("model.pt", pair[0])
+        zf.writestr("model.json", pair[1])
+    r = requests.put(f"{server.base}/model/{NAME_2D}", files={"file": ("m.zip", buffer.getvalue())}, timeout=TIMEOUT)
+    assert r.status_code == 200 and _infer(server).status_code == 200
+
+
+# ---------------------------------------------------------------- re-uploads, info size, the proxy
+def test_re_uploads_infos_and_the_proxy(server):
+    def put_image(name: str, shape: tuple[int, int], image_id: str = "re") -> requests.Response:
+        data = io.BytesIO()
+        Image.fromarray(np.zeros((*shape, 3), np.uint8)).save(data, format="PNG" if name.endswith("png") else "TIFF")
+        return requests.put(f"{server.base}/datastore/image", params={"image": image_id},
+                            files={"file": (name, data.getvalue())}, timeout=TIMEOUT)  # fmt: skip
+
+    assert put_image("re.png", (20, 20)).status_code == 200
+    assert put_image("re.png", (24, 24)).status_code == 200  # no labels yet: another size is fine
+    r = requests.put(f"{server.base}/datastore/label", params={"image": "re", "tag": "final"},
+                     files={"label": ("re.png", _png_bytes(np.ones((24, 24), np.uint8)))}, timeout=TIMEOUT)  # fmt: skip
+    assert r.status_code == 200, r.text
+    r = put_image("re.png", (32, 32))
+    assert r.status_code == 409 and "misaligned" in r.json()["detail"], r.text
+    r = put_image("re.tif", (24, 24))
+    assert r.status_code == 409 and "two files" in r.json()["detail"], r.text
+    assert sorted(p.name for p in server.studies.glob("re.*")) == ["re.png"]
+    big = json.dumps({"note": "x" * 40_000})
+    assert requests.put(f"{server.base}/datastore/image/info", params={"image": "re"}, data={"info": big},
+                        timeout=TIMEOUT).status_code == 200  # fmt: skip
+    r = requests.put(f"{server.base}/datastore/image/info", params={"image": "re"},
+                     data={"info": json.dumps({"more": "y" * 40_000})}, timeout=TIMEOUT)  # fmt: skip
+    assert r.status_code == 413, r.text
+    for path in ("/proxy/dicom/x", "/proxy/dicom/qido/studies", "/proxy/dicom/wado/studies/1"):
+        r = requests.get(f"{server.base}{path}", timeout=TIMEOUT)
+        assert r.status_code == 404 and "local folder" in r.text, (path, r.status_code, r.text[:200])

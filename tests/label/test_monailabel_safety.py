@@ -285,7 +285,8 @@ def test_served_copy_leaves_a_users_folder_named_like_a_backup(tmp_path):
     os.symlink(other_run, users / "elsewhere")
     (copy / "models" / "model.pt.bak-20200101-000000").write_text("the user's")
     served_lib.served_copy(str(installed), str(copy), keep_backups=0)
-    assert sorted(os.listdir(copy / "models")) == ["model.pt", "model.pt.bak-20200101-000000", users.name]
+    assert sorted(os.listdir(copy / "models")) == [served_lib.COPIED_LEDGER, "model.pt", "model.pt.bak-20200101-000000",
+                                                   users.name]  # fmt: skip
     assert sorted(str(p.relative_to(users)) for p in users.rglob("*")) == [
         "checkpoint_epoch=1.pt", "elsewhere", "run_record.json", "sub", "sub/notes.txt"]  # fmt: skip
     assert (other_run / "checkpoint_final.pt").read_bytes() == b"another run's checkpoint"
@@ -293,5 +294,6 @@ def test_served_copy_leaves_a_users_folder_named_like_a_backup(tmp_path):
     made = [set_aside(copy / "models" / "model.pt", f"2026010{i}-000000", copy=True).name for i in range(3)]
     served_lib.served_copy(str(installed), str(copy), keep_backups=1)
     assert sorted(os.listdir(copy / "models")) == sorted(
-        [SET_ASIDE_LEDGER, "model.pt", "model.pt.bak-20200101-000000", users.name, made[-1]])  # fmt: skip
+        [served_lib.COPIED_LEDGER, SET_ASIDE_LEDGER, "model.pt", "model.pt.bak-20200101-000000", users.name,
+         made[-1]])  # fmt: skip
     assert (users / "checkpoint_epoch=1.pt").read_text() == "the user's"

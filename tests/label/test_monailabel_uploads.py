@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,8 @@ from spectraflow_monai.utils.checkpoint import SET_ASIDE_LEDGER, set_aside  # no
 
 from .test_monailabel_app import (  # noqa: E402,F401  (_quiet_app: an autouse fixture used by name)
     NAME_2D,
+    NET,
+    SIZE,
     _Lines,
     _app,
     _make_bundles,
@@ -156,13 +159,13 @@ class _Payload:
         return (os.system, ("true",))
 
 
-def _bad_weights(served: Path) -> list[tuple[str, bytes, str]]:
+def _bad_weights_of(state: dict) -> list[tuple[str, bytes, str]]:
     def saved(obj) -> bytes:
         buffer = io.BytesIO()
         torch.save(obj, buffer)
         return buffer.getvalue()
 
-    whole = served.read_bytes()
+    whole = saved(state)
     return [
         ("random bytes", os.urandom(4096), "not a weights-only PyTorch checkpoint"),
         ("zero bytes", b"", "not a weights-only PyTorch checkpoint"),
@@ -173,25 +176,100 @@ def _bad_weights(served: Path) -> list[tuple[str, bytes, str]]:
     ]
 
 
+#: the settings of the served test network (NET, SIZE): what its training would record in model.json
+SERVED_SETTINGS = {**NET, **SIZE[NAME_2D]}
+
+
+def _model_zip(weights: bytes | dict, settings: dict | None = None, edit=None, members=None) -> bytes:
+    """A ZIP of ``model.pt`` (bytes, or a state dict saved) and the ``model.json`` training would write beside it
+    (the settings, the digests); ``edit`` changes the record after it was written, ``members`` renames / adds."""
+    from spectraflow_monai.utils.run_record import write_model_settings
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "model.pt"
+        if isinstance(weights, dict):
+            torch.save(weights, model)
+        else:
+            model.write_bytes(weights)
+        write_model_settings(model, ModelSettings.from_dict(settings or SERVED_SETTINGS))
+        record = json.loads(model.with_name("model.json").read_text())
+        if edit is not None:
+            edit(record)
+        files = {"model.pt": model.read_bytes(), "model.json": json.dumps(record).encode()}
+        if members is not None:
+            files = members(files)
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as zf:
+            for name, data in files.items():
+                zf.writestr(name, data)
+        return buffer.getvalue()
+
+
+def _other_kind(record: dict) -> None:  # a CT model's record, its settings digest made to match
+    from spectraflow_monai.utils.run_record import settings_digest
+
+    record["model"]["hu_window"] = [-125, 275]
+    record["settings_sha256"] = settings_digest(record["model"])
+
+
+def _pair_cases(state: dict) -> list[tuple[str, bytes, str, int]]:
+    """Model archives that must not be served: (what, ZIP, reason in the answer, status)."""
+    other = {k: v + 1.0 if v.is_floating_point() else v for k, v in state.items()}
+    saved = io.BytesIO()
+    torch.save(other, saved)
+
+    def foreign(files):  # the record of other weights beside these
+        return {**files, "model.pt": _bytes(state)}
+
+    return [
+        ("the record of other weights", _model_zip(saved.getvalue(), members=foreign), "written for another", 422),
+        ("an edited record", _model_zip(state, edit=lambda r: r["model"].update(image_mean=[0.5, 0.5, 0.5])),
+         "edited after it was written", 422),
+        ("a record without digests",
+         _model_zip(state, edit=lambda r: (r.pop("model_sha256"), r.pop("settings_sha256"))), "holds no model_sha256",
+         422),
+        ("a Synapse record", _model_zip(state, edit=_other_kind), "describes a model of CT volumes", 422),
+        ("weights without their record", _model_zip(state, members=lambda f: {"model.pt": f["model.pt"]}),
+         "must hold exactly", 422),
+        ("a path in the archive", _model_zip(state, members=lambda f: {"../model.pt": f["model.pt"],
+                                                                       "model.json": f["model.json"]}),
+         "must hold exactly", 422),
+        ("an extra file", _model_zip(state, members=lambda f: {**f, "sitecustomize.py": b"x"}), "must hold exactly",
+         422),
+        ("not a ZIP", os.urandom(2048), "cannot be read as a ZIP", 422),
+    ] + [(f"{what} as model.pt", _model_zip(data), reason, 422) for what, data, reason in _bad_weights_of(state)]
+
+
+def _bytes(state: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
 def test_model_upload_is_checked_before_it_replaces_anything(http):
     client, app, _ = http
     served = Path(app.bundles[NAME_2D]) / "models" / "model.pt"
     original = _sha(served)
-    for name, data, reason in _bad_weights(served):
-        r = client.put(f"/model/{NAME_2D}", files={"file": ("model.pt", data)})
-        assert r.status_code == 422 and reason in r.json()["detail"], (name, r.text)
+    state = _weights(app)
+    for name, data, reason, status in _pair_cases(state):
+        r = client.put(f"/model/{NAME_2D}", files={"file": ("model.zip", data)})
+        assert r.status_code == status and reason in r.json()["detail"], (name, r.text)
         assert _sha(served) == original, name
+    for name in ("model.pt", "model.pth"):  # weights alone: refused, naming the record they need
+        r = client.put(f"/model/{NAME_2D}", files={"file": (name, served.read_bytes())})
+        assert r.status_code == 422 and "model.json" in r.json()["detail"], r.text
     r = client.put(f"/model/{NAME_2D}", files={"file": ("model.txt", served.read_bytes())})
     assert r.status_code == 415, r.text
-    # a model that fits replaces the served one; the previous one is kept one step back
-    state = _weights(app)
+    # a model that fits replaces the served one with its record; the previous pair is kept one step back
     state["decoder.head.conv.bias"] = state["decoder.head.conv.bias"] + 1.0
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    r = client.put(f"/model/{NAME_2D}", files={"file": ("new.pt", buffer.getvalue())})
+    r = client.put(f"/model/{NAME_2D}", files={"file": ("new.zip", _model_zip(state))})
     assert r.status_code == 200 and r.json()["checksum"], r.text
+    assert r.json()["model_sha256"] == _sha(served)
+    assert json.loads(served.with_name("model.json").read_text())["model_sha256"] == _sha(served)
     assert torch.equal(_weights(app)["decoder.head.conv.bias"], state["decoder.head.conv.bias"])
     assert _sha(served.with_name("model.pt.previous")) == original
+    buffer = io.BytesIO(_model_zip(state))
     form = {"params": (None, json.dumps({"device": "cpu"}))}
     assert client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files=form).status_code == 200
     # DELETE sets it aside: inference is a 404 naming why; an upload serves again
@@ -199,7 +277,7 @@ def test_model_upload_is_checked_before_it_replaces_anything(http):
     r = client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files=form)
     assert r.status_code == 404 and "was deleted" in r.json()["detail"], r.text
     assert client.delete(f"/model/{NAME_2D}").status_code == 404
-    r = client.put(f"/model/{NAME_2D}", files={"file": ("model.pt", buffer.getvalue())})
+    r = client.put(f"/model/{NAME_2D}", files={"file": ("model.zip", buffer.getvalue())})
     assert r.status_code == 200, r.text
     assert client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files=form).status_code == 200
 
@@ -211,10 +289,10 @@ def test_a_bundle_without_weights_is_served_once_weights_are_uploaded(http, tmp_
     bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,), weights=False)
     app = _app(bundles, studies, models=NAME_2D)
     assert NAME_2D not in app.info()["models"]
-    upload = tmp_path / "upload.pt"
-    torch.save(_weights(served_app), upload)
+    upload = tmp_path / "upload.zip"
+    upload.write_bytes(_model_zip(_weights(served_app)))
     assert app.replace_model(NAME_2D, str(upload))["checksum"]
-    assert NAME_2D in app.info()["models"] and not upload.exists()
+    assert NAME_2D in app.info()["models"]
     assert app.infer({"model": NAME_2D, "image": "img_a", "device": "cpu"})["file"].endswith(".png")
 
 
@@ -546,9 +624,7 @@ def test_model_uploads_that_cannot_serve_are_refused(http, how, reason):
     client, app, _ = http
     served = Path(app.bundles[NAME_2D]) / "models" / "model.pt"
     original = _sha(served)
-    buffer = io.BytesIO()
-    torch.save(_tampered(_weights(app), how), buffer)
-    r = client.put(f"/model/{NAME_2D}", files={"file": ("model.pt", buffer.getvalue())})
+    r = client.put(f"/model/{NAME_2D}", files={"file": ("model.zip", _model_zip(_tampered(_weights(app), how)))})
     assert r.status_code == 422 and reason in r.json()["detail"], r.text
     assert _sha(served) == original
     form = {"params": (None, json.dumps({"device": "cpu"}))}
@@ -646,7 +722,8 @@ def test_model_backups_are_bounded(tmp_path):
     for name in ["model.pt.bak-20250101-000000", "model.pt.bak-notes"]:  # a user's: not made by a run
         (copy / name).write_bytes(b"x")
     _app(bundles, studies, models=NAME_2D, kept_model_backups="1")
-    assert sorted(os.listdir(copy)) == [SET_ASIDE_LEDGER, "model.json.bak-20260101-000000", "model.pt",
+    assert sorted(os.listdir(copy)) == [".spectraflow-copied.json", SET_ASIDE_LEDGER, "model.json.bak-20260101-000000",
+                                        "model.pt",
                                         "model.pt.bak-20250101-000000", "model.pt.bak-20260102-000000-1",
                                         "model.pt.bak-notes"]  # fmt: skip
     with pytest.raises(ValueError, match="kept_model_backups must be an integer >= 0, got 'two'"):

@@ -25,8 +25,9 @@ background process whose failure the client never sees as an HTTP status. :func:
 (called by the app once the server runs it, ``server_mode(True)``) therefore wraps MONAI Label 0.8.5 endpoint helpers:
 the upload routes are replaced by those of :mod:`lib.uploads` (checked before the upload is copied, the temporary
 file always removed; ``run_inference`` records what the request carries, :func:`client_request`), the
-``AsyncTask`` of ``monailabel.endpoints.train``, ``.batch_infer`` and ``.scoring`` has the app check the request first
-(unknown models and methods: 404), their answers and those of ``status`` and ``stop`` show no server path, the info
+``AsyncTask`` of ``monailabel.endpoints.train`` and ``.batch_infer`` has the app check the request first (unknown
+models: 404; the body: :func:`check_task_body`), their answers and those of ``status`` and ``stop`` show no server
+path, the scoring routes are served by the app's own runs (``lib/scoring_runs.py``), the info
 routes and the dataset download of ``monailabel.endpoints.datastore`` are those of :mod:`lib.uploads`, and the helpers
 of ``monailabel.endpoints.session`` check session ids (the app's datastore checks ids and tags again, for every
 route).
@@ -363,7 +364,9 @@ class CheckedAsyncTask(AsyncTask):
 
     - ``train``: the app's ``check_train_request`` and ``check_train_data`` (4xx ``HTTPException``);
     - ``batch_infer``: the app's ``check_batch_infer_request`` (404 for a model that is not served);
-    - ``scoring``: the app's ``check_scoring_request`` (404 for a method that is not served).
+    - both: the body is a bounded JSON object of finite numbers (:func:`check_task_body`).
+
+    Scoring does not come here: ``lib.scoring_runs`` serves its routes in the server process.
 
     MONAI Label itself queues any name and answers ``200 SUBMITTED``; the queued task then fails where no client sees
     it."""

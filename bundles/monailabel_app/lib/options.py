@@ -21,6 +21,7 @@ __all__ = [
     "RESULT_DTYPES",
     "check_bool",
     "check_device",
+    "check_gpus",
     "check_infer_options",
     "config_syntax",
     "first_item",
@@ -32,6 +33,7 @@ _CONFIG_PREFIXES = ("$", "@", "%")
 _CONFIG_MARKERS = ("_target_", "_requires_", "_disabled_", "_mode_", "_desc_", "#", "::")
 _DEVICE = re.compile(r"cpu|cuda(:\d{1,2})?")
 _NONE = (None, "", "None", "none")
+_GPUS = re.compile(r"\d{1,2}(,\d{1,2}){0,15}")
 #: ``result_dtype`` values of an inference request (the label map's integer or float type)
 RESULT_DTYPES = ("uint8", "uint16", "int16", "int32", "int64", "float32")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -69,6 +71,16 @@ def check_device(value: Any) -> str | None:
         return None
     if not isinstance(value, str) or not (_DEVICE.fullmatch(value) or value in device_map()):
         raise ValueError("must be 'cpu', 'cuda', 'cuda:<index>' or a GPU name listed by GET /info/")
+    return value
+
+
+def check_gpus(value: Any) -> str:
+    """``gpus`` of a task (MONAI Label's ``CUDA_VISIBLE_DEVICES``): ``"all"`` (also for null / empty) or
+    comma-separated GPU indices such as ``"0,1"``, else ValueError."""
+    if value in _NONE or value == "all":
+        return "all"
+    if not (isinstance(value, str) and _GPUS.fullmatch(value)):
+        raise ValueError("must be 'all' or comma-separated GPU indices such as '0,1'")
     return value
 
 
@@ -134,9 +146,9 @@ INFER_OPTIONS: dict[str, Callable[[Any], Any]] = {
     "timeout": _timeout,
     "skip_writer": _no_skip,
     # set by MONAI Label from the upload, the session and the task; a request never chooses them (``bundle_path``
-    # goes onto a batch inference subprocess's PYTHONPATH, ``gpus`` into its CUDA_VISIBLE_DEVICES)
+    # would go onto a batch inference process's PYTHONPATH: the app's own is taken out before these checks)
     "bundle_path": _never,
-    "gpus": _never,
+    "gpus": check_gpus,
     "label": _never,
     "image_path": _never,
     "description": _never,

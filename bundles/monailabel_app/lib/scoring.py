@@ -116,17 +116,17 @@ class _InfoWriter:
     """Scores on their way into the datastore: written every :data:`WRITE_SECONDS` and at the end, many images in one
     write of the record (``update_image_infos`` of the app's datastore), image by image on another datastore."""
 
-    def __init__(self, datastore: Datastore) -> None:
-        self.datastore, self.pending = datastore, {}
-        self.last = time.monotonic()
+    def __init__(self, datastore: Datastore, clock: Callable[[], float] = time.monotonic) -> None:
+        self.datastore, self.pending, self.clock = datastore, {}, clock
+        self.last = clock()
 
     def add(self, image_id: str, info: dict[str, Any]) -> None:
         self.pending[image_id] = info
-        if time.monotonic() - self.last >= WRITE_SECONDS:
+        if self.clock() - self.last >= WRITE_SECONDS:
             self.flush()
 
     def flush(self) -> None:
-        pending, self.pending, self.last = self.pending, {}, time.monotonic()
+        pending, self.pending, self.last = self.pending, {}, self.clock()
         if not pending:
             return
         many = getattr(self.datastore, "update_image_infos", None)

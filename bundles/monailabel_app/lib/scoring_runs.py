@@ -8,9 +8,9 @@ copy, losing the labels and infos annotators saved meanwhile; and every *Next Sa
 The app serves the scoring routes with :class:`ScoringRuns` instead (:func:`install_scoring_routes`):
 
 - a request may set only :data:`SCORING_OPTIONS` (``force``, a JSON boolean; MONAI Label's ``client_id``): anything
-  else (``bundle_path``, ``gpus``, a method's name in the body, ...) is 422, a body over :data:`lib.checks.MAX_TASK_BODY_BYTES`
-  is 413, NaN or Infinity is 422 (``lib.checks.check_json_value``), in ``POST /scoring/<method>`` and in the
-  deprecated ``POST /scoring/``;
+  else (``bundle_path``, ``gpus``, a method's name in the body, ...) is 422, a body over
+  :data:`lib.checks.MAX_TASK_BODY_BYTES` is 413, NaN or Infinity is 422 (``lib.checks.check_json_value``), in
+  ``POST /scoring/<method>`` and in the deprecated ``POST /scoring/``;
 - a run scores in the server process on a worker thread, with the models the server serves, and writes its scores
   through the server's datastore (a few images at a time, one write of the record each: its cost per image does not
   grow with the datastore);

@@ -7,13 +7,17 @@ default ``<app>/model``), and serves and trains that copy:
 - ``configs/`` (and ``scripts/`` when the bundle has one) mirror the installed bundle at every start: changed files
   are replaced atomically, files the installed bundle does not have are removed, so that the configs the server
   runs are always the installed ones;
-- ``models/``: files of the installed ``models/`` that the copy lacks are copied once (the initial ``model.pt``, a
-  Stage-1 export); after that the copy's ``models/model.pt`` is the served model, which training replaces;
+- ``models/``: each file of the installed ``models/`` is copied once, when the copy first meets it (the initial
+  ``model.pt`` with its ``model.json``, a Stage-1 export; the names copied are listed in ``models/`` under
+  :data:`COPIED_LEDGER`); after that the copy's ``models/model.pt`` is the served model, which training replaces. A
+  served model that ``DELETE /model/<name>`` set aside is not copied back by a later start or a task process;
 - everything a run writes (``logs/``, ``runs/``, the slice cache) stays in the copy;
 - a new served model (a training run's best model, an upload of ``PUT /model/<name>``) replaces ``models/model.pt``
-  atomically and the model it replaces is kept as ``models/model.pt.previous``, one step back
-  (:func:`replace_served_model`); ``DELETE /model/<name>`` moves the served model there
-  (:func:`set_aside_served_model`).
+  and its record ``models/model.json`` together (:func:`replace_served_pair`): each atomically, the pair they replace
+  kept as ``models/model.pt.previous`` and ``models/model.json.previous``, one step back; ``DELETE /model/<name>``
+  moves the served pair there (:func:`set_aside_served_model`). The record holds the SHA-256 of the model file
+  (``model_sha256``), so a model is never served with another model's record
+  (:func:`spectraflow_monai.utils.run_record.check_model_digest`).
 
 - model backups, ``models/<file>.bak-<date>-<time>`` (what a bundle run that starts over keeps aside, e.g. a run in
   the installed bundle with ``resume`` false), are bounded: the installed bundle's are not copied (nor its ledger of
@@ -31,6 +35,7 @@ The model folder must not overlap the studies folder (the only folder requests w
 from __future__ import annotations
 
 import filecmp
+import json
 import logging
 import os
 import shutil
@@ -41,9 +46,11 @@ from spectraflow_monai.utils.checkpoint import (
     is_set_aside_name,
     prune_set_aside,
 )
-from spectraflow_monai.utils.files import atomic_path
+from spectraflow_monai.utils.files import atomic_path, write_text_atomic
+from spectraflow_monai.utils.settings import model_settings_path
 
 __all__ = [
+    "COPIED_LEDGER",
     "DEFAULT_KEPT_BACKUPS",
     "MIRRORED",
     "PREVIOUS_SUFFIX",
@@ -51,6 +58,7 @@ __all__ = [
     "kept_backups",
     "prune_backups",
     "replace_served_model",
+    "replace_served_pair",
     "served_copy",
     "set_aside_served_model",
 ]
@@ -62,6 +70,8 @@ MIRRORED = ("configs", "scripts")
 #: the model a new served model replaced: ``models/model.pt`` -> ``models/model.pt.previous`` (not a ``*.pt`` file,
 #: so no request can choose it as ``model_filename``)
 PREVIOUS_SUFFIX = ".previous"
+#: the names of the installed ``models/`` files the served copy has copied (each is copied once), in its ``models/``
+COPIED_LEDGER = ".spectraflow-copied.json"
 #: model backups kept per file in the served copy's ``models/`` (``--conf kept_model_backups``)
 DEFAULT_KEPT_BACKUPS = 2
 
@@ -181,16 +191,45 @@ def served_copy(installed: str, dest: str, keep_backups: int = DEFAULT_KEPT_BACK
                 logger.info(f"served copy {dest}: {folder}/ refreshed from {installed} ({len(changed)} files)")
         elif os.path.isdir(os.path.join(dest, folder)):
             shutil.rmtree(os.path.join(dest, folder))
-    models = os.path.join(installed, "models")
-    if os.path.isdir(models):
-        for name in sorted(os.listdir(models)):
-            src, target = os.path.join(models, name), os.path.join(dest, "models", name)
-            backup = is_set_aside_name(name) or name == SET_ASIDE_LEDGER
-            if os.path.isfile(src) and not os.path.exists(target) and not backup:
-                _copy_file(src, target)
-                logger.info(f"served copy {dest}: models/{name} copied from {installed}")
+    _copy_installed_models(os.path.join(installed, "models"), os.path.join(dest, "models"))
     prune_backups(os.path.join(dest, "models"), keep_backups)
     return dest
+
+
+def _copied(ledger: str) -> set[str] | None:
+    """The names listed in the copy ledger, None when there is none (a copy made by an earlier version)."""
+    try:
+        with open(ledger) as f:
+            names = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        logger.warning(f"{ledger} cannot be read: the installed model files the copy lacks are copied again")
+        return None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+
+
+def _copy_installed_models(models: str, target_dir: str) -> None:
+    """Copy each file of the installed ``models`` folder that the copy has not copied before (its ledger,
+    :data:`COPIED_LEDGER`), never a backup or a ledger of backups, and list it there."""
+    if not os.path.isdir(models):
+        return
+    ledger = os.path.join(target_dir, COPIED_LEDGER)
+    copied = _copied(ledger)
+    listed = set(copied or ())
+    for name in sorted(os.listdir(models)):
+        src, target = os.path.join(models, name), os.path.join(target_dir, name)
+        if not os.path.isfile(src) or is_set_aside_name(name) or name in (SET_ASIDE_LEDGER, COPIED_LEDGER):
+            continue
+        if name in listed:
+            continue  # copied before: what the copy holds now (trained, uploaded, set aside) is its own
+        if not os.path.exists(target):
+            _copy_file(src, target)
+            logger.info(f"served copy: models/{name} copied from {models}")
+        listed.add(name)
+    if listed != (copied or set()):
+        os.makedirs(target_dir, exist_ok=True)
+        write_text_atomic(ledger, json.dumps(sorted(listed), indent=1) + "\n")
 
 
 def _keep_previous(served: str) -> None:
@@ -216,11 +255,17 @@ def replace_served_model(new: str, served: str) -> bool:
     Returns:
         whether a served model was replaced (else ``served`` did not exist).
     """
-    os.makedirs(os.path.dirname(served), exist_ok=True)
-    replaced = os.path.isfile(served)
+    return _replace_keeping_previous(new, served)
+
+
+def _replace_keeping_previous(new: str, target: str) -> bool:
+    """Keep ``target`` as ``<target>.previous`` and put ``new`` in its place atomically (moved on the same file
+    system, else copied); returns whether there was a ``target``."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    replaced = os.path.isfile(target)
     if replaced:
-        _keep_previous(served)
-    with atomic_path(served, suffix=".tmp") as tmp:
+        _keep_previous(target)
+    with atomic_path(target, suffix=".tmp") as tmp:
         try:
             os.replace(new, tmp)
         except OSError:  # another file system (the upload's temporary folder)
@@ -228,8 +273,27 @@ def replace_served_model(new: str, served: str) -> bool:
     return replaced
 
 
+def replace_served_pair(new: str, new_record: str, served: str) -> bool:
+    """Serve the model file ``new`` and its record ``new_record`` (``model.json``, which holds the digest of ``new``)
+    as ``served`` and the record beside it: the record first, then the model (:func:`replace_served_model`), each
+    atomically; the pair they replace is kept as ``<served>.previous`` and ``<record>.previous``. A reader that meets
+    the new record with the old model in between refuses the pair (its digest differs) rather than serving it.
+
+    Args:
+        new: the checked model file.
+        new_record: its record.
+        served: the served model file.
+
+    Returns:
+        whether a served model was replaced.
+    """
+    _replace_keeping_previous(new_record, model_settings_path(served))
+    return replace_served_model(new, served)
+
+
 def set_aside_served_model(served: str) -> bool:
-    """Stop serving ``served``: it becomes ``<served>.previous`` (replacing the one kept there).
+    """Stop serving ``served`` and its record: they become ``<served>.previous`` and ``<record>.previous``
+    (replacing the pair kept there).
 
     Returns:
         whether there was a served model.
@@ -237,4 +301,7 @@ def set_aside_served_model(served: str) -> bool:
     if not os.path.isfile(served):
         return False
     os.replace(served, served + PREVIOUS_SUFFIX)
+    record = model_settings_path(served)
+    if os.path.isfile(record):
+        os.replace(record, record + PREVIOUS_SUFFIX)
     return True

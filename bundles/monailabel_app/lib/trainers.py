@@ -32,8 +32,8 @@ from spectraflow_monai.utils.run_record import read_model_settings
 from spectraflow_monai.utils.settings import ModelSettings, model_settings_path
 
 from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
-from .options import check_bool, check_device, config_syntax, first_item, show_value
-from .served import kept_backups, prune_backups, replace_served_model
+from .options import check_bool, check_device, check_gpus, config_syntax, first_item, show_value
+from .served import kept_backups, prune_backups, replace_served_model, replace_served_pair
 
 __all__ = [
     "KEPT_RUN_LOGS",
@@ -60,7 +60,6 @@ logger = logging.getLogger(__name__)
 MAX_EPOCHS = 10000
 _MAX_TEXT = 200
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.pt")
-_GPUS = re.compile(r"\d{1,2}(,\d{1,2}){0,15}")
 _NONE = (None, "", "None", "none")
 _RUNS = itertools.count()
 _ACTIVE_RUNS: dict[str, threading.Event] = {}  # run folders of this process that are training now -> stops its beat
@@ -103,14 +102,6 @@ def _val_split(value: Any) -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError("must be a number >= 0 and < 1")
     return float(value)
-
-
-def _gpus(value: Any) -> str:
-    if value in _NONE:
-        return "all"
-    if not isinstance(value, str) or not (value == "all" or _GPUS.fullmatch(value)):
-        raise ValueError("must be 'all' or comma-separated GPU indices such as '0,1'")
-    return value
 
 
 def _tracking(value: Any) -> str:
@@ -167,7 +158,7 @@ TRAIN_OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "model_filename": (_model_filename, "a .pt file name in the bundle's models/ folder (default 'model.pt')"),
     "multi_gpu": (_bool, "true/false: torchrun on the GPUs of 'gpus' when there are several (default true)"),
     "force_multi_gpu": (_bool, "true/false: torchrun even with one GPU (default false)"),
-    "gpus": (_gpus, "'all' or GPU indices such as '0,1' (default 'all')"),
+    "gpus": (check_gpus, "'all' or GPU indices such as '0,1' (default 'all')"),
     "tracking": (_tracking, "'None' only (no MLflow)"),
     "tracking_uri": (_text, "ignored (tracking is off)"),
     "tracking_experiment_name": (_text, "ignored (tracking is off)"),
@@ -424,12 +415,11 @@ class SpectraFlowTrainTask(BundleTrainTask):
                 "val_split > 0 and enough labelled images); the served model is unchanged."
             )
         served = os.path.join(self.bundle_path, "models", DEFAULT_WEIGHTS)
-        record, served_record = os.path.splitext(best)[0] + ".json", os.path.splitext(served)[0] + ".json"
-        if os.path.isfile(record):  # the settings the model was trained with (model.json), the previous kept with it
-            if os.path.isfile(served_record):
-                shutil.copyfile(served_record, served_record + ".previous")
-            os.replace(record, served_record)
-        replaced = replace_served_model(best, served)
+        record = model_settings_path(best)
+        if os.path.isfile(record):  # the settings the model was trained with (model.json), with the model's digest
+            replaced = replace_served_pair(best, record, served)
+        else:
+            replaced = replace_served_model(best, served)
         prune_backups(os.path.dirname(served), self.kept_backups)
         kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
         logger.info(

@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from typing import Any, Callable, Iterator
 
 from fastapi import HTTPException
@@ -55,6 +56,7 @@ from .sessions import check_expiry
 __all__ = [
     "DEFAULT_MAX_UPLOAD_MB",
     "MODEL_EXTENSIONS",
+    "MODEL_PAIR",
     "SESSION_EXTENSIONS",
     "add_image",
     "buffered_upload",
@@ -70,6 +72,7 @@ __all__ = [
     "session_file_name",
     "update_image_info",
     "update_label_info",
+    "unpack_model_pair",
     "update_model",
     "upload_limit",
     "wrap_run_inference",
@@ -79,8 +82,10 @@ __all__ = [
 DEFAULT_MAX_UPLOAD_MB = 2048.0
 #: extensions a session keeps of its files' names (:func:`session_file_name`): images and DICOM files
 SESSION_EXTENSIONS = (*IMAGE_EXTENSIONS, ".dcm")
-#: extensions of a weight upload (``PUT /model/<name>``)
+#: extensions of weights alone, which ``PUT /model/<name>`` refuses (a model is served with its record)
 MODEL_EXTENSIONS = (".pt", ".pth")
+#: what the ZIP of ``PUT /model/<name>`` holds: the weights and their record
+MODEL_PAIR = ("model.pt", "model.json")
 _CHUNK = 1 << 20
 
 
@@ -297,15 +302,58 @@ def run_wsi_inference(background_tasks: Any, model: Any, image: Any = "", sessio
     )
 
 
+def unpack_model_pair(archive: str, folder: str, limit: int) -> tuple[str, str]:
+    """Unpack the model archive of ``PUT /model/<name>`` into ``folder``: a ZIP of exactly :data:`MODEL_PAIR`
+    (``model.pt`` and its record ``model.json``) at its top level, each at most ``limit`` bytes once unpacked.
+
+    Returns:
+        the paths of the unpacked ``model.pt`` and ``model.json``.
+
+    Raises:
+        HTTPException: 422 for a file that is not such an archive (naming what it holds instead), 413 for a member
+            over ``limit`` (checked against the archive's sizes and again while unpacking).
+    """
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = [m for m in zf.infolist() if not m.is_dir()]
+            names = sorted(m.filename for m in members)
+            if names != sorted(MODEL_PAIR):
+                shown = [n[:64] for n in names[:5]] + ([f"... and {len(names) - 5} more"] if len(names) > 5 else [])
+                raise HTTPException(
+                    status_code=422,
+                    detail=f"the model archive must hold exactly {list(MODEL_PAIR)} at its top level, it holds {shown}",
+                )
+            os.makedirs(folder, exist_ok=True)
+            for member in members:
+                if member.file_size > limit:
+                    raise _too_large(limit)
+                total = 0
+                with zf.open(member) as src, open(os.path.join(folder, member.filename), "wb") as out:
+                    while chunk := src.read(_CHUNK):
+                        total += len(chunk)
+                        if total > limit:
+                            raise _too_large(limit)
+                        out.write(chunk)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError, OSError) as e:
+        raise HTTPException(status_code=422, detail=f"the model archive cannot be read as a ZIP ({type(e).__name__})")
+    return os.path.join(folder, MODEL_PAIR[0]), os.path.join(folder, MODEL_PAIR[1])
+
+
 def update_model(background_tasks: Any, model: Any, file: Any):
-    """``PUT /model/<model>``: model (404), extension and size checked before the upload is copied; the app's
-    ``replace_model`` checks the weights (422 naming why) and replaces the served model atomically."""
+    """``PUT /model/<model>``: model (404), extension and size checked before the upload is copied; weights alone
+    (``.pt``) are 422 naming the record they need; the app's ``replace_model`` checks the pair in the ZIP (422 naming
+    why) and replaces the served pair."""
     app = _app()
     app.require_bundle(model)
     name = getattr(file, "filename", None)
-    if name:
-        upload_extension(name, MODEL_EXTENSIONS, "weight file")
-    with buffered_upload(file, ".pt", upload_limit(app)) as path:
+    ext = upload_extension(name, (".zip", *MODEL_EXTENSIONS), "model") if name else ".zip"
+    if ext in MODEL_EXTENSIONS:
+        raise HTTPException(
+            status_code=422,
+            detail="weights alone are not served: a model is served with its record. Upload a ZIP of model.pt and the "
+            "model.json its training wrote beside it (e.g. zip -j model.zip models/model.pt models/model.json)",
+        )
+    with buffered_upload(file, ".zip", upload_limit(app)) as path:
         return app.replace_model(model, path)
 
 
