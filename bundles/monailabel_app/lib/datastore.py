@@ -295,10 +295,14 @@ class CheckedLocalDatastore(LocalDatastore):
             self._check_info({**self._datastore.label(label_id, label_tag).info, **info}, "the label's info")
             return super().update_label_info(label_id, label_tag, info)
 
-    def update_image_infos(self, infos: dict[str, dict[str, Any]]) -> int:
-        """Merge ``{image id: info}`` into the images' infos and write the record once (a scoring run's scores).
+    def update_image_infos(self, infos: dict[str, dict[str, Any]], write: bool = True) -> int:
+        """Merge ``{image id: info}`` into the images' infos (a scoring run's scores), in one step for all of them.
 
         Images removed meanwhile and infos that would exceed :data:`MAX_INFO_BYTES` are skipped (logged).
+
+        Args:
+            infos: image id -> the info keys to set.
+            write: write the record to its file now (else the caller does, :meth:`write_record`). Defaults to True.
 
         Returns:
             how many images were updated.
@@ -315,6 +319,10 @@ class CheckedLocalDatastore(LocalDatastore):
                     continue
                 obj.image.info.update(info)
                 done += 1
-            if done:
+            if done and write:
                 self._update_datastore_file()
             return done
+
+    def write_record(self) -> None:
+        """Write the record (``datastore_v2.json``) to its file now, atomically."""
+        self._update_datastore_file()

@@ -49,6 +49,7 @@ __all__ = [
     "TIME_KEY",
     "WEIGHTS_KEY",
     "WRITE_SECONDS",
+    "WRITE_SHARE",
     "UncertaintyScoring",
     "UncertaintyStrategy",
     "default_device",
@@ -70,8 +71,10 @@ TIME_KEY = "uncertainty_ts"
 WEIGHTS_KEY = "uncertainty_weights"
 #: why the image could not be scored by those weights (the error's type; None once scored)
 ERROR_KEY = "uncertainty_error"
-#: scores are written into the datastore's record at most every this many seconds (and at the end of a run)
+#: a scoring run writes the datastore's record to its file at most every this many seconds (and at its end) ...
 WRITE_SECONDS = 2.0
+#: ... and no more often than keeps the writing under this share of the run's time
+WRITE_SHARE = 0.005
 # a run scores again, at most this many times in all, when another model was served while it ran
 _MAX_PASSES = 3
 #: an image any strategy served within this many seconds is not served again (MONAI Label's Epistemic: a day)
@@ -113,28 +116,34 @@ def _weights_stamp(task: Any) -> str:
 
 
 class _InfoWriter:
-    """Scores on their way into the datastore: written every :data:`WRITE_SECONDS` and at the end, many images in one
-    write of the record (``update_image_infos`` of the app's datastore), image by image on another datastore."""
+    """Scores on their way into the datastore: each goes into the datastore's record in memory at once (the strategy
+    sees it), and the record is written to its file every :data:`WRITE_SECONDS` at the least, and no more often than
+    keeps the writing under :data:`WRITE_SHARE` of the run's time (a large record is written less often), and at the
+    end: the record's cost per scored image does not grow with the datastore. A datastore without
+    ``update_image_infos`` (MONAI Label's DICOMweb one) is written image by image."""
 
     def __init__(self, datastore: Datastore, clock: Callable[[], float] = time.monotonic) -> None:
-        self.datastore, self.pending, self.clock = datastore, {}, clock
-        self.last = clock()
+        self.datastore, self.clock = datastore, clock
+        self.many = getattr(datastore, "update_image_infos", None)
+        self.dirty, self.interval, self.last = False, WRITE_SECONDS, clock()
 
     def add(self, image_id: str, info: dict[str, Any]) -> None:
-        self.pending[image_id] = info
-        if self.clock() - self.last >= WRITE_SECONDS:
+        if self.many is None:
+            self.datastore.update_image_info(image_id, info)
+            return
+        self.many({image_id: info}, write=False)
+        self.dirty = True
+        if self.clock() - self.last >= self.interval:
             self.flush()
 
     def flush(self) -> None:
-        pending, self.pending, self.last = self.pending, {}, self.clock()
-        if not pending:
+        if not self.dirty:
             return
-        many = getattr(self.datastore, "update_image_infos", None)
-        if many is not None:
-            many(pending)
-            return
-        for image_id, info in pending.items():
-            self.datastore.update_image_info(image_id, info)
+        started = self.clock()
+        self.datastore.write_record()
+        spent = self.clock() - started
+        self.dirty, self.last = False, self.clock()
+        self.interval = max(WRITE_SECONDS, spent / WRITE_SHARE)
 
 
 def _finite_score(info: Mapping[str, Any]) -> float | None:
