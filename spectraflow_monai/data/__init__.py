@@ -25,6 +25,14 @@ from .label_mode import LabelMode, label_mode
 from .readers import Image2DReader, read_2d
 from .subsets import holdout, low_data_subset
 from .validation import DatasetError, validate_datalist
+from .volumes import (
+    VolumeReader,
+    check_label_grid,
+    read_label_volume,
+    read_volume,
+    volume_format,
+    volume_header,
+)
 
 __all__ = [
     "CACHE_DEVICES",
@@ -52,4 +60,10 @@ __all__ = [
     "single_thread_worker_init",
     "read_2d",
     "validate_datalist",
+    "VolumeReader",
+    "check_label_grid",
+    "read_label_volume",
+    "read_volume",
+    "volume_format",
+    "volume_header",
 ]

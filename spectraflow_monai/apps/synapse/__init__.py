@@ -27,8 +27,14 @@ slices (read once, reused on later calls), loaded by :class:`spectraflow_monai.a
 :func:`build_synapse_datalist` is the entry point of the ``spectraflow_synapse_segmentation`` bundle (data set
 presets, the synthetic phantom generated on first use, volume checks, the slice cache).
 
+One's own volumes may be NIfTI or NRRD files or folders holding one DICOM series each; labels NIfTI or NRRD files
+on their image's grid, 3D Slicer segmentations (``.seg.nrrd``) matched to ``class_names`` by segment name
+(:mod:`spectraflow_monai.data.volumes`, :mod:`spectraflow_monai.data.dicom`). Inference writes label NIfTI files on
+the input's grid and, with ``output_format: dicom_seg``, a DICOM SEG of each DICOM series
+(:mod:`spectraflow_monai.data.dicom_seg`).
+
 Modules, bottom to top (each imports only those below it): ``constants`` (protocol constants), ``readers`` (NIfTI /
-h5 readers, label mapping and checks), ``layouts`` (datalists of the two layouts), ``cache`` (the slice cache),
+NRRD / DICOM / h5 readers, label mapping and checks), ``layouts`` (datalists of the two layouts), ``cache`` (the slice cache),
 ``transforms`` (CT window, label mapping, slice / h5 loading), ``phantom`` (the synthetic CT stand-in),
 ``datalist`` (a Decathlon datalist JSON of one's own volumes), ``bundle`` (the bundle's entry points).
 """
@@ -39,7 +45,7 @@ from spectraflow_monai._lazy import lazy_exports
 _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".source": ("SynapseDataSource", "check_test_volumes"),
     ".settings": (
-        "LAYOUTS", "SynapseDataOptions", "SynapseDataSettings", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
+        "LAYOUTS", "OUTPUT_FORMATS", "all_class_names", "label_values", "SynapseDataOptions", "SynapseDataSettings", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
         "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
         "slice_nonfinite_value", "volume_spacing",
     ),
@@ -52,13 +58,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ),
     ".readers": (
         "check_loaded_pair", "check_synapse_h5", "check_synapse_labels", "check_volume_pair", "import_nibabel",
-        "load_nifti", "load_synapse_h5", "map_btcv_labels",
+        "load_nifti", "load_synapse_h5", "map_btcv_labels", "read_raw_volume", "class_values",
     ),
     ".layouts": ("case_list", "synapse_datalist"),
     ".cache": ("extract_slices", "slice_cache_dir", "slice_with_settings"),
     ".transforms": (
         "CTWindow", "CTWindowd", "MapBTCVLabels", "MapBTCVLabelsd", "LoadSynapseSliced", "LoadSynapseH5d",
-        "load_slice_npz",
+        "load_slice_npz", "SaveDicomSegd",
     ),
     ".phantom": (
         "DEFAULT_SYNTHETIC_CASES", "PHANTOM_MANIFEST", "phantom_parameters", "synthetic_ct_volume",
@@ -69,7 +75,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "decathlon_synapse_datalist", "synapse_inference_datalist", "volume_input_check",
     ),
     ".bundle": (
-        "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_bundle_settings", "check_synapse_settings", "prediction_writer", "volume_loading",
+        "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_bundle_settings", "check_synapse_settings", "prediction_writer", "series_seg_writer", "volume_label_reader", "volume_output_name", "volume_loading",
         "volume_metrics_handler", "volume_postprocessing",
     ),
 }

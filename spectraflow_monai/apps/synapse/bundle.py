@@ -41,13 +41,18 @@ from spectraflow_monai.apps.synapse.phantom import PHANTOM_MANIFEST, generate_sy
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
 from spectraflow_monai.apps.synapse.settings import (
     LAYOUTS,
+    OUTPUT_FORMATS,
     SynapseDataSettings,
+    all_class_names,
     check_own_data_settings,
+    label_values,
     resolve_label_map,
     volume_spacing,
 )
+from spectraflow_monai.apps.synapse.transforms import SaveDicomSegd
 from spectraflow_monai.data.label_map import identity_label_map
 from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.data.volumes import volume_name
 from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
 from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args
 from spectraflow_monai.transforms.label import SaveLabelValuesd
@@ -62,7 +67,10 @@ __all__ = [
     "check_bundle_settings",
     "check_synapse_settings",
     "prediction_writer",
+    "series_seg_writer",
+    "volume_label_reader",
     "volume_loading",
+    "volume_output_name",
     "volume_metrics_handler",
     "volume_postprocessing",
 ]
@@ -80,6 +88,7 @@ def check_synapse_settings(
     nonfinite: Any = None,
     nonfinite_value: Any = None,
     sw_batch_size: Any = None,
+    output_format: Any = None,
     **data_source: Any,
 ) -> dict[str, Any]:
     """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
@@ -95,6 +104,7 @@ def check_synapse_settings(
         nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to None.
         nonfinite_value: the replacement value of ``nonfinite: replace``, a finite number. Defaults to None.
         sw_batch_size: the slices per network call of evaluation and inference, a positive int. Defaults to None.
+        output_format: what inference writes: one of :data:`OUTPUT_FORMATS`. Defaults to None.
         data_source: the own-data settings ``data_list_file_path``, ``dataset_dir``, ``label_map``,
             ``class_names``, ``unmapped_labels``, ``val_fraction``, ``data_fraction``, checked by
             :func:`spectraflow_monai.apps.synapse.datalist.check_own_data_settings` (a JSON path that is no file, a
@@ -139,10 +149,18 @@ def check_synapse_settings(
                 f"sw_batch_size must be a positive int (slices per network call), got {sw_batch_size!r}."
             )
         out["sw_batch_size"] = int(sw_batch_size)
+    if output_format is not None:
+        out["output_format"] = _check_output_format(output_format)
     if data_source:
 
         out.update(check_own_data_settings(num_classes=num_classes, **data_source))
     return out
+
+
+def _check_output_format(output_format: Any) -> str:
+    if output_format not in OUTPUT_FORMATS:
+        raise SettingError(f"output_format must be one of {list(OUTPUT_FORMATS)}, got {output_format!r}.")
+    return output_format
 
 
 def check_bundle_settings() -> dict[str, Any]:
@@ -215,6 +233,7 @@ def build_synapse_datalist(
     val_fraction: float = 0.2,
     fraction: float = 1.0,
     seed: int = 0,
+    class_names: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry point for the ``spectraflow_synapse_segmentation`` bundle (SpectraFlow's Synapse experiment).
 
@@ -275,6 +294,9 @@ def build_synapse_datalist(
         fraction: ``"train"`` split only: the share of the training cases kept (seeded with ``seed``, nested:
             low-data runs). Defaults to 1.0.
         seed: seed of the validation hold-out and of ``fraction``. Defaults to 0.
+        class_names: the classes (background first) that the segments of 3D Slicer segmentation labels
+            (``.seg.nrrd``) are matched with by name; None: :func:`~spectraflow_monai.apps.synapse.synapse_class_names`.
+            Defaults to None.
 
     In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
     slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
@@ -305,6 +327,7 @@ def build_synapse_datalist(
         nonfinite=nonfinite,
         nonfinite_value=nonfinite_value,
         progress=progress,
+        class_names=class_names,
     )
     return synapse_split(settings, split, cases=cases, exclude_cases=exclude_cases, slices=slices)
 
@@ -413,7 +436,8 @@ class VolumeSlices:
     slices, extracted once as the run's own cases are (windowed with ``hu_window``, resized to ``image_size``);
     entries that are slices already pass unchanged. The labels of such volumes are taken as the run's classes
     ``0..num_classes-1`` (a MONAI Label datastore holds them so), not mapped: a value outside stops the run naming the
-    file.
+    file. Labels may be NIfTI or NRRD files; a 3D Slicer segmentation (``.seg.nrrd``) is mapped to the run's
+    ``class_names`` by segment name (a liver segment is the liver class whatever its number in the file).
 
     Args:
         source: the run's :class:`~spectraflow_monai.apps.synapse.SynapseDataSource` (or its settings).
@@ -432,8 +456,8 @@ class VolumeSlices:
         s = self.settings
         if s.cache_dir is None:
             raise SettingError("cache_dir is required to slice the volumes given as training data.")
-        for e in volumes:
-            e.setdefault("case", os.path.basename(str(e["image"])).split(".")[0])
+        for e in volumes:  # the file name without its extension (series UIDs, as MONAI Label names images, hold dots)
+            e.setdefault("case", volume_name(e["image"]))
         # the classes themselves (another value: an error naming the file)
         sliced = slice_with_settings(volumes, s, identity_label_map(s.num_classes), "error", f"{s.cache_dir}_volumes")
         return [e for e in entries if "slice" in e] + sliced
@@ -478,7 +502,9 @@ def prediction_writer(
     output_dir: str | os.PathLike, values: Sequence[int] | None = None, keys: Any = "pred", **kwargs: Any
 ) -> Any:
     """The writer of predicted label volumes: :class:`~spectraflow_monai.transforms.SaveLabelValuesd` writing
-    ``<name>_seg.nii.gz`` (uint8) directly into ``output_dir``, on the grid the prediction carries (no resampling).
+    ``<name>_seg.nii.gz`` (uint8) directly into ``output_dir``, on the grid the prediction carries (no resampling);
+    ``<name>`` is the input's file name without its extension, or the whole name of a DICOM series folder
+    (:func:`volume_output_name`).
 
     Args:
         output_dir: the folder of the predictions.
@@ -494,9 +520,58 @@ def prediction_writer(
         raise SettingError(f"output_dir must be a folder path, got {output_dir!r}.")
     options = {
         "output_postfix": "seg", "output_ext": ".nii.gz", "output_dtype": np.uint8, "separate_folder": False,
-        "resample": False, **kwargs,
+        "resample": False, "output_name_formatter": volume_output_name, **kwargs,
     }  # fmt: skip
     return SaveLabelValuesd(keys, values=values, output_dir=output_dir, **options)
+
+
+def volume_output_name(metadict: Mapping[str, Any] | None, saver: Any) -> dict[str, Any]:
+    """MONAI's ``output_name_formatter`` of the prediction writers: MONAI's default, but a DICOM series folder keeps
+    its whole name (``1.2.840.1234`` -> ``1.2.840.1234_seg.nii.gz``; MONAI would cut its last ``.1234`` as an
+    extension, and two series of one study would write one file)."""
+    from monai.data.folder_layout import default_name_formatter
+
+    out = default_name_formatter(dict(metadict) if metadict else {}, saver)
+    if os.path.isdir(out["subject"]):
+        out["subject"] = out["subject"].rstrip("/\\") + ".series"
+    return out
+
+
+def volume_label_reader(
+    class_names: Sequence[str] | None, num_classes: int, label_map: Any = None, data_list_file_path: Any = None
+) -> Any:
+    """The reader of the label volumes of ``configs/evaluate.yaml``
+    (:class:`~spectraflow_monai.data.volumes.VolumeReader`): NIfTI and NRRD labels as stored, a 3D Slicer
+    segmentation (``.seg.nrrd``) by segment name, each class as the value the run's label map turns into it
+    (:func:`~spectraflow_monai.apps.synapse.label_values`).
+
+    Args:
+        class_names: the class names (background first, or the foreground ones); None: the defaults.
+        num_classes: classes including background.
+        label_map, data_list_file_path: the run's label map and datalist JSON.
+    """
+    from spectraflow_monai.data.volumes import VolumeReader
+
+    names = all_class_names(class_names, num_classes, data_list_file_path)
+    return VolumeReader("label", class_names=names, values=label_values(label_map, data_list_file_path, num_classes))
+
+
+def series_seg_writer(
+    output_format: str, output_dir: str | os.PathLike, class_names: Sequence[str] | None, num_classes: int,
+    keys: Any = "pred",
+) -> Any:  # fmt: skip
+    """The DICOM SEG writer of ``configs/inference.yaml``: ``output_format: dicom_seg`` writes each prediction of a
+    DICOM series input as ``<name>_seg.dcm`` beside its label file (:class:`SaveDicomSegd`, segments named by
+    ``class_names``); ``nifti``: nothing more (MONAI's ``Identityd``).
+
+    Raises:
+        SettingError: ``output_format`` is not one of :data:`OUTPUT_FORMATS`, naming the value.
+    """
+    if _check_output_format(output_format) == "nifti":
+        from monai.transforms import Identityd
+
+        return Identityd(keys)
+    return SaveDicomSegd(keys, output_dir=output_dir, class_names=all_class_names(class_names, num_classes))
 
 
 def volume_metrics_handler(

@@ -16,14 +16,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from spectraflow_monai.apps.synapse.constants import INDEX_NAME, INDEX_VERSION, NIFTI_SUFFIX, format_case_id
+from spectraflow_monai.apps.synapse.constants import INDEX_NAME, INDEX_VERSION, format_case_id
 from spectraflow_monai.apps.synapse.readers import (
     is_h5,
     read_h5_volume,
-    read_nifti_volume,
+    read_raw_volume,
 )
 from spectraflow_monai.data.label_map import LABEL_MAP_UNMAPPED, check_label_map
 from spectraflow_monai.data.validation import DatasetError
+from spectraflow_monai.data.volumes import volume_format, volume_name
 from spectraflow_monai.transforms.finite import check_nonfinite_args
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
@@ -142,11 +143,18 @@ def _case_of(entry: Mapping[str, Any]) -> str:
             return format_case_id(case)
         except ValueError:
             return case
-    name = NIFTI_SUFFIX.sub("", os.path.basename(os.fspath(entry["image"])))
+    name = volume_name(entry["image"])
     try:
         return format_case_id(name)
     except ValueError:
         return name
+
+
+def _is_nrrd(path: Any) -> bool:
+    try:
+        return path is not None and volume_format(path) == "nrrd"
+    except DatasetError:
+        return False
 
 
 def _resize_slices(vol: np.ndarray, size: tuple[int, int], mode: str) -> np.ndarray:
@@ -164,7 +172,7 @@ def _extract_volume(entry: Mapping[str, Any], case: str, cache: Path, params: Ma
     if is_h5(image_path):
         image, label = read_h5_volume(image_path, label_path, case, params)
     else:
-        image, label = read_nifti_volume(image_path, label_path, case, params)
+        image, label = read_raw_volume(image_path, label_path, case, params)
     if params["spatial_size"] is not None:
         size = tuple(params["spatial_size"])
         image = _resize_slices(image, size, "bilinear")
@@ -196,6 +204,7 @@ def extract_slices(
     nonfinite_value: float | None = None,
     label_map: Mapping[int, int] | None = None,
     unmapped_labels: str = "error",
+    class_names: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Cache the axial slices of CT volumes as TransUNet-like ``.npz`` files and return a slice datalist.
 
@@ -213,6 +222,10 @@ def extract_slices(
     TransUNet's test volumes (``test_vol_h5/caseXXXX.npy.h5`` entries of :func:`synapse_datalist`; ``"label"``
     the same file or absent) are cached the same way, except that they are already windowed and mapped: the
     window, ``map_labels`` and ``canonical`` do not apply to them and their labels must be Synapse classes 0..8.
+
+    Images may be NIfTI or NRRD files or DICOM series folders, labels NIfTI or NRRD files on their image's grid (a 3D
+    Slicer segmentation, ``.seg.nrrd``, is mapped to ``class_names`` by segment name: a liver segment is the liver
+    class whatever its number in the file; :func:`~spectraflow_monai.apps.synapse.readers.read_raw_volume`).
 
     Every image volume is checked for NaN and infinite voxels as it is read (``nonfinite``). The index lists only
     files inside ``cache_dir``: an index naming an absolute path, a path with ``..`` or a link leading out of the
@@ -245,6 +258,8 @@ def extract_slices(
         unmapped_labels: with ``label_map``: label values the map does not list stop with a :class:`DatasetError`
             naming the case, the file and the values (``"error"``) or become background 0 (``"background"``).
             Defaults to ``"error"``.
+        class_names: the classes, background first, that a segmentation's segment names are matched with; recorded
+            in the cache index when a label is an NRRD file. Defaults to None.
 
     Returns:
         the slice datalist ``[{"image": npz, "label": npz, "case": "0005", "slice": k}, ...]`` (``"label"`` only
@@ -302,6 +317,8 @@ def extract_slices(
     if label_map is not None:  # likewise: a changed map (or unmapped rule) re-extracts the volumes
         params["label_map"] = [[k, v] for k, v in sorted(label_map.items())]
         params["unmapped"] = unmapped_labels
+    if class_names is not None and any(_is_nrrd(e.get("label")) for e in datalist):  # segment names -> classes
+        params["class_names"] = [str(n) for n in class_names]
     cache = Path(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     index_path = cache / INDEX_NAME
@@ -380,4 +397,5 @@ def slice_with_settings(
         nonfinite_value=settings.nonfinite_value,
         label_map=label_map,
         unmapped_labels=settings.unmapped_labels if unmapped_labels is None else unmapped_labels,
+        class_names=settings.class_names,
     )

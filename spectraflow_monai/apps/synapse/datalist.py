@@ -26,7 +26,6 @@ import glob as _glob
 import json
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from spectraflow_monai.data.label_map import (
 )
 from spectraflow_monai.data.subsets import holdout, low_data_subset
 from spectraflow_monai.data.validation import DatasetError, InputCheck
+from spectraflow_monai.data.volumes import volume_name
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
@@ -57,14 +57,12 @@ logger = logging.getLogger(__name__)
 
 #: the lists of a Decathlon datalist JSON read by :func:`read_decathlon_datalist`.
 DECATHLON_LISTS: tuple[str, ...] = ("training", "validation", "test")
-_NIFTI = re.compile(r"\.nii(\.gz)?$", re.IGNORECASE)
 
 
 def nifti_case_id(path: str | os.PathLike) -> str:
-    """The case id of a volume file: its name without ``.nii.gz`` / ``.nii`` (``/d/ct_01.nii.gz`` -> ``ct_01``)."""
-    name = os.path.basename(os.fspath(path))
-    stem = _NIFTI.sub("", name)
-    return stem if stem != name else os.path.splitext(name)[0]
+    """The case id of a volume: its file name without ``.nii.gz`` / ``.nii`` / ``.nrrd`` / ``.seg.nrrd``
+    (``/d/ct_01.nii.gz`` -> ``ct_01``), or the whole name of a DICOM series folder (series UIDs hold dots)."""
+    return volume_name(path)
 
 
 def read_decathlon_datalist(
@@ -125,8 +123,9 @@ def read_decathlon_datalist(
             )
         entries = load_decathlon_datalist(path, is_segmentation=True, data_list_key=key, base_dir=base)
         for i, entry in enumerate(entries):
-            for field in ("image", "label"):
-                if field in entry and not os.path.isfile(entry[field]):
+            for field in ("image", "label"):  # an image may be a folder holding one DICOM series
+                ok = field in entry and (os.path.isfile(entry[field]) or field == "image" and os.path.isdir(entry[field]))
+                if field in entry and not ok:
                     what = "does not exist" if not os.path.exists(entry[field]) else "is not a file"
                     raise DatasetError(
                         f"datalist {str(path)!r}: {key}[{i}] {field} {entry[field]!r} {what} (relative paths start "
@@ -329,7 +328,8 @@ def synapse_inference_datalist(
 ) -> list[dict[str, Any]]:
     """The volumes ``configs/inference.yaml`` segments: the ``test`` list of a datalist JSON (when
     ``data_list_file_path`` is given; labels, if any, are not read), else the files of ``input_dir`` matching
-    ``input_pattern``, sorted. Returns ``[{"image": path}, ...]``.
+    ``input_pattern`` and its sub-folders that hold DICOM files (one DICOM series each), sorted; ``input_dir``
+    itself when it holds DICOM files (one series). Returns ``[{"image": path}, ...]``.
 
     Args:
         input_dir: the folder of input volumes (not read when ``data_list_file_path`` is given).
@@ -339,8 +339,8 @@ def synapse_inference_datalist(
         require_any: an empty list (a JSON with an empty ``test`` list) stops the run, naming where nothing was
             found. Defaults to False.
         check_volumes: every volume is checked from its header before any is segmented
-            (:func:`~spectraflow_monai.apps.synapse.check_volume_pair`: a readable 3D NIfTI volume), so that a bad
-            file stops the run naming it. Defaults to False.
+            (:func:`~spectraflow_monai.apps.synapse.check_volume_pair`: a readable 3D NIfTI / NRRD volume or one
+            complete DICOM series), so that a bad file stops the run naming it. Defaults to False.
 
     Raises:
         DatasetError: the JSON has no ``test`` list (or another problem, see :func:`read_decathlon_datalist`),
@@ -361,11 +361,20 @@ def synapse_inference_datalist(
     else:
         if input_dir is None or not os.path.isdir(os.fspath(input_dir)):
             raise DatasetError(f"input_dir {input_dir!r} is not a folder of volumes.")
-        files = sorted(_glob.glob(os.path.join(os.fspath(input_dir), input_pattern)))
-        if not files:
-            raise DatasetError(f"no image matches {input_pattern!r} in {os.fspath(input_dir)!r}.")
-        items = [{"image": f} for f in files]
-        where = f"{os.fspath(input_dir)!r} (input_pattern {input_pattern!r})"
+        folder = os.fspath(input_dir)
+        files = [f for f in _glob.glob(os.path.join(folder, input_pattern)) if os.path.isfile(f)]
+        series = [] if files else [folder] if _holds_dicom(folder) else []
+        if not series:
+            subs = (os.path.join(folder, n) for n in os.listdir(folder) if not n.startswith("."))
+            series = [d for d in subs if os.path.isdir(d) and _holds_dicom(d)]
+        if not files and not series:
+            raise DatasetError(
+                f"no image matches {input_pattern!r} in {folder!r}, and no sub-folder holds a DICOM series."
+            )
+        if series:
+            logger.info("%d DICOM series folder(s) in %s", len(series), folder)
+        items = [{"image": f} for f in sorted(files + series)]
+        where = f"{folder!r} (input_pattern {input_pattern!r})"
     if require_any and not items:
         raise FileNotFoundError(f"no volume to segment in {where}.")
     if check_volumes:
@@ -374,13 +383,29 @@ def synapse_inference_datalist(
     return items
 
 
+def _holds_dicom(folder: str) -> bool:
+    """Whether ``folder`` holds a DICOM file (a Part 10 file: ``DICM`` after the 128-byte preamble)."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.startswith(".") or not os.path.isfile(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                if f.read(132)[128:] == b"DICM":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _check_volume(path: str) -> None:
     check_volume_pair(path, None)
 
 
 def volume_input_check(datalist: Sequence[Mapping[str, Any]], require_readable: bool = True) -> InputCheck:
-    """Every inference volume checked from its header (a readable 3D NIfTI volume,
-    :func:`~spectraflow_monai.apps.synapse.check_volume_pair`) before any is segmented; a bad one is skipped with a
+    """Every inference volume checked from its header (a readable 3D NIfTI / NRRD volume, or a DICOM series folder
+    holding one complete CT series, :func:`~spectraflow_monai.apps.synapse.check_volume_pair`) before any is
+    segmented; a bad one (two series mixed in one folder, a missing slice, another modality, ...) is skipped with a
     warning naming it, not stopping the others (:class:`~spectraflow_monai.data.validation.InputCheck`).
 
     ``configs/inference.yaml`` segments :meth:`InputCheck.dataset` (which also skips a volume whose loading fails,

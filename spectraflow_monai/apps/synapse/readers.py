@@ -14,12 +14,21 @@ import torch
 from monai.transforms import ScaleIntensityRange
 
 from spectraflow_monai.apps.synapse.constants import (
-    AFFINE_TOL,
     BTCV_LUT,
+    BTCV_TO_SYNAPSE,
     NUM_BTCV_LABELS,
     SYNAPSE_ORGANS,
 )
-from spectraflow_monai.data.label_map import apply_label_map
+from spectraflow_monai.data.label_map import apply_label_map, inverse_label_map
+from spectraflow_monai.data.volumes import (
+    VolumeHeader,
+    canonical_volume,
+    check_label_grid,
+    read_label_volume,
+    read_volume,
+    volume_format,
+    volume_header,
+)
 from spectraflow_monai.transforms.finite import check_finite
 from spectraflow_monai.utils.errors import DataError, DatasetError
 
@@ -28,6 +37,9 @@ __all__ = [
     "is_h5",
     "read_h5_volume",
     "read_nifti_volume",
+    "read_raw_volume",
+    "segment_values",
+    "class_values",
     "check_loaded_pair", "check_synapse_h5", "check_synapse_labels", "check_volume_pair", "import_nibabel",
     "load_nifti", "load_synapse_h5", "map_btcv_labels"]
 
@@ -135,17 +147,13 @@ def load_nifti(path: str | os.PathLike, case: str | None, what: str) -> Any:
         raise DatasetError(f"{where}{what} file {path!r} is not a readable NIfTI image: {e}") from e
 
 
-def _volume_shape(img: Any, path: str, case: str | None, what: str) -> tuple[int, ...]:
-    shape = tuple(int(s) for s in img.shape)
-    while len(shape) > 3 and shape[-1] == 1:  # (H, W, D, 1) is a volume
-        shape = shape[:-1]
-    where = f"case {case}: " if case is not None else ""
-    if len(shape) != 3 or min(shape) < 2:
+def _check_3d(header: VolumeHeader, case: str | None, what: str) -> None:
+    if len(header.shape) != 3 or min(header.shape) < 2:
+        where = f"case {case}: " if case is not None else ""
         raise DatasetError(
-            f"{where}{what} file {path!r} is 2D or not a volume (shape {tuple(img.shape)}); expected a 3D volume "
+            f"{where}{what} file {header.path!r} is 2D or not a volume (shape {header.shape}); expected a 3D volume "
             "(H, W, D) with at least 2 voxels along each axis."
         )
-    return shape
 
 
 def check_volume_pair(
@@ -153,46 +161,52 @@ def check_volume_pair(
 ) -> dict[str, Any]:
     """Check that a CT volume and its label map are 3D and share shape and affine (reads headers only).
 
+    The image is a NIfTI or NRRD file or a DICOM series folder (checked:
+    :func:`~spectraflow_monai.data.dicom.check_dicom_series`), the label a NIfTI or NRRD file (3D Slicer's
+    ``.seg.nrrd`` too) on the image's grid (:func:`~spectraflow_monai.data.volumes.check_label_grid`).
+
     Args:
-        image_path: the image NIfTI file.
-        label_path: the label NIfTI file, or None to check the image alone.
+        image_path: the image file (or DICOM series folder).
+        label_path: the label file, or None to check the image alone.
         case: case id used in error messages. Defaults to None.
 
     Returns:
         ``{"shape": (H, W, D), "spacing": (sx, sy, sz), "affine": 4x4 array}`` of the image.
 
     Raises:
-        DatasetError (a ``ValueError``): a file is missing or unreadable, is 2D, or the label's shape or
-            affine (tolerance 1e-3) differs from the image's; the message names the case, the files and the
-            problem.
+        DatasetError (a ``ValueError``): a file is missing or unreadable, is 2D, a DICOM series is bad, or the
+            label's shape or affine (tolerance 1e-3) differs from the image's; the message names the case, the files
+            and the problem.
+        ImportError: an NRRD file or DICOM folder without pynrrd / pydicom (naming what to install).
     """
-    img = load_nifti(image_path, case, "image")
-    lbl = load_nifti(label_path, case, "label") if label_path is not None else None
-    return check_loaded_pair(img, lbl, image_path, label_path, case)
+    image = volume_header(image_path, "image", case)
+    _check_3d(image, case, "image")
+    if label_path is not None:
+        label = volume_header(label_path, "label", case)
+        _check_3d(label, case, "label")
+        check_label_grid(image, label, case)
+    return {"shape": image.shape, "spacing": image.spacing, "affine": image.affine}
 
 
 def check_loaded_pair(
     img: Any, lbl: Any, image_path: str | os.PathLike, label_path: str | os.PathLike | None, case: str | None
 ) -> dict[str, Any]:
-    where = f"case {case}: " if case is not None else ""
-    shape = _volume_shape(img, os.fspath(image_path), case, "image")
-    affine = np.asarray(img.affine, dtype=np.float64)
+    """:func:`check_volume_pair` of two NIfTI images loaded with nibabel already (``lbl`` may be None)."""
+
+    def header(loaded: Any, path: str | os.PathLike) -> VolumeHeader:
+        shape = tuple(int(v) for v in loaded.shape)
+        while len(shape) > 3 and shape[-1] == 1:  # (H, W, D, 1) is a volume
+            shape = shape[:-1]
+        return VolumeHeader(os.fspath(path), "nifti", shape, np.asarray(loaded.affine, dtype=np.float64))
+
+    image = header(img, image_path)
+    _check_3d(image, case, "image")
     if lbl is not None and label_path is not None:
-        lshape = _volume_shape(lbl, os.fspath(label_path), case, "label")
-        if lshape != shape:
-            raise DatasetError(
-                f"{where}label {os.fspath(label_path)!r} has shape {lshape} but image {os.fspath(image_path)!r} "
-                f"has shape {shape}."
-            )
-        laffine = np.asarray(lbl.affine, dtype=np.float64)
-        diff = float(np.abs(laffine - affine).max())
-        if diff > AFFINE_TOL:
-            raise DatasetError(
-                f"{where}label {os.fspath(label_path)!r} and image {os.fspath(image_path)!r} have different affines "
-                f"(max abs difference {diff:.4g} > {AFFINE_TOL}):\nimage\n{affine}\nlabel\n{laffine}"
-            )
+        label = header(lbl, label_path)
+        _check_3d(label, case, "label")
+        check_label_grid(image, label, case)
     spacing = tuple(float(z) for z in img.header.get_zooms()[:3])
-    return {"shape": shape, "spacing": spacing, "affine": affine}
+    return {"shape": image.shape, "spacing": spacing, "affine": image.affine}
 
 
 def _open_h5(path: str | os.PathLike) -> Any:
@@ -297,6 +311,47 @@ def read_h5_volume(
     return image, label
 
 
+def _window(image: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+    # the HU window to [0, 1]: what CTWindow does (MONAI's ScaleIntensityRange, clipped); CTWindow itself lives above
+    # this module (apps/synapse/transforms.py builds on the readers)
+    low, high = params["window"]
+    return np.asarray(ScaleIntensityRange(low, high, 0.0, 1.0, clip=True, dtype=np.float32)(image))
+
+
+def _map_label(label: np.ndarray, label_path: str, case: str, params: Mapping[str, Any]) -> np.ndarray:
+    """The label values of a volume as classes: the run's ``label_map``, else the BTCV map (``map_labels``), else
+    stored as they are (integers that fit the uint8 cache)."""
+    label = label.reshape(label.shape[:3])
+    if params.get("label_map") is not None:  # a label map of the user's data (recorded in the cache index)
+        where = f"of case {case} ({label_path})"
+        try:
+            return apply_label_map(label, params["label_map"], params.get("unmapped", "error"), where=where)
+        except DataError as e:
+            raise DatasetError(str(e)) from e
+    if params["map_labels"]:
+        return map_btcv_labels(label, case=f"{case} ({label_path})", dtype=np.uint8)
+    return check_synapse_labels(label, num_classes=256, where=f"case {case} ({label_path})").astype(np.uint8)
+
+
+def class_values(label_map: Any, btcv: bool, num_classes: int) -> list[int] | None:
+    """The source value of every class (the inverse of ``label_map``, or of the BTCV map when ``btcv``), or None
+    (class indices): what a 3D Slicer segmentation's class is written as before a run maps its labels to classes, so
+    that the mapping gives the class back (liver -> BTCV 6 -> class 5)."""
+    if label_map is not None:
+        return inverse_label_map(label_map, num_classes)
+    if btcv and num_classes == len(SYNAPSE_ORGANS):
+        return inverse_label_map({0: 0, **BTCV_TO_SYNAPSE}, num_classes)
+    return None
+
+
+def segment_values(params: Mapping[str, Any]) -> list[int] | None:
+    """:func:`class_values` of the slice cache's ``params`` (``label_map``, ``map_labels``, ``class_names``)."""
+    names = params.get("class_names")
+    if names is None:
+        return None
+    return class_values(params.get("label_map"), bool(params["map_labels"]), len(names))
+
+
 def read_nifti_volume(
     image_path: str, label_path: str | None, case: str, params: Mapping[str, Any]
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -312,27 +367,44 @@ def read_nifti_volume(
     except Exception as e:  # truncated / corrupt data: zlib, EOF, OS errors
         raise DatasetError(f"case {case}: cannot read the image data of {image_path!r}: {e}") from e
     image = finite_image(image.reshape(image.shape[:3]), image_path, case, params, params["window"][0])
-    # the HU window to [0, 1]: what CTWindow does (MONAI's ScaleIntensityRange, clipped); CTWindow itself lives above
-    # this module (apps/synapse/transforms.py builds on the readers)
-    low, high = params["window"]
-    image = np.asarray(ScaleIntensityRange(low, high, 0.0, 1.0, clip=True, dtype=np.float32)(image))
+    image = _window(image, params)
     label = None
-    if lbl is not None:
+    if lbl is not None and label_path is not None:
         try:
             if params["canonical"]:
                 lbl = nib.as_closest_canonical(lbl)
             label = np.asanyarray(lbl.dataobj)
         except Exception as e:
             raise DatasetError(f"case {case}: cannot read the label data of {label_path!r}: {e}") from e
-        label = label.reshape(label.shape[:3])
-        if params.get("label_map") is not None:  # a label map of the user's data (recorded in the cache index)
-            where = f"of case {case} ({label_path})"
-            try:
-                label = apply_label_map(label, params["label_map"], params.get("unmapped", "error"), where=where)
-            except DataError as e:
-                raise DatasetError(str(e)) from e
-        elif params["map_labels"]:
-            label = map_btcv_labels(label, case=f"{case} ({label_path})", dtype=np.uint8)
-        else:  # stored as they are: integers that fit the uint8 cache
-            label = check_synapse_labels(label, num_classes=256, where=f"case {case} ({label_path})").astype(np.uint8)
+        label = _map_label(label, label_path, case, params)
+    return image, label
+
+
+def read_raw_volume(
+    image_path: str, label_path: str | None, case: str, params: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Read a CT volume in HU and its label for the slice cache, whatever their kinds: NIfTI pairs as
+    :func:`read_nifti_volume`; NRRD files and DICOM series folders through
+    :class:`~spectraflow_monai.data.volumes.VolumeReader` (a 3D Slicer segmentation mapped to ``params["class_names"]``
+    by segment name, :func:`segment_values`). Both are checked to lie on one grid, reoriented to RAS+
+    (``canonical``), the image windowed, the label mapped to the classes as NIfTI labels are.
+
+    Raises:
+        DatasetError: naming the case and the file: unreadable, not on one grid, a bad DICOM series, a segment that
+            is no class, values the label map does not list.
+    """
+    nifti = volume_format(image_path) == "nifti" and (label_path is None or volume_format(label_path) == "nifti")
+    if nifti:
+        return read_nifti_volume(image_path, label_path, case, params)
+    check_volume_pair(image_path, label_path, case)
+    image, affine = read_volume(image_path, case)
+    if params["canonical"]:
+        image, _ = canonical_volume(image, affine)
+    image = _window(finite_image(image, image_path, case, params, params["window"][0]), params)
+    label = None
+    if label_path is not None:
+        label, label_affine = read_label_volume(label_path, params.get("class_names"), segment_values(params), case)
+        if params["canonical"]:
+            label, _ = canonical_volume(label, label_affine)
+        label = _map_label(label, label_path, case, params)
     return image, label

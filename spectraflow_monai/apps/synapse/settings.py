@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spectraflow_monai.apps.synapse.constants import SYNAPSE_BUNDLE_DATASETS, SYNAPSE_ORGANS
+from spectraflow_monai.apps.synapse.readers import class_values
 from spectraflow_monai.data.label_map import (
     LABEL_MAP_UNMAPPED,
     check_class_names,
@@ -28,11 +29,14 @@ from spectraflow_monai.utils.settings import SettingsObject
 
 __all__ = [
     "LAYOUTS",
+    "OUTPUT_FORMATS",
+    "all_class_names",
     "SynapseDataOptions",
     "SynapseDataSettings",
     "check_datalist_base",
     "check_own_data_settings",
     "default_val_cases",
+    "label_values",
     "prediction_values",
     "resolve_label_map",
     "slice_nonfinite_value",
@@ -45,6 +49,9 @@ __all__ = [
 #: the on-disk layouts of the Synapse data (:func:`synapse_layout`): the BTCV NIfTI release (and one's own NIfTI
 #: volumes) and TransUNet's preprocessed files
 LAYOUTS: tuple[str, ...] = ("raw", "transunet")
+#: what ``configs/inference.yaml`` writes (``output_format``): the label NIfTI, or with it a DICOM SEG of each DICOM
+#: series input
+OUTPUT_FORMATS: tuple[str, ...] = ("nifti", "dicom_seg")
 @dataclasses.dataclass(frozen=True)
 class SynapseDataSettings:
     """The data settings of one Synapse run, under the bundle's own names, handed whole to the pipeline that lists,
@@ -71,6 +78,8 @@ class SynapseDataSettings:
             never generated). Defaults to None.
         nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
         progress: show the slice-extraction progress bar. Defaults to True.
+        class_names: the classes, background first, that the segments of a 3D Slicer segmentation label
+            (``.seg.nrrd``) are matched with by name; None: :func:`synapse_class_names` of ``num_classes``.
     """
 
     dataset: str = "synthetic"
@@ -89,10 +98,13 @@ class SynapseDataSettings:
     nonfinite: str = "error"
     nonfinite_value: Any = None
     progress: bool = True
+    class_names: Any = None
 
     def __post_init__(self) -> None:
         if self.num_classes is None:
             object.__setattr__(self, "num_classes", 9)
+        names = all_class_names(self.class_names, self.num_classes, self.data_list_file_path)
+        object.__setattr__(self, "class_names", tuple(names))
         object.__setattr__(self, "hu_window", tuple(float(v) for v in self.hu_window))
         if self.synthetic_size is not None:
             object.__setattr__(self, "synthetic_size", dict(self.synthetic_size))
@@ -191,6 +203,26 @@ def synapse_class_names(num_classes: int, data_list_file_path: Any = None, recor
     if not data_list_file_path and num_classes == len(SYNAPSE_ORGANS):
         return list(SYNAPSE_ORGANS)
     return ["background", *(f"class_{i}" for i in range(1, int(num_classes)))]
+
+
+def all_class_names(class_names: Any, num_classes: Any, data_list_file_path: Any = None) -> list[str]:
+    """Every class name, background first: ``class_names`` as given (``num_classes`` names), with ``background`` put
+    first when it names the foreground classes only (``num_classes - 1`` names), or :func:`synapse_class_names` when
+    None. The names that 3D Slicer segments and DICOM SEG segments are matched with, by position = class index."""
+    if class_names is None:
+        return synapse_class_names(num_classes, data_list_file_path)
+    names = [str(n) for n in class_names]
+    if num_classes is not None and len(names) == int(num_classes) - 1:
+        names = ["background", *names]
+    return names
+
+
+def label_values(label_map: Any, data_list_file_path: Any, num_classes: Any) -> list[int] | None:
+    """The value each class of a 3D Slicer segmentation label is read as, before the run's label map turns it into
+    the class (the inverse of the run's map: the BTCV map of the presets, the identity or ``label_map`` of a datalist
+    JSON); None: class indices."""
+    mapping = resolve_label_map(label_map, data_list_file_path, num_classes)
+    return class_values(mapping, mapping is None, int(num_classes))
 
 
 def check_own_data_settings(

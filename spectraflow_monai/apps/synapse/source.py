@@ -47,6 +47,8 @@ class SynapseDataSource:
         nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
         allow_empty_masks: a training datalist whose masks are all background is trained on with a warning instead
             of stopping the run (:func:`~spectraflow_monai.apps.workflow.datalist`). Defaults to False.
+        class_names: the classes, background first, that 3D Slicer segmentation labels (``.seg.nrrd``) are matched
+            with by segment name. Defaults to None (:func:`~spectraflow_monai.apps.synapse.synapse_class_names`).
 
     See :func:`~spectraflow_monai.apps.synapse.build_synapse_datalist` for the checks and errors.
     """
@@ -70,6 +72,7 @@ class SynapseDataSource:
         nonfinite: str = "error",
         nonfinite_value: float | None = None,
         allow_empty_masks: bool = False,
+        class_names: Sequence[str] | None = None,
     ) -> None:
         self.allow_empty_masks = bool(allow_empty_masks)
         generate = synthetic_size if dataset == "synthetic" and not data_list_file_path else None
@@ -90,6 +93,7 @@ class SynapseDataSource:
             nonfinite=nonfinite,
             nonfinite_value=nonfinite_value,
             progress=progress,
+            class_names=class_names,
         )
 
     @classmethod
@@ -97,7 +101,7 @@ class SynapseDataSource:
         """The source of a run's settings objects: ``data`` (a :class:`~spectraflow_monai.utils.settings.
         DataSettings`: the source, selection, ``allow_empty_masks`` and its
         :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`: ``unmapped_labels``, ``synthetic_size``),
-        ``model`` (image size, CT window, label map, classes, the non-finite rule) and ``run`` (``dataset_dir``, the
+        ``model`` (image size, CT window, label map, classes and their names, the non-finite rule) and ``run`` (``dataset_dir``, the
         slice ``cache_dir``: None for :func:`~spectraflow_monai.apps.synapse.slice_cache_dir` under ``bundle_root``,
         ``progress_bar``)."""
         options = dict(data.data_options or {})
@@ -110,7 +114,7 @@ class SynapseDataSource:
             unmapped_labels=options.get("unmapped_labels", "error"), val_fraction=data.val_fraction,
             data_fraction=data.data_fraction, data_seed=data.data_seed, synthetic_size=options.get("synthetic_size"),
             progress=run.progress_bar, nonfinite=model.nonfinite, nonfinite_value=model.nonfinite_value,
-            allow_empty_masks=data.allow_empty_masks,
+            allow_empty_masks=data.allow_empty_masks, class_names=model.class_names,
         )  # fmt: skip
 
     def datalist(

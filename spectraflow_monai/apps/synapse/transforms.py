@@ -19,6 +19,7 @@ To feed the 3-channel DINOv2 encoder, repeat the single CT channel with MONAI's 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import zipfile
@@ -43,7 +44,10 @@ __all__ = [
     "LoadSynapseSliced",
     "LoadSynapseH5d",
     "load_slice_npz",
+    "SaveDicomSegd",
 ]
+
+logger = logging.getLogger(__name__)
 
 _SLICE_NAME = re.compile(r"case(\d+)_slice(\d+)")
 _CASE_NAME = re.compile(r"case(\d+)")
@@ -353,3 +357,58 @@ class LoadSynapseH5d(MapTransform):
             tensor = torch.from_numpy(np.ascontiguousarray(arr[None]))
             d[key] = MetaTensor(tensor, affine=torch.eye(4, dtype=torch.float64), meta=meta)
         return d
+
+
+class SaveDicomSegd(MapTransform):
+    """Write each prediction of a DICOM series input as a DICOM SEG of that series, beside its label file:
+    ``<output_dir>/<series folder name>_<postfix>.dcm`` (``configs/inference.yaml``, ``output_format: dicom_seg``).
+
+    One segment per class present, labelled with its class name
+    (:func:`~spectraflow_monai.data.dicom_seg.write_dicom_seg`, the converter the MONAI Label app uses too). The
+    prediction must carry its input's metadata (``filename_or_obj``: the series folder) and lie on the series' grid
+    (after ``Invertd``). An input that is no DICOM series (a NIfTI / NRRD file) and a prediction that holds no class
+    are logged and get no SEG; the data are returned unchanged.
+
+    Args:
+        keys: the prediction key(s). Defaults to ``"pred"``.
+        output_dir: the folder the SEG files go to.
+        class_names: the name of every class, background first (the model's ``class_names``).
+        output_postfix: the name's postfix. Defaults to ``"seg"``.
+        allow_missing_keys: as MONAI's. Defaults to False.
+
+    Raises:
+        ValueError: ``output_dir`` is not a folder path, or ``class_names`` names fewer than 2 classes.
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection = "pred",
+        output_dir: str | os.PathLike = ".",
+        class_names: Sequence[str] = (),
+        output_postfix: str = "seg",
+        allow_missing_keys: bool = False,
+    ) -> None:
+        super().__init__(keys, allow_missing_keys)
+        if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
+            raise ValueError(f"output_dir must be a folder path, got {output_dir!r}.")
+        names = [str(n) for n in class_names]
+        if len(names) < 2:
+            raise ValueError(f"class_names must name the background and at least one class, got {names!r}.")
+        self.output_dir, self.class_names, self.postfix = os.fspath(output_dir), names, str(output_postfix)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> Mapping[Hashable, Any]:
+        from spectraflow_monai.data.dicom_seg import SEG_SUFFIX, write_dicom_seg
+        from spectraflow_monai.data.volumes import volume_name
+
+        for key in self.key_iterator(dict(data)):
+            pred = data[key]
+            source = str(pred.meta.get("filename_or_obj", "")) if isinstance(pred, MetaTensor) else ""
+            if not source or not os.path.isdir(source):
+                logger.warning("%s is not a DICOM series folder: no DICOM SEG written for it", source or key)
+                continue
+            if not bool(torch.as_tensor(pred).any()):
+                logger.warning("the prediction of %s holds no class: no DICOM SEG written for it", source)
+                continue
+            path = os.path.join(self.output_dir, f"{volume_name(source)}_{self.postfix}{SEG_SUFFIX}")
+            write_dicom_seg(pred, source, self.class_names, path)
+        return data
