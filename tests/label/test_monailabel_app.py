@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +42,8 @@ from monai.bundle import run as bundle_run  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
+
+from .pacs import serving  # noqa: E402
 from spectraflow_monai.apps.synapse import (
     map_btcv_labels,
     synthetic_ct_volume,  # noqa: E402
@@ -611,39 +612,24 @@ def _server_log(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def running_server(workdir: Path, studies: Path, bundles: Path, conf: dict[str, str]):
-    """``monailabel start_server`` on 127.0.0.1 (a free port) with the app in ``bundles``; yields
-    ``(base_url, log_file)`` once ``GET /info/`` answers, and stops the server afterwards."""
-    requests = pytest.importorskip("requests")
+def running_server(workdir: Path, studies: Path | str, bundles: Path, conf: dict[str, str], env: dict | None = None):
+    """``monailabel start_server`` on 127.0.0.1 (a free port) with the app in ``bundles`` (environment: this
+    process's, updated with ``env``); yields ``(base_url, log_file)`` once ``GET /info/`` answers, and stops the
+    server afterwards."""
+    pytest.importorskip("requests")
     port = _free_port()
     cmd = [sys.executable, "-m", "monailabel.main", "start_server", "--app", str(bundles / "monailabel_app"),
            "--studies", str(studies), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     for key, value in conf.items():
         cmd += ["--conf", key, value]
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **(env or {}))
     log = workdir / "server.log"
     base = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=workdir)
-        try:
-            deadline = time.monotonic() + SERVER_START_TIMEOUT
-            while True:
-                assert proc.poll() is None, f"server exited with {proc.returncode}:\n{_server_log(log)}"
-                try:
-                    if requests.get(f"{base}/info/", timeout=5).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                assert time.monotonic() < deadline, f"server not up after {SERVER_START_TIMEOUT} s:\n{_server_log(log)}"
-                time.sleep(0.5)
-            yield base, log
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=20)
+    with open(log, "wb") as log_file, serving(
+        cmd, f"{base}/info/", SERVER_START_TIMEOUT, "server", lambda: _server_log(log), poll=0.5, stdout=log_file,
+        stderr=subprocess.STDOUT, env=env, cwd=workdir,
+    ):  # fmt: skip
+        yield base, log
 
 
 def test_server_end_to_end(tmp_path):
