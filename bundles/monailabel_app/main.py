@@ -11,6 +11,11 @@ Start it with::
     monailabel start_server --app bundles/monailabel_app --studies /data/studies \\
         --conf models spectraflow_synapse_segmentation,spectraflow_2d_segmentation
 
+or on a PACS (a DICOMweb server; docs/monailabel.md, "Serving from a PACS"; ``lib/dicomweb.py``)::
+
+    monailabel start_server --app bundles/monailabel_app --studies http://127.0.0.1:8042/dicom-web \\
+        --conf models spectraflow_synapse_segmentation
+
 Settings (``--conf KEY VALUE``):
 
 - ``models``: comma-separated bundle names (default: every bundle found in ``bundles_dir``). A name that is not a
@@ -43,6 +48,11 @@ Settings (``--conf KEY VALUE``):
 - ``kept_model_backups``: model backups (``models/<file>.bak-<date>-<time>``) the served copy keeps per file
   (default 2; an integer >= 0): older ones are removed at start and after each training run (``lib/served.py``),
   only those the bundle runs made (recorded when made); a file, folder or link only named like one is left alone.
+- ``dicomweb_cache_series`` (a PACS): series without a label its cache keeps (default 16; the least recently used
+  go first). ``scoring_max_series`` (a PACS): series one scoring request retrieves and scores at most (default 8);
+  on a PACS scoring never starts by itself (each series scored is one retrieved), and nothing is retrieved that no
+  request names. DICOM SEG is written by dcmqi's ``itkimage2segimage`` from PATH, the app's ``bin/`` or the PyPI
+  wheel ``dcmqi`` (the ``label`` extra), never downloaded (``lib/dicomseg.py``).
 - ``scoring_max_seconds``, ``scoring_batch_size``, ``uncertainty_hold_seconds``: the uncertainty scoring's time
   budget per run (default 600 s), images or slices per forward pass (default 2 on a CPU, 8 on a GPU; each pass holds
   four flips of each), and how long the ``uncertainty`` strategy holds back an image it or another strategy served
@@ -57,7 +67,8 @@ id or label: 404, a file that cannot be read as an image or has no image extensi
 ``max_upload_mb``: 413, a 2D image sent to a volume model or the reverse: 422, a training or inference option that is
 not accepted: 422, weights that do not fit the network their record describes or cannot serve (sparse, meta, quantized,
 NaN, all zero), weights without their record, a record written for other weights or edited: 422, a served model whose
-files on disk are not a pair: 503, a label map of another size than its image: 422, an image uploaded again at another
+files on disk are not a pair: 503, a label map of another size than its image or, for a volume, with values that are no
+class: 422, a series the PACS does not list: 404, an image uploaded again at another
 size (with labels) or extension: 409, an info over 64 KB: 413, a task body with NaN / Infinity or a key that is not an
 option (``bundle_path`` included): 422, over 64 KB: 413, a scoring request while a run runs: 429, ``params`` / ``info``
 with NaN, Infinity or nesting deeper than 32: 422, a split that leaves no validation pair or too few training pairs:
@@ -134,6 +145,8 @@ from lib.checks import (  # noqa: E402
     resolve_image,
 )
 from lib.datastore import CheckedLocalDatastore  # noqa: E402
+from lib.dicomseg import SegmentError, bundle_classes, provide_dcmqi  # noqa: E402
+from lib.dicomweb import DEFAULT_CACHE_SERIES, CheckedDICOMWebDatastore  # noqa: E402
 from lib.infers import (  # noqa: E402
     DEFAULT_WEIGHTS,
     DropSingletonChanneld,
@@ -250,6 +263,18 @@ def _max_upload_bytes(conf: dict[str, Any]) -> int:
     if not value > 0 or value == float("inf"):
         raise ValueError(f"--conf max_upload_mb must be a number of megabytes > 0, got {text!r}.")
     return int(value * 1e6)
+
+
+def _positive_int(conf: dict[str, Any], key: str, default: int) -> int:
+    """``--conf <key>`` as an integer >= 1 (``default`` when left out)."""
+    text = conf.get(key)
+    try:
+        value = int(text) if text not in (None, "") else default
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1:
+        raise ValueError(f"--conf {key} must be an integer >= 1, got {text!r}.")
+    return value
 
 
 def weights_problem(path: str, network: torch.nn.Module) -> str | None:
@@ -371,6 +396,8 @@ class SpectraFlowApp(MONAILabelApp):
         self.max_upload_bytes = _max_upload_bytes(conf)
         self.allow_empty_masks = strtobool(str(conf.get("allow_empty_masks", "false")))
         self.scoring_settings = scoring_settings(conf)
+        self.cache_series = _positive_int(conf, "dicomweb_cache_series", DEFAULT_CACHE_SERIES)
+        self.label_classes = self._volume_classes()
         self.untrained: dict[str, str] = {}
         self.unusable: dict[str, tuple[Any, str]] = {}  # bundle -> (stamp of its served pair, why it cannot serve)
         self._serving = threading.RLock()
@@ -385,18 +412,88 @@ class SpectraFlowApp(MONAILabelApp):
             version=f"{spectraflow_monai.__version__} (MONAI Label {monailabel.__version__})",
         )
 
+    def _volume_classes(self) -> dict[int, str]:
+        """``{value: class name}`` of the served volume bundles' label maps (their ``channel_def``): what a volume's
+        label values must be and what its DICOM SEG segments are named."""
+        classes: dict[int, str] = {}
+        for name, path in self.bundles.items():
+            if input_rank(path) != 3:
+                continue
+            own = bundle_classes(path)
+            clash = {v: (classes[v], n) for v, n in own.items() if v in classes and classes[v] != n}
+            if clash:
+                raise ValueError(f"bundle {name!r} names label values otherwise than another served volume bundle "
+                                 f"({clash}): serve one of them (--conf models)")  # fmt: skip
+            classes.update(own)
+        return dict(sorted(classes.items()))
+
+    def model_classes(self, model: str) -> dict[int, str]:
+        """``{value: class name}`` of bundle ``model``'s label maps (its ``channel_def``, background left out)."""
+        self.require_bundle(model)
+        return bundle_classes(self.bundles[model])
+
+    @property
+    def remote(self) -> bool:
+        """Whether the datastore is a PACS (DICOMweb): nothing is retrieved that no request names."""
+        return bool(getattr(self._datastore, "remote", False))
+
     # ------------------------------------------------------------------ tasks
     def init_datastore(self) -> Datastore:
-        if self.studies.startswith(("http://", "https://")):
-            return super().init_datastore()
         from monailabel.config import settings
 
-        return CheckedLocalDatastore(
+        if self.studies.startswith(("http://", "https://")):
+            if settings.MONAI_LABEL_DATASTORE.lower() in ("xnat", "dsa"):
+                return super().init_datastore()
+            return self._dicomweb_datastore()
+        store = CheckedLocalDatastore(
             self.studies,
             extensions=settings.MONAI_LABEL_DATASTORE_FILE_EXT,
             auto_reload=settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD,
             read_only=settings.MONAI_LABEL_DATASTORE_READ_ONLY,
         )
+        store.label_classes = dict(self.label_classes)
+        return store
+
+    def _dicomweb_datastore(self) -> CheckedDICOMWebDatastore:
+        """The PACS as MONAI Label reaches it (its client, credentials and prefixes: ``MONAI_LABEL_DICOMWEB_*``
+        settings), served by :class:`lib.dicomweb.CheckedDICOMWebDatastore`; dcmqi found without a download."""
+        from dicomweb_client import DICOMwebClient
+        from monailabel.config import settings
+        from monailabel.datastore.dicom import DICOMwebClientX
+        from monailabel.interfaces import app as app_module
+
+        self.studies = self.studies.rstrip("/").strip()
+        self._download_dcmqi_tools()
+        if "googleapis.com" in self.studies:
+            client = DICOMwebClient(url=self.studies, session=app_module.create_session_from_gcp_credentials())
+        else:
+            session = None
+            if settings.MONAI_LABEL_DICOMWEB_USERNAME and settings.MONAI_LABEL_DICOMWEB_PASSWORD:
+                session = app_module.create_session_from_user_pass(
+                    settings.MONAI_LABEL_DICOMWEB_USERNAME, settings.MONAI_LABEL_DICOMWEB_PASSWORD
+                )
+            client = DICOMwebClientX(
+                url=self.studies,
+                session=session,
+                qido_url_prefix=settings.MONAI_LABEL_QIDO_PREFIX,
+                wado_url_prefix=settings.MONAI_LABEL_WADO_PREFIX,
+                stow_url_prefix=settings.MONAI_LABEL_STOW_PREFIX,
+            )
+        cache = (settings.MONAI_LABEL_DICOMWEB_CACHE_PATH or "").strip() or None
+        return CheckedDICOMWebDatastore(
+            client,
+            search_filter=settings.MONAI_LABEL_DICOMWEB_SEARCH_FILTER,
+            classes=self.label_classes,
+            cache_path=cache,
+            fetch_by_frame=settings.MONAI_LABEL_DICOMWEB_FETCH_BY_FRAME,
+            max_series=self.cache_series,
+        )
+
+    def _download_dcmqi_tools(self) -> None:
+        """dcmqi's ``itkimage2segimage`` from PATH, the app's ``bin/`` or the ``dcmqi`` wheel; never downloaded
+        (MONAI Label fetched it from GitHub at every start without it: offline, the start failed)."""
+        tool = provide_dcmqi(self.app_dir)
+        logger.info(f"+++ DICOM SEG writer: {tool}")
 
     def _infer_task(self, name: str) -> SpectraFlowInferTask | None:
         """The inference task of bundle ``name`` (its served copy), or None when it has no weights yet."""
@@ -466,6 +563,10 @@ class SpectraFlowApp(MONAILabelApp):
         unlabelled image needs a new score. Outside the server (a training's task process) MONAI Label asks the
         server over HTTP; a server that cannot be reached is logged, never raised: the training that triggered it
         has succeeded."""
+        if self.remote and method is None:
+            logger.info(f"{SCORING_NAME}: not started by itself on a PACS (each series scored is one retrieved); POST "
+                        f"/scoring/{SCORING_NAME} scores up to --conf scoring_max_series series")  # fmt: skip
+            return {}
         if not self._server_mode:
             try:
                 return super().async_scoring(method, params)
@@ -682,6 +783,9 @@ class SpectraFlowApp(MONAILabelApp):
                 status_code=404,
                 detail=f"active learning strategy {strategy!r} is not served; strategies: {sorted(self._strategies)}",
             )
+        if self.remote:  # MONAI Label retrieved the chosen series to answer its server path
+            result = self._strategies[strategy]({**request, "strategy": strategy}, self.datastore())
+            return result if isinstance(result, dict) and result.get("id") else {}
         result = super().next_sample(request)
         if isinstance(result, dict):
             result.pop("path", None)
@@ -803,7 +907,10 @@ class SpectraFlowApp(MONAILabelApp):
         from spectraflow_monai.data.validation import check_foreground
         from spectraflow_monai.utils.errors import DatasetError
 
-        pairs = self.datastore().datalist()
+        try:
+            pairs = self.datastore().datalist()
+        except SegmentError as e:
+            raise HTTPException(status_code=422, detail=f"the labels in the PACS cannot train this model: {e}") from None
         if not pairs:
             raise HTTPException(
                 status_code=422,

@@ -14,7 +14,9 @@ writer of that record and keeps what annotators save:
 - **requests checked.** Ids are plain names and tags simple names (``lib.checks``: 400), unknown ids and labels are
   404, an uploaded image or label is refused before it is stored when its id is one of the datastore's own names or
   too long for a file name (400), its extension is not an image format of the datastore (415), or MONAI cannot read
-  it (415); a label map has its image's size (422).
+  it (415); a label map has its image's size, and a volume's label values are 0 or classes of the served volume model
+  (422); a ``.bin`` (raw voxels) or a Slicer ``.seg.nrrd`` label is written on its image's grid first
+  (``lib/labels.py``).
 - **one pair per id.** An image uploaded again under its id keeps its format (another extension would leave two files
   for one id: 409), and an image with labels keeps its size (another size would leave its labels misaligned: 409).
 - **bounded infos.** The info of an image or a label holds at most :data:`MAX_INFO_BYTES` of JSON (413), whatever
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 from typing import Any
 
@@ -47,9 +50,10 @@ from .checks import (
     upload_extension,
 )
 from .infers import short_reason
+from .labels import CONVERTED_LABEL_EXTENSIONS, read_label_upload, spatial_shape, write_on_grid
 from .uploads import datastore_extensions
 
-__all__ = ["MAX_INFO_BYTES", "CheckedLocalDatastore", "spatial_shape"]
+__all__ = ["MAX_INFO_BYTES", "CheckedLocalDatastore", "info_size", "spatial_shape"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +62,8 @@ logger = logging.getLogger(__name__)
 MAX_INFO_BYTES = 64 * 1024
 
 
-def spatial_shape(image: Any) -> tuple[int, ...]:
-    """The spatial size of an image MONAI's ``LoadImage`` read (its ``spatial_shape`` meta data, else its shape)."""
-    meta = getattr(image, "meta", {}) or {}
-    shape = meta.get("spatial_shape", image.shape)
-    return tuple(int(v) for v in (shape.tolist() if hasattr(shape, "tolist") else shape))
-
-
-def _info_size(info: dict[str, Any]) -> int:
+def info_size(info: dict[str, Any]) -> int:
+    """The size of an info as JSON, in bytes."""
     return len(json.dumps(info, default=str).encode("utf-8"))
 
 
@@ -77,6 +75,9 @@ class CheckedLocalDatastore(LocalDatastore):
         self._image_shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # path -> (file version, size)
         # the server's requests, the file watcher and the scoring runs change the record from several threads
         self._mutex = threading.RLock()
+        #: ``{value: class name}`` a volume's label values must belong to (the served volume model's; the app sets
+        #: it); empty: values are not checked
+        self.label_classes: dict[int, str] = {}
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ the record: one writer, whole files
@@ -205,22 +206,36 @@ class CheckedLocalDatastore(LocalDatastore):
             return super().remove_image(image_id)
 
     def save_label(self, image_id: str, label_filename: str, label_tag: str, label_info: dict[str, Any]) -> str:
+        """Check a label map and store it: its image's size (422), a volume's values 0 or classes of
+        :attr:`label_classes` (422); a ``.bin`` (raw voxels) or a Slicer ``.seg.nrrd`` is first written on the image's
+        grid in the image's format (``lib/labels.py``)."""
         check_tag(label_tag)
         self.require_image(check_id(image_id))
-        self._new_file(image_id, label_filename, LABEL_EXTENSIONS, "label map")
         self._check_info(check_json_value(label_info, "params"), "params")
-        shape = self._read_upload(label_filename, "label map")
+        ext = upload_extension(os.path.basename(label_filename), (*LABEL_EXTENSIONS, *CONVERTED_LABEL_EXTENSIONS),
+                               "label map")  # fmt: skip
         expected = self.image_shape(image_id)
-        if shape != expected:
-            raise HTTPException(
-                status_code=422,
-                detail=f"the label map's size {list(shape)} differs from the size {list(expected)} of image "
-                f"{image_id!r} (spatial dimensions, as MONAI reads them): a label map has its image's size and number "
-                "of dimensions",
-            )
-        with self._mutex:
-            self.require_image(image_id)  # removed meanwhile
-            return super().save_label(image_id, label_filename, label_tag, label_info)
+        classes = self.label_classes if len(expected) == 3 else None
+        with tempfile.TemporaryDirectory() as folder:
+            if ext in CONVERTED_LABEL_EXTENSIONS or classes:
+                array = read_label_upload(label_filename, ext, image_id, expected, classes)
+                if ext in CONVERTED_LABEL_EXTENSIONS:
+                    image = self.get_image_uri(image_id)
+                    own = self._datastore.objects[image_id].image.ext
+                    out = own if own in LABEL_EXTENSIONS else (".nii.gz" if len(expected) == 3 else ".png")
+                    label_filename = write_on_grid(array, image, os.path.join(folder, f"label{out}"))
+            self._new_file(image_id, label_filename, LABEL_EXTENSIONS, "label map")
+            shape = self._read_upload(label_filename, "label map")
+            if shape != expected:
+                raise HTTPException(
+                    status_code=422,
+                    detail=f"the label map's size {list(shape)} differs from the size {list(expected)} of image "
+                    f"{image_id!r} (spatial dimensions, as MONAI reads them): a label map has its image's size and "
+                    "number of dimensions",
+                )
+            with self._mutex:
+                self.require_image(image_id)  # removed meanwhile
+                return super().save_label(image_id, label_filename, label_tag, label_info)
 
     def remove_label(self, label_id: str, label_tag: str) -> None:
         with self._mutex:
@@ -274,7 +289,7 @@ class CheckedLocalDatastore(LocalDatastore):
     # ------------------------------------------------------------------ infos
     @staticmethod
     def _check_info(info: dict[str, Any], what: str) -> None:
-        size = _info_size(info)
+        size = info_size(info)
         if size > MAX_INFO_BYTES:
             raise HTTPException(
                 status_code=413,
@@ -314,7 +329,7 @@ class CheckedLocalDatastore(LocalDatastore):
                 if obj is None:
                     continue
                 merged = {**obj.image.info, **info}
-                if _info_size(merged) > MAX_INFO_BYTES:
+                if info_size(merged) > MAX_INFO_BYTES:
                     logger.warning(f"{image_id}: info not updated, it would exceed {MAX_INFO_BYTES} bytes")
                     continue
                 obj.image.info.update(info)

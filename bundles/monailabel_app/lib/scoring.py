@@ -41,6 +41,7 @@ from monailabel.interfaces.utils.transform import run_transforms
 from spectraflow_monai.metrics.uncertainty import FlipEntropy
 
 __all__ = [
+    "DEFAULT_MAX_SERIES",
     "ERROR_KEY",
     "MODEL_KEY",
     "SCORE_KEY",
@@ -80,6 +81,8 @@ _MAX_PASSES = 3
 #: an image any strategy served within this many seconds is not served again (MONAI Label's Epistemic: a day)
 DEFAULT_HOLD_SECONDS = 24 * 60 * 60
 DEFAULT_MAX_SECONDS = 600.0
+#: series a scoring run retrieves from a PACS at most (``--conf scoring_max_series``)
+DEFAULT_MAX_SERIES = 8
 #: images (or slices) per forward pass by device: on 2 CPU threads 2 images (8 with their flips) score 1.3x faster
 #: per image than 8 (32), on a GPU a larger pass fills the device (docs/benchmarks.md, "Uncertainty scoring")
 DEFAULT_BATCH_SIZE = {"cpu": 2, "cuda": 8}
@@ -146,6 +149,13 @@ class _InfoWriter:
         self.interval = max(WRITE_SECONDS, spent / WRITE_SHARE)
 
 
+def _spatial_rank(datastore: Datastore, image_id: str) -> int:
+    """The spatial rank of a datastore image without reading it: the datastore's ``spatial_rank`` (a PACS: 3), else
+    by its file name (:func:`spatial_rank_of_name`)."""
+    rank = getattr(datastore, "spatial_rank", None)
+    return int(rank(image_id)) if rank is not None else spatial_rank_of_name(datastore.get_image_uri(image_id))
+
+
 def _finite_score(info: Mapping[str, Any]) -> float | None:
     value = info.get(SCORE_KEY)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -162,9 +172,12 @@ class UncertaintyScoring(ScoringMethod):
         max_seconds: stop after this many seconds (> 0). Defaults to 600.
         batch_size: images or slices per forward pass (each pass holds four times as many). Defaults to
             :data:`DEFAULT_BATCH_SIZE` of the device (2 on a CPU, 8 on a GPU).
+        max_series: on a remote datastore (a PACS: its ``remote`` is true), a run scores at most this many series
+            (the unscored first, then the oldest scores): each one scored is a series retrieved. Defaults to
+            :data:`DEFAULT_MAX_SERIES`.
 
     Raises:
-        ValueError: ``max_seconds`` <= 0 or ``batch_size`` < 1.
+        ValueError: ``max_seconds`` <= 0, ``batch_size`` < 1 or ``max_series`` < 1.
     """
 
     def __init__(
@@ -173,6 +186,7 @@ class UncertaintyScoring(ScoringMethod):
         device: str,
         max_seconds: float = DEFAULT_MAX_SECONDS,
         batch_size: int | None = None,
+        max_series: int = DEFAULT_MAX_SERIES,
     ) -> None:
         if batch_size is None:
             batch_size = DEFAULT_BATCH_SIZE["cuda" if str(device).startswith("cuda") else "cpu"]
@@ -180,12 +194,14 @@ class UncertaintyScoring(ScoringMethod):
             raise ValueError(f"max_seconds must be > 0, got {max_seconds!r}.")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        if isinstance(max_series, bool) or int(max_series) < 1:
+            raise ValueError(f"max_series must be an integer >= 1, got {max_series!r}.")
         super().__init__(
             "Uncertainty of the served model on each unlabelled image: the mean predictive entropy under test-time "
             f"flips, in [0, 1], written as {SCORE_KEY!r} into the image info"
         )
         self.infer_tasks, self.device = infer_tasks, str(device)
-        self.max_seconds, self.batch_size = float(max_seconds), int(batch_size)
+        self.max_seconds, self.batch_size, self.max_series = float(max_seconds), int(batch_size), int(max_series)
 
     def _order(self, datastore: Datastore, images: list[str]) -> list[str]:
         """Unscored images first, then the oldest scores."""
@@ -197,12 +213,13 @@ class UncertaintyScoring(ScoringMethod):
 
     def pending(self, datastore: Datastore) -> int:
         """How many unlabelled images a run would score: those a served model takes and that have no score from the
-        weights it serves now. Cheap (image infos only): the app skips MONAI Label's automatic runs when it is 0."""
+        weights it serves now. Cheap (image infos only, never an image itself: on a PACS nothing is retrieved): the
+        app skips MONAI Label's automatic runs when it is 0."""
         tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
         stamps = {name: _weights_stamp(task) for name, task in tasks.items()}
         count = 0
         for image_id in datastore.get_unlabeled_images():
-            rank = spatial_rank_of_name(datastore.get_image_uri(image_id))
+            rank = _spatial_rank(datastore, image_id)
             name = next((n for n, t in tasks.items() if t.input_rank == rank), None)
             if name is not None and not self._current(datastore.get_image_info(image_id), name, stamps):
                 count += 1
@@ -234,6 +251,8 @@ class UncertaintyScoring(ScoringMethod):
         while passes < _MAX_PASSES:
             tasks = {name: t for name, t in self.infer_tasks().items() if getattr(t, "input_rank", None) in (2, 3)}
             images = self._order(datastore, list(datastore.get_unlabeled_images()))
+            if getattr(datastore, "remote", False):
+                images = images[: self.max_series]  # each series scored is one retrieved
             if not tasks:
                 logger.info(f"{SCORING_NAME}: no model is served for inference yet; nothing scored")
                 return {"scored": 0, "left": len(images), "reason": "no model is served for inference yet"}
@@ -347,8 +366,8 @@ class UncertaintyStrategy(Strategy):
 
 def scoring_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
     """The ``--conf`` settings of scoring and the strategy: ``scoring_max_seconds``, ``scoring_batch_size``,
-    ``uncertainty_hold_seconds`` as keyword arguments (defaults: 600; None, the device's :data:`DEFAULT_BATCH_SIZE`;
-    86400), checked as numbers.
+    ``scoring_max_series``, ``uncertainty_hold_seconds`` as keyword arguments (defaults: 600; None, the device's
+    :data:`DEFAULT_BATCH_SIZE`; :data:`DEFAULT_MAX_SERIES`; 86400), checked as numbers.
 
     Raises:
         ValueError: a value that is not a number, naming the setting.
@@ -357,6 +376,7 @@ def scoring_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
     for key, arg, kind, default in (
         ("scoring_max_seconds", "max_seconds", float, DEFAULT_MAX_SECONDS),
         ("scoring_batch_size", "batch_size", int, None),
+        ("scoring_max_series", "max_series", int, DEFAULT_MAX_SERIES),
         ("uncertainty_hold_seconds", "hold_seconds", float, DEFAULT_HOLD_SECONDS),
     ):
         text = conf.get(key)

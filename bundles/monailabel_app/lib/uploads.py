@@ -50,6 +50,8 @@ from .checks import (
     upload_extension,
     upload_id,
 )
+from .dicomseg import segment_names
+from .labels import CONVERTED_LABEL_EXTENSIONS, VOLUME_LABEL_EXTENSIONS
 from .scoring_runs import install_scoring_routes
 from .sessions import check_expiry
 
@@ -63,10 +65,14 @@ __all__ = [
     "create_session",
     "datastore_extensions",
     "delete_model",
+    "dicom_seg_answer",
     "download_dataset",
     "install_proxy_check",
     "install_server_checks",
+    "is_remote",
     "json_object",
+    "MAX_PROXY_QUERY",
+    "proxy_target",
     "run_wsi_inference",
     "save_label",
     "session_file_name",
@@ -170,6 +176,11 @@ def datastore_extensions(datastore: Any, allowed: tuple[str, ...]) -> tuple[str,
     return tuple(e for e in allowed if e in listed)
 
 
+def is_remote(store: Any) -> bool:
+    """Whether ``store`` is the app's DICOMweb datastore (a PACS; ``lib/dicomweb.py``)."""
+    return bool(getattr(store, "remote", False))
+
+
 def _checked_datastore(app: Any) -> Any:
     store = app.datastore()
     return store if hasattr(store, "require_image") else None
@@ -180,6 +191,10 @@ def add_image(background_tasks: Any, image: Any = None, params: str = "{}", file
     """``PUT /datastore/image``: id, extension, params and size checked, then one temporary copy, always removed."""
     app = _app()
     store = _checked_datastore(app)
+    if is_remote(store):
+        raise HTTPException(
+            status_code=422, detail="images come from the PACS (DICOMweb): store them there, not through this server"
+        )
     if file is None:
         raise HTTPException(status_code=422, detail="no file: upload the image as the form field 'file'")
     image_id = check_id(upload_id(image, file))
@@ -203,7 +218,9 @@ def save_label(background_tasks: Any, image: Any, params: str = "{}", tag: Any =
     tag = check_tag(tag or "final")
     if label is None:
         raise HTTPException(status_code=422, detail="no label: upload the label map as the form field 'label'")
-    ext = upload_extension(label.filename, datastore_extensions(store, LABEL_EXTENSIONS), "label map")
+    allowed = VOLUME_LABEL_EXTENSIONS if is_remote(store) else (
+        *datastore_extensions(store, LABEL_EXTENSIONS), *CONVERTED_LABEL_EXTENSIONS)  # fmt: skip
+    ext = upload_extension(label.filename, allowed, "label map")
     check_new_id(image, ext, "label")
     if hasattr(store, "require_image"):
         store.require_image(image)
@@ -273,12 +290,20 @@ def wrap_run_inference(original: Callable) -> Callable:
             raise HTTPException(
                 status_code=422, detail="this server's models take no label upload (form field 'label')"
             )
-        if output == "dicom_seg" and hasattr(app.datastore(), "require_image"):
+        if output == "dicom_seg" and not is_remote(app.datastore()):
             raise HTTPException(
                 status_code=422, detail="output dicom_seg needs a DICOMweb datastore; use image or json"
             )
         if not (file or image or session_id or options.get("image")):
             raise HTTPException(status_code=400, detail="no image: give an image id, a file or a session id")
+        if output == "dicom_seg":
+            if file or session_id:
+                raise HTTPException(
+                    status_code=422,
+                    detail="output dicom_seg segments a series of the PACS: give its series instance UID as image "
+                    "(no upload, no session)",
+                )
+            return dicom_seg_answer(app, model, options.get("image") or image, options)
         if not file:
             with client_request(upload=False, session_id=session_id):
                 return original(background_tasks, model, image, session_id, params, None, None, output)
@@ -290,6 +315,50 @@ def wrap_run_inference(original: Callable) -> Callable:
             return original(background_tasks, model, path, session_id, params, None, None, output)
 
     return run_inference
+
+
+def dicom_seg_answer(app: Any, model: str, image: Any, options: dict[str, Any]) -> Any:
+    """``POST /infer/<model>?output=dicom_seg``: the model's label of PACS series ``image`` as a DICOM SEG whose
+    segments are the classes present, named after the model's ``channel_def`` (``lib/dicomseg.py``); a client's
+    ``label_info`` is checked against the classes (422 when it contradicts them) and needs not be sent. The label
+    file and the SEG are removed once the answer is sent."""
+    from starlette.background import BackgroundTask
+    from starlette.responses import FileResponse
+
+    store = app.datastore()
+    check_id(image)
+    store.require_image(image)
+    request = {**options, "model": model, "image": image}
+    label_info = request.pop("label_info", None)
+    classes = app.model_classes(model)
+    segment_names([], classes, label_info)  # a contradicting label_info: 422 before the model runs
+    with client_request(upload=False):
+        result = app.infer(request)
+    label = result.get("file") or result.get("label") if isinstance(result, dict) else None
+    folder = tempfile.mkdtemp(dir=store.work)
+    try:
+        if not label or not os.path.isfile(label):
+            raise HTTPException(status_code=500, detail="the model wrote no label")
+        from monai.transforms import LoadImage
+
+        import numpy as np
+
+        values = np.unique(np.asarray(LoadImage(image_only=True)(label))).tolist()
+        names = segment_names(values, classes, label_info)
+        if not names:
+            raise HTTPException(
+                status_code=422, detail=f"model {model!r} found no class in series {image}: there is no segment to "
+                "store as DICOM SEG (output=image gives the empty label)",
+            )
+        seg = store.write_seg(image, label, names, folder, model)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        if label and os.path.isfile(label):
+            os.remove(label)
+    return FileResponse(seg, media_type="application/dicom", filename=f"{image}.seg.dcm",
+                        background=BackgroundTask(shutil.rmtree, folder, True))  # fmt: skip
 
 
 def run_wsi_inference(background_tasks: Any, model: Any, image: Any = "", session_id: Any = "", file: Any = None,
@@ -465,9 +534,44 @@ def install_server_checks() -> None:
     install_proxy_check()
 
 
+#: the longest query string the DICOMweb proxy forwards
+MAX_PROXY_QUERY = 4096
+
+
+def proxy_target(op: str, path: str, query: Any) -> tuple[str, str]:
+    """The operation and path (with its query string) the DICOMweb proxy forwards for ``/proxy/dicom/<op>/<path>``.
+
+    MONAI Label 0.8.5 forwards the path without its query string, so every QIDO-RS filter (``PatientID``,
+    ``StudyInstanceUID``, ``limit``, ...) was dropped and OHIF listed every study of the PACS. The query's parameters
+    are forwarded again, each re-encoded (no character of the client's reaches the PACS's URL unescaped); a QIDO-RS
+    ``metadata`` request goes to WADO-RS (as MONAI Label does, also with a query).
+
+    Args:
+        op: ``qido``, ``wado``, ``stow`` or ``""``.
+        path: the path after the operation.
+        query: the request's query parameters (Starlette's ``request.query_params``: ``multi_items()``) or pairs.
+
+    Raises:
+        HTTPException: 400 for a path with a ``.`` or ``..`` segment (it would leave the DICOMweb root), 414 for a
+            query over :data:`MAX_PROXY_QUERY` characters.
+    """
+    from urllib.parse import urlencode
+
+    if any(part in (".", "..") for part in str(path).replace("\\", "/").split("/")):
+        raise HTTPException(status_code=400, detail="the DICOMweb path must not hold '.' or '..' segments")
+    items = list(query.multi_items() if hasattr(query, "multi_items") else query or [])
+    encoded = urlencode(items)
+    if len(encoded) > MAX_PROXY_QUERY:
+        raise HTTPException(status_code=414, detail=f"the query string is longer than {MAX_PROXY_QUERY} characters")
+    if op == "qido" and str(path).endswith("metadata"):
+        op = "wado"
+    return op, f"{path}?{encoded}" if encoded else str(path)
+
+
 def install_proxy_check() -> None:
     """``/proxy/dicom/...`` answers 404 on a local datastore (MONAI Label forwarded the request to the studies
-    folder's path as a URL: a bare 500); a DICOMweb datastore is proxied as MONAI Label does. Idempotent."""
+    folder's path as a URL: a bare 500); a DICOMweb datastore is proxied as MONAI Label does, with the request's
+    query string (:func:`proxy_target`). Idempotent."""
     from monailabel.config import settings
     from monailabel.endpoints import proxy as proxy_endpoint
 
@@ -482,7 +586,8 @@ def install_proxy_check() -> None:
                 status_code=404,
                 detail="the DICOMweb proxy serves a DICOMweb datastore; this server's studies are a local folder",
             )
-        return await forward(request, op, path)
+        op, target = proxy_target(op, path, request.query_params)
+        return await forward(request, op, target)
 
     proxy_dicom.spectraflow_checked = True
     proxy_endpoint.proxy_dicom = proxy_dicom
