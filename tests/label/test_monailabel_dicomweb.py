@@ -24,6 +24,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -469,6 +470,12 @@ def test_the_cache_keeps_at_most_max_series_without_a_label(tmp_path, monkeypatc
         assert store.get_image_info(a)["note"] == 1  # its record stays
         assert os.path.isfile(store.get_image_uri(a))  # retrieved again on request
         assert [p.split("/series/")[1] for p in pacs.retrieves()] == [a, b, a]
+        # the folders of requests of processes that ended are removed when a process starts; a running one's stay
+        ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        for name in (f"{int(ended.stdout)}-x", f"{os.getpid()}-y", "junk"):
+            (Path(store.work) / name).mkdir()
+        dicomweb.CheckedDICOMWebDatastore(DICOMwebClientX(url=pacs.dicomweb), {}, CLASSES, str(tmp_path / "cache"))
+        assert sorted(os.listdir(store.work)) == [f"{os.getpid()}-y"]
         with pytest.raises(ValueError, match="max_series must be an integer >= 1"):
             dicomweb.CheckedDICOMWebDatastore(DICOMwebClientX(url=pacs.dicomweb), {}, CLASSES, None, max_series=0)
 

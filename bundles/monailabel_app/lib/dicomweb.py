@@ -132,9 +132,15 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
                                 read_only=True)  # fmt: skip
         self.work = os.path.join(root, ".work")
         os.makedirs(self.work, exist_ok=True)
-        for name in os.listdir(self.work):  # left by a killed server
-            shutil.rmtree(os.path.join(self.work, name), ignore_errors=True)
+        for name in os.listdir(self.work):  # left by a killed process (a server, a training process)
+            if not _running(name.split("-", 1)[0]):
+                shutil.rmtree(os.path.join(self.work, name), ignore_errors=True)
         logger.info(f"DICOMweb cache: {root} (at most {max_series} series without a label)")
+
+    def work_folder(self) -> str:
+        """A new folder in the cache's ``.work/`` for one request's files (named after this process: a start of
+        another process removes only the folders of processes that ended); the caller removes it."""
+        return tempfile.mkdtemp(dir=self.work, prefix=f"{os.getpid()}-")
 
     # ------------------------------------------------------------------ listing: QIDO-RS and the record only
     def require_image(self, image_id: str) -> None:
@@ -244,7 +250,7 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
         import SimpleITK as sitk
 
         logger.info(f"DICOMweb: retrieving series {image_id}")
-        work = tempfile.mkdtemp(dir=self.work)
+        work = self.work_folder()
         try:
             dicom = os.path.join(work, "dicom")
             dicom_web_download_series(None, image_id, dicom, self._client, self._fetch_by_frame)
@@ -331,7 +337,7 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
             raise HTTPException(
                 status_code=422, detail="the label map is all background: there is no segment to store as DICOM SEG"
             )
-        with tempfile.TemporaryDirectory(dir=self.work) as folder:
+        with tempfile.TemporaryDirectory(dir=self.work, prefix=f"{os.getpid()}-") as folder:
             label = write_on_grid(array, image, os.path.join(folder, "label" + _NIFTI))
             if final:
                 seg = self.write_seg(image_id, label, names, folder, "SpectraFlow label")
@@ -364,7 +370,7 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
             image = self.get_image_uri(image_id)  # training reads it: cached, else retrieved
             if current:
                 continue
-            with tempfile.TemporaryDirectory(dir=self.work) as folder:
+            with tempfile.TemporaryDirectory(dir=self.work, prefix=f"{os.getpid()}-") as folder:
                 dicom_web_download_series(seg.study_uid, seg.uid, os.path.join(folder, "seg"), self._client)
                 files = sorted(os.listdir(os.path.join(folder, "seg")))
                 if not files:
@@ -440,6 +446,19 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
 
     def update_label_info(self, label_id: str, label_tag: str, info: dict[str, Any]) -> None:
         raise self._refused("changing label infos")
+
+
+def _running(pid: str) -> bool:
+    """Whether process ``pid`` (a number as text) runs on this machine."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, owned by another user
+        return True
+    return True
 
 
 def _load(path: str) -> Any:

@@ -335,7 +335,7 @@ def dicom_seg_answer(app: Any, model: str, image: Any, options: dict[str, Any]) 
     with client_request(upload=False):
         result = app.infer(request)
     label = result.get("file") or result.get("label") if isinstance(result, dict) else None
-    folder = tempfile.mkdtemp(dir=store.work)
+    folder = store.work_folder()
     try:
         if not label or not os.path.isfile(label):
             raise HTTPException(status_code=500, detail="the model wrote no label")
