@@ -14,7 +14,8 @@ masks:
   relative paths start at ``dataset_dir`` (None: the JSON's folder), resolved by
   :func:`monai.data.load_decathlon_datalist`;
 - ``dataset="folder"``: ``<dataset_dir>/images`` and ``<dataset_dir>/masks``, paired by file stem; a mask may carry
-  one suffix of :data:`MASK_SUFFIXES` (``a.tif`` + ``a_mask.png``); optional split lists
+  one suffix of :data:`MASK_SUFFIXES` (``a.tif`` + ``a_mask.png``) and be an image or an NRRD file (``a.nrrd``, 3D
+  Slicer's ``a.seg.nrrd``: segments matched with the classes by name, see :mod:`spectraflow_monai.data.readers`); optional split lists
   ``<dataset_dir>/splits/{train,val,test}.txt`` (one id per line), else the seeded hold-out; optional field-of-view /
   ignore masks ``<dataset_dir>/fov/<id>[<suffix>].<ext>`` (entry key ``fov``: evaluation scores only their non-zero
   pixels), as a JSON entry's ``"fov"``.
@@ -46,7 +47,13 @@ from typing import Any
 
 from spectraflow_monai.data.label_mode import LabelMode, label_mode
 from spectraflow_monai.data.subsets import holdout, low_data_subset
-from spectraflow_monai.data.validation import IMAGE_EXTENSIONS, DatasetError, check_pairs, list_images
+from spectraflow_monai.data.validation import (
+    IMAGE_EXTENSIONS,
+    MASK_EXTENSIONS,
+    DatasetError,
+    check_pairs,
+    list_images,
+)
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
@@ -306,7 +313,7 @@ def _pair_masks(images: Mapping[str, str], mask_dir: str, mask_suffix: str | Non
     suffixes = [mask_suffix] if mask_suffix is not None else ["", *MASK_SUFFIXES]
     found: dict[str, str] = {}
     orphans: list[str] = []
-    for stem, mpath in list_images(mask_dir).items():
+    for stem, mpath in list_images(mask_dir, extensions=MASK_EXTENSIONS).items():
         ids = (stem[: len(stem) - len(s)] for s in suffixes if stem.endswith(s))
         key = next((i for i in ids if i in images), None)
         if key is None:

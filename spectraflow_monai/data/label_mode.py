@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
-from spectraflow_monai.data.label_map import MAX_CLASSES, as_label_int
+from spectraflow_monai.data.label_map import MAX_CLASSES, as_label_int, inverse_label_map
 from spectraflow_monai.utils.errors import DataError, SettingError, brief
 
 __all__ = ["LabelMode", "label_mode"]
@@ -120,6 +120,16 @@ class LabelMode:
             return "LabelMode(binary masks: 0/1 or 0/255, or label_threshold 1 = non-zero)"
         return f"LabelMode({self.num_classes} classes {self.class_names}, source values -> class {self.label_map})"
 
+    @property
+    def segment_classes(self) -> tuple[list[str], list[int]]:
+        """``(class names, values)`` that a 3D Slicer segmentation's segments are read as, by name
+        (:func:`~spectraflow_monai.data.volumes.read_label_volume`): binary masks: a segment named ``foreground``
+        becomes 255 (a 0/255 mask); label maps: a segment named like class ``c`` becomes its first source value
+        (the inverse of the map), so that the label transform gives class ``c`` back."""
+        if self.binary:
+            return list(self.class_names), [0, 255]
+        return list(self.class_names), inverse_label_map(self.label_map, self.num_classes)
+
     def default_threshold(self, label_threshold: Any = None) -> int:
         """``label_threshold`` of the datalist entries: 128 (0/1 or 0/255 masks, checked) unless 1 is given; 1 for
         label maps (not used by their transform)."""
@@ -153,9 +163,9 @@ class LabelMode:
         from spectraflow_monai.data.validation import DatasetError, validate_datalist
 
         if self.binary:
-            validate_datalist(entries, what, check_images=check_images, check_masks=check_masks)
+            validate_datalist(entries, what, check_images=check_images, check_masks=check_masks, label_mode=self)
             return
-        validate_datalist(entries, what, check_images=check_images, check_masks=False)
+        validate_datalist(entries, what, check_images=check_images, check_masks=False, label_mode=self)
         if not check_masks:
             return
         problems = []
@@ -173,7 +183,7 @@ class LabelMode:
         from spectraflow_monai.data.readers import read_2d
         from spectraflow_monai.transforms.label import check_label_values
 
-        check_label_values(read_2d(path, "label"), self.label_map or {}, self.class_names, os.fspath(path))
+        check_label_values(read_2d(path, "label", self), self.label_map or {}, self.class_names, os.fspath(path))
 
 
 def label_mode(label_classes: Any = None) -> LabelMode:

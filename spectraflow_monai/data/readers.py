@@ -15,7 +15,11 @@ lacks), or would read with less precision (16-bit colour TIFFs, which Pillow tur
   palette images (GIF / PNG: a grey palette gives its grey levels, a colour palette the palette indices, which is
   how label maps are commonly stored) and RGB masks (their 3 channels, alpha dropped). The bundle's label
   transforms then binarise them (:class:`spectraflow_monai.transforms.BinarizeLabeld`) or check them against the
-  named classes (:class:`spectraflow_monai.transforms.LabelClassesd`).
+  named classes (:class:`spectraflow_monai.transforms.LabelClassesd`). Labels may also be 2D NRRD files (3D
+  Slicer's ``.nrrd`` label maps, pynrrd): stored values as they are, and a segmentation (``.seg.nrrd``) mapped by
+  segment NAME to the classes of the run's :class:`~spectraflow_monai.data.LabelMode` (binary masks: a segment
+  named ``foreground``, read as 255; label maps: the class names of ``label_classes``, read as their source values),
+  :func:`~spectraflow_monai.data.volumes.read_label_volume`.
 
 :class:`Image2DReader` is a MONAI ``ImageReader`` with PIL's axis order (``reverse_indexing``: arrays are (W, H[, C])
 as with ``PILReader``), for ``LoadImage(d)``. Unreadable files raise
@@ -35,13 +39,16 @@ from monai.utils import MetaKeys, ensure_tuple
 from spectraflow_monai.utils.errors import DataError, DatasetError
 
 __all__ = [
+    "NRRD_LABEL_EXTENSIONS",
     "READER_EXTENSIONS",
     "READ_KINDS",
     "Image2DReader",
     "check_finite",
     "check_image_readable",
     "decode_image",
+    "is_nrrd_label",
     "read_2d",
+    "read_nrrd_label",
     "tiff_fallback",
     "to_rgb_float",
 ]
@@ -50,6 +57,8 @@ __all__ = [
 READER_EXTENSIONS: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")
 #: ``kind`` values: images (float RGB in [0, 1]) or labels (stored integer values).
 READ_KINDS: tuple[str, ...] = ("image", "label")
+#: file extensions of labels besides :data:`READER_EXTENSIONS`: NRRD (``.nrrd``, 3D Slicer's ``.seg.nrrd``)
+NRRD_LABEL_EXTENSIONS: tuple[str, ...] = (".nrrd",)
 _TIFF = (".tif", ".tiff")
 
 
@@ -99,15 +108,45 @@ def _tiff_array(path: str) -> np.ndarray:
     return arr
 
 
-def read_2d(path: str | os.PathLike, kind: str = "image") -> np.ndarray:
+def is_nrrd_label(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is named as an NRRD label (``.nrrd``, ``.seg.nrrd``)."""
+    return os.path.splitext(os.fspath(path))[1].lower() in NRRD_LABEL_EXTENSIONS
+
+
+def read_nrrd_label(path: str | os.PathLike, label_mode: Any = None) -> np.ndarray:
+    """The (H, W) values of a 2D NRRD label (or a 3D one of one slice): stored values, or a 3D Slicer segmentation
+    mapped by segment name to the classes of ``label_mode`` (a :class:`~spectraflow_monai.data.LabelMode`: its
+    ``segment_classes``).
+
+    Raises:
+        DataError: naming the file: unreadable, not 2D, a segment that is no class (naming it), a segmentation read
+            without ``label_mode``.
+        ImportError: pynrrd is not installed (naming what to install).
+    """
+    from spectraflow_monai.data.volumes import read_label_volume
+
+    path = os.fspath(path)
+    names, values = (None, None) if label_mode is None else label_mode.segment_classes
+    arr, _ = read_label_volume(path, names, values)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim != 2:
+        raise DataError(f"mask {path!r} is not 2D (shape {arr.shape}); a 2D image's mask is one slice.")
+    return np.ascontiguousarray(arr.T)  # NRRD (x, y) -> (rows, columns)
+
+
+def read_2d(path: str | os.PathLike, kind: str = "image", label_mode: Any = None) -> np.ndarray:
     """Decode a 2D image file fully and return its pixels as (H, W) or (H, W, C) with C in 2..4.
 
-    Pillow first; TIFFs that Pillow cannot open or decode are read with ``tifffile`` (first page).
+    Pillow first; TIFFs that Pillow cannot open or decode are read with ``tifffile`` (first page); labels may be
+    NRRD files (:func:`read_nrrd_label`).
 
     Args:
         path: the file.
         kind: ``"image"`` (palette images become grey / RGB) or ``"label"`` (a colour palette gives its indices).
             Defaults to ``"image"``.
+        label_mode: labels: the run's :class:`~spectraflow_monai.data.LabelMode`, whose classes a 3D Slicer
+            segmentation's segments are matched with by name. Defaults to None.
 
     Raises:
         ValueError: bad ``kind``.
@@ -118,6 +157,8 @@ def read_2d(path: str | os.PathLike, kind: str = "image") -> np.ndarray:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise DataError(f"unreadable image {path!r}: no such file.")
+    if kind == "label" and is_nrrd_label(path):
+        return read_nrrd_label(path, label_mode)
     try:
         arr = _pil_array(path, kind)
     except Exception as e:  # Pillow raises many types (UnidentifiedImageError, OSError, SyntaxError, ...)
@@ -185,21 +226,25 @@ class Image2DReader(ImageReader):
 
     Args:
         kind: ``"image"``: float32 RGB in [0, 1] (3 channels); ``"label"``: the stored integer values (see the
-            module docstring). Defaults to ``"image"``.
+            module docstring; NRRD labels too). Defaults to ``"image"``.
+        label_mode: labels: the run's :class:`~spectraflow_monai.data.LabelMode` (the bundle's ``label_setup``),
+            whose classes a 3D Slicer segmentation's segments are matched with by name. Defaults to None.
 
     Raises:
         ValueError: bad ``kind``.
     """
 
-    def __init__(self, kind: str = "image") -> None:
+    def __init__(self, kind: str = "image", label_mode: Any = None) -> None:
         super().__init__()
         if kind not in READ_KINDS:
             raise ValueError(f"kind must be one of {list(READ_KINDS)}, got {kind!r}.")
-        self.kind = kind
+        self.kind, self.label_mode = kind, label_mode
 
     def verify_suffix(self, filename: Sequence[str | os.PathLike] | str | os.PathLike) -> bool:
-        """Whether every file of ``filename`` has an extension of :data:`READER_EXTENSIONS`."""
-        return all(os.path.splitext(os.fspath(f))[1].lower() in READER_EXTENSIONS for f in ensure_tuple(filename))
+        """Whether every file of ``filename`` has an extension of :data:`READER_EXTENSIONS` (labels: or
+        :data:`NRRD_LABEL_EXTENSIONS`)."""
+        extensions = READER_EXTENSIONS + (NRRD_LABEL_EXTENSIONS if self.kind == "label" else ())
+        return all(os.path.splitext(os.fspath(f))[1].lower() in extensions for f in ensure_tuple(filename))
 
     def read(self, data: Sequence[str | os.PathLike] | str | os.PathLike, **kwargs: Any) -> Any:
         """The file path(s); decoding happens in :meth:`get_data`, so that a :class:`DataError` about a 2D file reaches
@@ -219,7 +264,7 @@ class Image2DReader(ImageReader):
         """
         items = []
         for name in img if isinstance(img, list) else [img]:
-            arr = read_2d(name, self.kind)
+            arr = read_2d(name, self.kind, self.label_mode)
             items.append((name, to_rgb_float(arr, name) if self.kind == "image" else arr))
         arrays = [np.moveaxis(arr, 0, 1) for _, arr in items]
         height, width = items[0][1].shape[:2]

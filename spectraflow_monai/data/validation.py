@@ -40,7 +40,15 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from spectraflow_monai.data.readers import check_finite, check_image_readable, decode_image, tiff_fallback
+from spectraflow_monai.data.readers import (
+    NRRD_LABEL_EXTENSIONS,
+    check_finite,
+    check_image_readable,
+    decode_image,
+    is_nrrd_label,
+    read_nrrd_label,
+    tiff_fallback,
+)
 from spectraflow_monai.transforms.label import binary_mask_threshold
 from spectraflow_monai.utils.errors import DataError, DatasetError, find_input_error
 
@@ -49,6 +57,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DatasetError",
     "IMAGE_EXTENSIONS",
+    "MASK_EXTENSIONS",
     "InputCheck",
     "SkippingDataset",
     "binary_mask_threshold",
@@ -64,6 +73,8 @@ __all__ = [
 ]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff")
+#: mask files: the image extensions and NRRD (``.nrrd``, 3D Slicer's ``.seg.nrrd``, whose id drops the ``.seg``)
+MASK_EXTENSIONS = IMAGE_EXTENSIONS + NRRD_LABEL_EXTENSIONS
 _MAX_LISTED = 10
 
 
@@ -99,13 +110,15 @@ def check_folder(path: str | os.PathLike, preset: str, layout: str) -> str:
 def list_images(folder: str | os.PathLike, suffix: str = "", extensions: Sequence[str] = IMAGE_EXTENSIONS) -> dict:
     """Map id -> path for the image files in ``folder`` whose stem ends with ``suffix`` (the id excludes it).
 
-    Hidden files and files with other extensions are ignored. Raises :class:`DatasetError` when two files share an
-    id (e.g. ``a.jpg`` and ``a.png``).
+    Hidden files and files with other extensions are ignored; a 3D Slicer segmentation ``a.seg.nrrd`` has the id
+    ``a``. Raises :class:`DatasetError` when two files share an id (e.g. ``a.jpg`` and ``a.png``).
     """
     out: dict[str, str] = {}
     folder = os.fspath(folder)
     for fname in sorted(os.listdir(folder)):
         stem, ext = os.path.splitext(fname)
+        if ext.lower() == ".nrrd" and stem.lower().endswith(".seg"):
+            stem = stem[:-4]
         if fname.startswith(".") or ext.lower() not in extensions or not stem.endswith(suffix):
             continue
         key = stem[: len(stem) - len(suffix)] if suffix else stem
@@ -130,12 +143,23 @@ def check_pairs(images: Mapping[str, str], masks: Mapping[str, str], preset: str
         raise DatasetError(f"{preset}: " + "; ".join(problems) + ".")
 
 
-def _mask_info(path: str, label_threshold: float, max_grey_fraction: float) -> tuple[float, tuple[int, int]]:
+def _nrrd_mask(path: str, label_mode: Any) -> np.ndarray:
+    """The (H, W) values of an NRRD mask (:func:`~spectraflow_monai.data.readers.read_nrrd_label`), errors as
+    :class:`DatasetError`."""
+    try:
+        return read_nrrd_label(path, label_mode)
+    except DataError as e:
+        raise DatasetError(str(e)) from e
+
+
+def _mask_info(
+    path: str, label_threshold: float, max_grey_fraction: float, label_mode: Any = None
+) -> tuple[float, tuple[int, int]]:
     """(threshold, (width, height)) of the mask at ``path``, decoded once; see :func:`check_binary_mask`."""
     from PIL import ImageChops
 
-    arr = tiff_fallback(path)
-    if arr is not None:  # a TIFF only tifffile reads: the same rules on its array
+    arr = _nrrd_mask(path, label_mode) if is_nrrd_label(path) else tiff_fallback(path)
+    if arr is not None:  # an NRRD mask, or a TIFF only tifffile reads: the same rules on its array
         check_finite(arr, path)
         size = (arr.shape[1], arr.shape[0])
         if arr.ndim == 3:
@@ -204,6 +228,7 @@ def validate_datalist(
     check_images: bool = True,
     check_masks: bool = True,
     max_grey_fraction: float = 0.01,
+    label_mode: Any = None,
 ) -> None:
     """Run the per-file checks on a datalist (entries with ``image``, ``label`` and ``label_threshold``).
 
@@ -220,6 +245,8 @@ def validate_datalist(
         check_masks: check that masks are 0/1 or 0/255 masks (:func:`binary_mask_threshold`; label maps: colour
             check only). Defaults to ``True``.
         max_grey_fraction: see :func:`binary_mask_threshold`. Defaults to 0.01.
+        label_mode: the run's :class:`~spectraflow_monai.data.LabelMode`: the classes that the segments of 3D
+            Slicer segmentation masks (``.seg.nrrd``) are matched with by name. Defaults to None.
 
     Raises:
         DatasetError: when the datalist is empty or any file fails a check.
@@ -232,10 +259,13 @@ def validate_datalist(
             size_i = check_image_readable(entry["image"]) if check_images else None
             if check_masks:
                 threshold, size_m = _mask_info(
-                    os.fspath(entry["label"]), entry.get("label_threshold", 128), max_grey_fraction
+                    os.fspath(entry["label"]), entry.get("label_threshold", 128), max_grey_fraction, label_mode
                 )
                 if threshold != entry.get("label_threshold", 128):
                     entry["label_threshold"] = threshold
+            elif check_images and is_nrrd_label(entry["label"]):
+                arr = _nrrd_mask(os.fspath(entry["label"]), label_mode)
+                size_m = (arr.shape[1], arr.shape[0])
             elif check_images:
                 size_m = check_image_readable(entry["label"])
             if check_images and size_i != size_m:

@@ -143,6 +143,34 @@ def test_multi_class_label_maps(tmp_path):
     assert set(np.unique(saved).tolist()) <= {0, 1, 2}
 
 
+def test_slicer_segmentations_as_masks(tmp_path):
+    """Masks saved by 3D Slicer (``<id>.seg.nrrd``, one slice, segments numbered against the class order) train,
+    evaluate and score per class: each segment is its class by name."""
+    nrrd = pytest.importorskip("nrrd", reason="NRRD masks need pynrrd (the label extra)")
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    (data / "masks").mkdir()
+    classes = ["background", "square", "bar"]
+    for i in range(6):
+        img, lab = _scene(i, classes=3)
+        Image.fromarray((np.stack([img] * 3, -1) * 255).astype(np.uint8)).save(data / "images" / f"s{i}.png")
+        stored = np.where(lab == 2, 1, np.where(lab == 1, 2, 0)).astype(np.uint8)  # bar = segment 1, square = 2
+        header = {"space": "left-posterior-superior", "space directions": np.eye(3), "space origin": np.zeros(3),
+                  "Segment0_Name": "Bar", "Segment0_LabelValue": "1", "Segment0_Layer": "0",
+                  "Segment1_Name": "square", "Segment1_LabelValue": "2", "Segment1_Layer": "0"}  # fmt: skip
+        nrrd.write(str(data / "masks" / f"s{i}.seg.nrrd"), np.ascontiguousarray(stored.T)[:, :, None], header)
+    source = {"dataset": "folder", "dataset_dir": str(data), "label_classes": classes}
+    parser = parse_config(TRAIN, bundle_root=str(tmp_path / "b"), **RUN, **source)
+    entry = parser.get_parsed_content("train#datalist")[0]
+    from monai.transforms import Compose
+
+    loaded = Compose(parser.get_parsed_content("load_transforms")[:4])(dict(entry))  # read, label classes
+    _, lab = _scene(int(entry["name"][1:]), classes=3)
+    np.testing.assert_array_equal(np.asarray(loaded["label"][0]).T, lab)  # (W, H) as the bundle reads PNGs
+    out = _train_evaluate_infer(tmp_path / "b", source, [data / "images" / "s0.png"])
+    assert {r["class"] for r in out["rows"]} == {"square", "bar"}
+
+
 @pytest.mark.parametrize("problem", ["missing", "size", "unreadable", "values", "classes", "empty", "dir_is_file"])
 def test_bad_input_stops_before_training_and_keeps_outputs(tmp_path, problem):
     data = _folder_pairs(tmp_path / "data", n=4)

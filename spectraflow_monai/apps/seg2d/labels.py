@@ -98,7 +98,7 @@ class LabelSetup(LabelMode):
         from spectraflow_monai.data.readers import Image2DReader
 
         return Compose([
-            LoadImaged(keys, reader=Image2DReader("label"), image_only=True),
+            LoadImaged(keys, reader=Image2DReader("label", self), image_only=True),
             EnsureChannelFirstd(keys),
             self.label_transform(keys),
         ])
