@@ -15,8 +15,9 @@ masks:
   :func:`monai.data.load_decathlon_datalist`;
 - ``dataset="folder"``: ``<dataset_dir>/images`` and ``<dataset_dir>/masks``, paired by file stem; a mask may carry
   one suffix of :data:`MASK_SUFFIXES` (``a.tif`` + ``a_mask.png``) and be an image or an NRRD file (``a.nrrd``, 3D
-  Slicer's ``a.seg.nrrd``: segments matched with the classes by name, see :mod:`spectraflow_monai.data.readers`); optional split lists
-  ``<dataset_dir>/splits/{train,val,test}.txt`` (one id per line), else the seeded hold-out; optional field-of-view /
+  Slicer's ``a.seg.nrrd``: segments matched with the classes by name, see :mod:`spectraflow_monai.data.readers`);
+  optional split lists ``<dataset_dir>/splits/{train,val,test}.txt`` (one id per line), else the seeded hold-out;
+  optional field-of-view /
   ignore masks ``<dataset_dir>/fov/<id>[<suffix>].<ext>`` (entry key ``fov``: evaluation scores only their non-zero
   pixels), as a JSON entry's ``"fov"``.
 
