@@ -112,7 +112,6 @@ from monailabel.interfaces.tasks.scoring import ScoringMethod
 from monailabel.interfaces.tasks.strategy import Strategy
 from monailabel.interfaces.tasks.train import TrainTask
 from monailabel.tasks.activelearning.first import First
-from monailabel.tasks.activelearning.random import Random
 from monailabel.utils.others.generic import file_checksum, strtobool
 
 import spectraflow_monai
@@ -159,6 +158,7 @@ from lib.options import check_infer_options  # noqa: E402
 from lib.scoring import (  # noqa: E402
     SCORING_NAME,
     STRATEGY_NAME,
+    ServedLongestAgoRandom,
     UncertaintyScoring,
     UncertaintyStrategy,
     default_device,
@@ -546,10 +546,10 @@ class SpectraFlowApp(MONAILabelApp):
         return trainers
 
     def init_strategies(self) -> dict[str, Strategy]:
-        """MONAI Label's ``random`` and ``first``, and ``uncertainty``: the unlabelled image the served model is least
-        sure of (``lib/scoring.py``)."""
+        """MONAI Label's ``random`` (drawing alike when every image was just served: ``ServedLongestAgoRandom``) and
+        ``first``, and ``uncertainty``: the unlabelled image the served model is least sure of (``lib/scoring.py``)."""
         hold = {k: v for k, v in self.scoring_settings.items() if k == "hold_seconds"}
-        return {"random": Random(), "first": First(), STRATEGY_NAME: UncertaintyStrategy(**hold)}
+        return {"random": ServedLongestAgoRandom(), "first": First(), STRATEGY_NAME: UncertaintyStrategy(**hold)}
 
     def init_scoring_methods(self) -> dict[str, ScoringMethod]:
         """``uncertainty``: the served models' uncertainty on every unlabelled image (``lib/scoring.py``), after each
@@ -910,7 +910,8 @@ class SpectraFlowApp(MONAILabelApp):
         try:
             pairs = self.datastore().datalist()
         except SegmentError as e:
-            raise HTTPException(status_code=422, detail=f"the labels in the PACS cannot train this model: {e}") from None
+            detail = f"the labels in the PACS cannot train this model: {e}"
+            raise HTTPException(status_code=422, detail=detail) from None
         if not pairs:
             raise HTTPException(
                 status_code=422,

@@ -218,3 +218,17 @@ def test_a_scoring_trigger_that_fails_does_not_fail_the_training(tmp_path, setti
     bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
     app = _app(bundles, studies, models=NAME_2D)
     assert app.async_scoring(None) == {}  # not in server mode: MONAI Label would post to 127.0.0.1
+
+
+def test_next_sample_asked_again_and_again_is_answered(tmp_path, settings_saved):
+    """MONAI Label's ``random`` strategy weighs each unlabelled image by the seconds since it was served: with every
+    image served within the current second all weights were 0 and ``random.choices`` raised (a bare 500)."""
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    (studies / "ct_a.nii.gz").unlink()
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    app = _app(bundles, studies, models=NAME_2D)
+    client = _client(app, bundles, studies)
+    answers = [client.post("/activelearning/random", json={}) for _ in range(6)]
+    assert [r.status_code for r in answers] == [200] * 6, [r.text for r in answers]
+    assert {r.json()["id"] for r in answers} <= {"img_a", "img_j"}

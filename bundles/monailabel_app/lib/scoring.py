@@ -36,6 +36,7 @@ import torch
 from monailabel.interfaces.datastore import Datastore
 from monailabel.interfaces.tasks.scoring import ScoringMethod
 from monailabel.interfaces.tasks.strategy import Strategy
+from monailabel.tasks.activelearning.random import Random
 from monailabel.interfaces.utils.transform import run_transforms
 
 from spectraflow_monai.metrics.uncertainty import FlipEntropy
@@ -47,6 +48,7 @@ __all__ = [
     "SCORE_KEY",
     "SCORING_NAME",
     "STRATEGY_NAME",
+    "ServedLongestAgoRandom",
     "TIME_KEY",
     "WEIGHTS_KEY",
     "WRITE_SECONDS",
@@ -362,6 +364,22 @@ class UncertaintyStrategy(Strategy):
         image = max(ranked, key=lambda i: (scores[i], -order[i]))
         logger.info(f"{STRATEGY_NAME}: {image} ({SCORE_KEY} {scores[image]:.4f}, {len(ranked)} scored)")
         return {"id": image, SCORE_KEY: scores[image], "selection": f"highest {SCORE_KEY} of {len(ranked)} scored"}
+
+
+class ServedLongestAgoRandom(Random):
+    """MONAI Label's ``random`` strategy (an unlabelled image drawn with weights = seconds since a strategy last
+    served it), with a draw when every weight is 0: each unlabelled image served within the current second (a client
+    asking again and again) made MONAI Label's ``random.choices`` raise, a bare 500; then every image is drawn
+    alike."""
+
+    def __call__(self, request: Mapping[str, Any], datastore: Datastore) -> dict[str, Any] | None:
+        try:
+            return super().__call__(request, datastore)
+        except ValueError:  # "Total of weights must be greater than zero"
+            images = datastore.get_unlabeled_images(request.get("label_tag"), request.get("labels"))
+            if not images:
+                return None
+            return {"id": random.choice(images), "weight": 0}
 
 
 def scoring_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
