@@ -51,7 +51,8 @@ Settings (``--conf KEY VALUE``):
 - ``dicomweb_cache_series`` (a PACS): series without a label its cache keeps (default 16; the least recently used
   go first). ``scoring_max_series`` (a PACS): series one scoring request retrieves and scores at most (default 8);
   on a PACS scoring never starts by itself (each series scored is one retrieved), and nothing is retrieved that no
-  request names. DICOM SEG is written by dcmqi's ``itkimage2segimage`` from PATH, the app's ``bin/`` or the PyPI
+  request names. DICOM SEG is written and read by ``spectraflow_monai.data.dicom_seg`` (the bundles' converter);
+  dcmqi's ``itkimage2segimage``, which MONAI Label's start asks for, comes from PATH, the app's ``bin/`` or the PyPI
   wheel ``dcmqi`` (the ``label`` extra), never downloaded (``lib/dicomseg.py``).
 - ``scoring_max_seconds``, ``scoring_batch_size``, ``uncertainty_hold_seconds``: the uncertainty scoring's time
   budget per run (default 600 s), images or slices per forward pass (default 2 on a CPU, 8 on a GPU; each pass holds
@@ -144,7 +145,7 @@ from lib.checks import (  # noqa: E402
     resolve_image,
 )
 from lib.datastore import CheckedLocalDatastore  # noqa: E402
-from lib.dicomseg import SegmentError, bundle_classes, provide_dcmqi  # noqa: E402
+from lib.dicomseg import bundle_classes, provide_dcmqi  # noqa: E402
 from lib.dicomweb import DEFAULT_CACHE_SERIES, CheckedDICOMWebDatastore  # noqa: E402
 from lib.infers import (  # noqa: E402
     DEFAULT_WEIGHTS,
@@ -493,7 +494,7 @@ class SpectraFlowApp(MONAILabelApp):
         """dcmqi's ``itkimage2segimage`` from PATH, the app's ``bin/`` or the ``dcmqi`` wheel; never downloaded
         (MONAI Label fetched it from GitHub at every start without it: offline, the start failed)."""
         tool = provide_dcmqi(self.app_dir)
-        logger.info(f"+++ DICOM SEG writer: {tool}")
+        logger.info(f"+++ dcmqi for MONAI Label: {tool}")
 
     def _infer_task(self, name: str) -> SpectraFlowInferTask | None:
         """The inference task of bundle ``name`` (its served copy), or None when it has no weights yet."""
@@ -909,8 +910,8 @@ class SpectraFlowApp(MONAILabelApp):
 
         try:
             pairs = self.datastore().datalist()
-        except SegmentError as e:
-            detail = f"the labels in the PACS cannot train this model: {e}"
+        except DatasetError as e:  # a SEG of the PACS (lib/dicomweb.py)
+            detail = f"the labels in the PACS cannot train this model: {redact_paths(str(e))}"
             raise HTTPException(status_code=422, detail=detail) from None
         if not pairs:
             raise HTTPException(

@@ -9,7 +9,12 @@ descriptions by class):
   organs (a private code for other classes), frames referencing the series' slices (written with pydicom-seg's
   ``MultiClassWriter``);
 - :func:`read_dicom_seg`: the class of every voxel, found by each segment's LABEL (never by its number, which
-  depends on the classes present), on the series' grid when the series is given.
+  depends on the classes present), on the series' grid (or that of a volume file on it) when one is given.
+
+Segment labels are compared with class names by :func:`~spectraflow_monai.data.volumes.segment_key` (case, spaces,
+``-`` and ``_`` ignored), the rule 3D Slicer segmentations are read by too: one rule for every segment name. The
+Synapse bundle's ``output_format: dicom_seg`` and the MONAI Label app (``output=dicom_seg``, labels saved to and
+read back from a PACS) write and read their SEGs with these two functions.
 
 Both need pydicom and pydicom-seg (``pip install 'spectraflow_monai[label]'`` and ``pip install --no-deps
 pydicom-seg==0.4.1``, as docs/monailabel.md says), imported where used; a missing one is an ``ImportError`` naming
@@ -27,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from spectraflow_monai.data.dicom import LPS_RAS, DicomSeries, check_dicom_series, import_pydicom
-from spectraflow_monai.data.volumes import segment_key
+from spectraflow_monai.data.volumes import segment_key, volume_header
 from spectraflow_monai.utils.errors import DataError, DatasetError
 
 __all__ = [
@@ -117,6 +122,28 @@ def _on_series_grid(arr: np.ndarray, affine: np.ndarray | None, series: DicomSer
     return arr
 
 
+def _with_grid(image: Any, affine: np.ndarray) -> Any:
+    """The SimpleITK ``image`` given the geometry of the voxel -> RAS ``affine`` (SimpleITK speaks LPS)."""
+    lps = LPS_RAS @ np.asarray(affine, dtype=np.float64)
+    spacing = np.linalg.norm(lps[:3, :3], axis=0)
+    image.SetSpacing([float(s) for s in spacing])
+    image.SetOrigin([float(v) for v in lps[:3, 3]])
+    image.SetDirection([float(v) for v in (lps[:3, :3] / spacing).ravel()])
+    return image
+
+
+def _grid(reference: Any) -> tuple[tuple[int, ...], np.ndarray]:
+    """The shape and voxel -> RAS affine of ``reference``: a NIfTI / NRRD volume file (its header), else a DICOM
+    series (folder, files, :class:`~spectraflow_monai.data.dicom.DicomSeries`)."""
+    if isinstance(reference, (str, os.PathLike)) and os.path.isfile(reference):
+        header = volume_header(reference, "reference")
+        if len(header.shape) != 3:
+            raise DataError(f"{header.path!r}: a SEG is read onto a 3D grid, got shape {header.shape}.")
+        return header.shape, header.affine
+    series = _series(reference)
+    return series.shape, series.affine
+
+
 def _segment(number: int, cls: int, name: str) -> dict[str, Any]:
     code = SNOMED_ORGANS.get(segment_key(name))
     kind = {"CodeValue": code[0], "CodingSchemeDesignator": "SCT", "CodeMeaning": code[1]} if code else {
@@ -187,12 +214,7 @@ def write_dicom_seg(
     segments = np.zeros(arr.shape, dtype=np.uint8 if len(present) < 256 else np.uint16)
     for cls, number in numbers.items():
         segments[arr == cls] = number
-    lps = LPS_RAS @ series.affine
-    spacing = np.linalg.norm(lps[:3, :3], axis=0)
-    image = sitk.GetImageFromArray(np.ascontiguousarray(segments.transpose(2, 1, 0)))
-    image.SetSpacing([float(s) for s in spacing])
-    image.SetOrigin([float(v) for v in lps[:3, 3]])
-    image.SetDirection([float(v) for v in (lps[:3, :3] / spacing).ravel()])
+    image = _with_grid(sitk.GetImageFromArray(np.ascontiguousarray(segments.transpose(2, 1, 0))), series.affine)
     metainfo = {
         "ContentCreatorName": "SpectraFlow",
         "ClinicalTrialSeriesID": "1",
@@ -234,9 +256,10 @@ def read_dicom_seg(
         path: the SEG file.
         class_names: the classes, background first; each segment's ``SegmentLabel`` must name one (case, spaces,
             ``-`` and ``_`` ignored).
-        series: the segmented series (folder, files or :class:`~spectraflow_monai.data.dicom.DicomSeries`): the
-            classes are returned on its grid (``(columns, rows, slices)``, the series' affine); None: on the SEG's
-            own frames. Defaults to None.
+        series: the grid to return the classes on: the segmented series (folder, files or
+            :class:`~spectraflow_monai.data.dicom.DicomSeries`: ``(columns, rows, slices)``, the series' affine), or
+            a NIfTI / NRRD volume file on the series' grid (its voxel order and affine, e.g. the series converted to
+            NIfTI, as the MONAI Label app keeps it); None: the SEG's own frames. Defaults to None.
         values: the value written for each class (the inverse of a label map); None: class indices. Defaults to
             None.
 
@@ -244,8 +267,9 @@ def read_dicom_seg(
         ``(classes, affine)``; overlapping segments: the later class wins.
 
     Raises:
-        ImportError: pydicom / pydicom-seg missing. DatasetError: not a SEG, or a segment label that is no class
-            (naming it and the classes).
+        ImportError: pydicom / pydicom-seg missing. DatasetError: not a SEG, a segment label that is no class
+            (naming it and the classes), an unreadable grid (a bad series or volume file). DataError: a volume file
+            that is not 3D.
     """
     pydicom = import_pydicom()
     pydicom_seg = import_pydicom_seg()
@@ -272,13 +296,8 @@ def read_dicom_seg(
     result = pydicom_seg.SegmentReader().read(dataset)
     reference = None
     if series is not None:
-        checked = _series(series)
-        lps = LPS_RAS @ checked.affine
-        spacing = np.linalg.norm(lps[:3, :3], axis=0)
-        reference = sitk.Image([int(s) for s in checked.shape], sitk.sitkUInt8)
-        reference.SetSpacing([float(s) for s in spacing])
-        reference.SetOrigin([float(v) for v in lps[:3, 3]])
-        reference.SetDirection([float(v) for v in (lps[:3, :3] / spacing).ravel()])
+        shape, grid_affine = _grid(series)
+        reference = _with_grid(sitk.Image([int(s) for s in shape], sitk.sitkUInt8), grid_affine)
     out: np.ndarray | None = None
     grid = reference
     for number in sorted(result.available_segments, key=lambda n: classes[n]):

@@ -50,10 +50,12 @@ pytestmark = pytest.mark.xdist_group("spectraflow_synapse_bundle")
 
 
 def _model(root: Path) -> None:
-    """A random model.pt with its record (class names: the 8 organs), written model.pt first."""
+    """A random model.pt with its record (class names: the 8 organs), written model.pt first; seeded (some random
+    networks predict background only, and a prediction without a class gets no SEG)."""
     from spectraflow_monai.utils.run_record import write_model_settings
     from spectraflow_monai.utils.settings import ModelSettings
 
+    torch.manual_seed(0)
     net = parse_config(INFERENCE, bundle_root=str(root), **NET).get_parsed_content("network_def")
     (root / "models").mkdir(parents=True, exist_ok=True)
     torch.save(net.state_dict(), root / "models" / "model.pt")

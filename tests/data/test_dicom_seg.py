@@ -1,6 +1,12 @@
-"""DICOM SEG written from a label on its series (segments named by class) and read back by segment label."""
+"""DICOM SEG written from a label on its series (segments named by class) and read back by segment label, onto the
+series, a volume file on its grid, or from a SEG that another tool (dcmqi) wrote."""
 
 from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -16,7 +22,15 @@ from spectraflow_monai.data.dicom import check_dicom_series  # noqa: E402
 from spectraflow_monai.data.dicom_seg import read_dicom_seg, seg_segment_labels, write_dicom_seg  # noqa: E402
 from spectraflow_monai.data.volumes import canonical_volume  # noqa: E402
 from spectraflow_monai.utils.errors import DataError, DatasetError  # noqa: E402
-from tests.data.volume_files import DIAGONAL, ROTATED, in_series_order, phantom, write_series  # noqa: E402
+from tests.data.volume_files import (  # noqa: E402
+    DIAGONAL,
+    ROTATED,
+    in_series_order,
+    phantom,
+    write_nifti,
+    write_nrrd,
+    write_series,
+)
 
 SHAPE = (24, 20, 6)
 LIVER = SYNAPSE_ORGANS.index("liver")
@@ -79,6 +93,58 @@ def test_reading_back_goes_by_segment_label_not_number(tmp_path):
     assert set(np.unique(back[label == LIVER])) == {6}
     with pytest.raises(DatasetError, match="segment 2 'liver' is not a class of the model"):
         read_dicom_seg(path, ["background", "spleen", "kidney"], series=series)
+
+
+@pytest.mark.parametrize("kind", ["nifti", "nrrd"])
+def test_reading_back_onto_a_volume_file_takes_its_voxel_order(tmp_path, kind):
+    """The grid may be a volume file on the series' grid in another voxel order (the series converted to NIfTI, as
+    the MONAI Label app keeps it): the classes come back in that file's order, with its affine."""
+    pytest.importorskip("nrrd", reason="NRRD needs pynrrd (the label extra)")
+    series, label = _series(tmp_path)
+    label = np.where(np.isin(label, [1, LIVER]), label, 0).astype(np.uint8)
+    path = write_dicom_seg(label, series, SYNAPSE_ORGANS, tmp_path / "a.dcm")
+    canonical, affine = canonical_volume(label, series.affine)
+    assert canonical.shape != label.shape
+    write, name = (write_nifti, "grid.nii.gz") if kind == "nifti" else (write_nrrd, "grid.nrrd")
+    grid = write(tmp_path / name, np.zeros(canonical.shape, np.int16), affine)
+    back, back_affine = read_dicom_seg(path, SYNAPSE_ORGANS, series=grid)
+    np.testing.assert_array_equal(back, canonical)
+    np.testing.assert_allclose(back_affine, affine, atol=1e-4)
+
+
+def _dcmqi_tool() -> str:
+    tool = shutil.which("itkimage2segimage")
+    if tool is None:
+        dcmqi = pytest.importorskip("dcmqi", reason="dcmqi (itkimage2segimage) is not installed (the label extra)")
+        tool = os.path.join(os.path.dirname(dcmqi.__file__), "bin", "itkimage2segimage")
+    if not os.path.isfile(tool):
+        pytest.skip("dcmqi's itkimage2segimage is not installed (the label extra)")
+    return tool
+
+
+def test_a_seg_of_another_tool_reads_back_by_segment_label(tmp_path):
+    """A SEG written by dcmqi (MONAI Label's and 3D Slicer's converter) with its own spelling of the names: the liver,
+    segment 2 there, comes back as the liver class (5)."""
+    series, label = _series(tmp_path, DIAGONAL, reverse=False)
+    label = np.where(np.isin(label, [1, LIVER]), label, 0).astype(np.uint8)
+    nifti = write_nifti(tmp_path / "label.nii.gz", label, series.affine)
+    code = {"CodeValue": "91723000", "CodingSchemeDesignator": "SCT", "CodeMeaning": "Anatomical Structure"}
+    segments = [{"labelID": value, "SegmentLabel": name, "SegmentDescription": name, "SegmentAlgorithmType": "MANUAL",
+                 "SegmentedPropertyCategoryCodeSequence": code, "SegmentedPropertyTypeCodeSequence": code,
+                 "recommendedDisplayRGBValue": [200, 100, 50]} for value, name in ((LIVER, "Liver"), (1, "SPLEEN"))]
+    meta = {"ContentCreatorName": "tool", "ClinicalTrialSeriesID": "1", "ClinicalTrialTimePointID": "1",
+            "SeriesDescription": "another tool", "SeriesNumber": "301", "InstanceNumber": "1",
+            "segmentAttributes": [segments], "ContentLabel": "SEGMENTATION", "ContentDescription": "tool",
+            "ClinicalTrialCoordinatingCenterName": "tool", "BodyPartExamined": ""}  # fmt: skip
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    out = tmp_path / "dcmqi.dcm"
+    done = subprocess.run([_dcmqi_tool(), "--inputImageList", nifti, "--inputDICOMDirectory", str(series.folder),
+                           "--outputDICOM", str(out), "--inputMetadata", str(tmp_path / "meta.json")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and out.is_file(), done.stdout + done.stderr
+    assert seg_segment_labels(out) == {1: "SPLEEN", 2: "Liver"}  # dcmqi numbers the segments 1, 2, ...
+    back, _ = read_dicom_seg(out, SYNAPSE_ORGANS, series=series)
+    np.testing.assert_array_equal(back, label)
 
 
 def test_refused_labels_name_the_file(tmp_path):

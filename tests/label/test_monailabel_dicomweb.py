@@ -316,7 +316,7 @@ def test_labels_as_the_clients_send_them_become_seg_with_class_names(served, pac
         ("nine.nii.gz", lambda t, p: _write_label(np.where(t == 5, 9, t), p).read_bytes(), 422, "values [9]"),
         ("empty.nii.gz", lambda t, p: _write_label(np.zeros_like(t), p).read_bytes(), 422, "all background"),
         ("tumour.seg.nrrd", lambda t, p: _write_slicer_seg(t, p, {5: "liver", 1: "tumour"}).read_bytes(), 422,
-         "segment 1 'tumour' is no class"),
+         "segment 'tumour' is not a class of the model"),
         ("noise.nii.gz", lambda t, p: b"not an image", 415, "not a readable label map"),
         ("photo.jpg", lambda t, p: b"\xff\xd8", 415, "must be a file whose name ends with"),
     ],
@@ -424,19 +424,25 @@ def test_scoring_retrieves_at_most_scoring_max_series(served, pacs):
     assert app.async_scoring(None) == {}
 
 
+def _write_seg(series, path: Path, names: dict[int, str]) -> Path:
+    """The SEG of the series' label (the classes :data:`KEPT`), its segments named by ``names`` (``{value: name}``)."""
+    from monai.transforms import LoadImage
+
+    from spectraflow_monai.data.dicom_seg import write_dicom_seg
+
+    label = LoadImage(image_only=True)(str(_write_label(_subset(series.label), path.with_suffix(".nii.gz"))))
+    class_names = ["background", *(names.get(v, f"class {v}") for v in range(1, max(names) + 1))]
+    return Path(write_dicom_seg(label, series.files[0].parent, class_names, path, series_description="another tool"))
+
+
 def test_a_seg_segment_that_is_no_class_is_refused_by_name(pacs, tmp_path):
     """Training reads a SEG back by its segment labels; a segment the bundle does not know is refused, naming it."""
     from monailabel.config import settings
 
-    from lib.dicomseg import write_seg
-
     with running_orthanc(tmp_path / "orthanc", patients=("PAT-C",)) as own:
         series = own.series["PAT-C"]
-        label = _write_label(_subset(series.label), tmp_path / "label.nii.gz")
-        (tmp_path / "seg").mkdir()
-        seg = write_seg(str(series.files[0].parent), str(label), {1: "spleen", 5: "tumour", 6: "stomach", 8: "pancreas"},
-                        str(tmp_path / "seg"), "another tool")  # fmt: skip
-        own.upload([Path(seg)])
+        seg = _write_seg(series, tmp_path / "seg.dcm", {1: "spleen", 5: "tumour", 6: "stomach", 8: "pancreas"})
+        own.upload([seg])
         bundles = _make_bundles(tmp_path, tmp_path, names=(NAME_3D,))
         saved = settings.MONAI_LABEL_DICOMWEB_CACHE_PATH
         settings.MONAI_LABEL_DICOMWEB_CACHE_PATH = str(tmp_path / "cache")
@@ -448,7 +454,8 @@ def test_a_seg_segment_that_is_no_class_is_refused_by_name(pacs, tmp_path):
         finally:
             settings.MONAI_LABEL_DICOMWEB_CACHE_PATH = saved
     assert raised.value.status_code == 422
-    assert "segment 2 'tumour'" in raised.value.detail and "is no class of the model" in raised.value.detail
+    assert "segment 2 'tumour' is not a class of the model" in raised.value.detail, raised.value.detail
+    assert "/" not in raised.value.detail.split("'tumour'")[0], raised.value.detail  # the SEG by its UID, no path
 
 
 def test_the_cache_keeps_at_most_max_series_without_a_label(tmp_path, monkeypatch):
@@ -518,7 +525,7 @@ def test_a_server_starts_offline_and_retrieves_nothing_nobody_asked_for(tmp_path
         env = _offline_env(tmp_path)
         with running_server(tmp_path, pacs.dicomweb, bundles, CONF, env=env) as (base, log):
             assert not (bundles / "monailabel_app" / "bin" / "itkimage2segimage").exists()  # nothing downloaded
-            assert "DICOM SEG writer:" in log.read_text() and "dcmqi" in log.read_text()
+            assert "dcmqi for MONAI Label:" in log.read_text()
             # MONAI Label's start writes its logging configuration there, once; requests add nothing
             started = set(os.listdir(tmp_path / "tmp"))
             uids = {s.series_uid for s in pacs.series.values()}
@@ -547,18 +554,11 @@ def test_a_server_starts_offline_and_retrieves_nothing_nobody_asked_for(tmp_path
 
 @pytest.mark.slow  # a queued training in MONAI Label's task process: ~1 min on 2 busy cores
 def test_a_fresh_server_trains_from_the_segs_in_the_pacs(tmp_path):
-    """The labels exist only as SEG (written by another tool with the class names, spleen, liver, stomach,
-    pancreas = segments 1..4): a fresh server trains (``DONE``, a new ``model.pt``) on class values 1, 5, 6, 8."""
-    from lib.dicomseg import write_seg
-
+    """The labels exist only as SEG (written with the class names, spleen, liver, stomach, pancreas = segments
+    1..4): a fresh server trains (``DONE``, a new ``model.pt``) on class values 1, 5, 6, 8."""
     with running_orthanc(tmp_path / "orthanc") as pacs:
-        (tmp_path / "segs").mkdir()
         for patient, series in pacs.series.items():
-            label = _write_label(_subset(series.label), tmp_path / f"{patient}.nii.gz")
-            folder = tmp_path / "segs" / patient
-            folder.mkdir()
-            seg = write_seg(str(series.files[0].parent), str(label), {v: CLASSES[v] for v in KEPT}, str(folder), "tool")
-            pacs.upload([Path(seg)])
+            pacs.upload([_write_seg(series, tmp_path / f"{patient}.dcm", CLASSES)])
         bundles = _make_bundles(tmp_path, tmp_path, names=(NAME_3D,))
         model = _served(bundles, NAME_3D) / "models" / "model.pt"
         with running_server(tmp_path, pacs.dicomweb, bundles, CONF, env=_offline_env(tmp_path)) as (base, _):

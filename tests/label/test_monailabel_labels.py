@@ -93,7 +93,7 @@ def test_a_bin_2d_label_becomes_a_png(local):
         ("ct_a", "short.bin", lambda p: _volume_label()[:, :, 1:].tobytes(order="F"), 422, "the .bin label holds"),
         ("ct_a", "big.bin", lambda p: b"\x00" * (np.prod(VOLUME_SHAPE) + 1), 422, "the .bin label holds"),
         ("ct_a", "t.seg.nrrd", lambda p: _write_slicer_seg(_volume_label(), p, {5: "tumour"}).read_bytes(), 422,
-         "segment 0 'tumour' is no class"),
+         "segment 'tumour' is not a class of the model"),
         ("ct_a", "float.nii.gz", lambda p: _nifti(_volume_label() * 0.5, p), 422, "not integers"),
         ("img_a", "short.bin", lambda p: b"\x01" * 10, 422, "the .bin label holds 10 bytes"),
         ("no_such", "label.bin", lambda p: b"\x01", 404, "image not found"),

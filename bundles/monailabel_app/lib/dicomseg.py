@@ -1,73 +1,56 @@
-"""DICOM SEG with the bundle's class names, both ways (docs/monailabel.md, "Serving from a PACS").
+"""The bundle's classes, a client's ``label_info`` and DICOM SEG errors as HTTP answers (docs/monailabel.md, "Serving
+from a PACS").
 
 A label map of the Synapse bundle holds class values (0 background, 1 spleen, ..., 8 pancreas: the ``channel_def`` of
 its ``configs/metadata.json``). MONAI Label 0.8.5 names the i-th label value present after ``label_info[i]`` (a client
 listing all classes in class order stored the liver as "right_kidney"), and reads a SEG back as its segment NUMBERS
-(1..n in the order of the values present). Here both directions go by value and name:
+(1..n in the order of the values present). The SEGs themselves are written and read by the package, with the
+converter the bundles' ``output_format: dicom_seg`` uses (:func:`spectraflow_monai.data.dicom_seg.write_dicom_seg`,
+:func:`~spectraflow_monai.data.dicom_seg.read_dicom_seg`: segments named after the classes, read back by name, names
+compared by :func:`spectraflow_monai.data.volumes.segment_key`). What is the app's own:
 
+- :func:`bundle_classes` reads a bundle's classes (``{value: name}``), :func:`class_names` gives them as the package's
+  readers and writers take them (background first);
 - :func:`segment_names` gives each label value present its class name; a client's ``label_info`` may repeat the
   classes (in class order, or with each entry's ``idx``) and is refused (422) when it names a value otherwise;
-- :func:`write_seg` writes the SEG with dcmqi's ``itkimage2segimage`` (one segment per value present, segment label
-  = class name, coded anatomy where the class has a SNOMED CT code), every file in a folder of the caller;
-- :func:`read_seg` maps a SEG's segments back to class values by their segment labels (never by segment number) on
-  the grid of a reference image; a segment whose label is not a class of the bundle is refused, naming it;
+  :func:`check_label_values` refuses values that are no class (422);
+- :func:`data_error` turns the package's :class:`~spectraflow_monai.utils.errors.DataError` into a 422 without server
+  paths;
 - :func:`provide_dcmqi` finds ``itkimage2segimage`` without downloading it (PATH, the app's ``bin/``, the PyPI wheel
-  ``dcmqi``).
+  ``dcmqi``): MONAI Label 0.8.5 downloads it at every start on a DICOMweb datastore otherwise (its own SEG
+  conversions use it; this app's do not).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from fastapi import HTTPException
 
+from spectraflow_monai.data.volumes import segment_key
+
+from .checks import redact_paths
+
 __all__ = [
+    "BACKGROUND",
     "DCMQI_TOOL",
-    "SegmentError",
     "bundle_classes",
     "check_label_values",
-    "class_key",
+    "class_names",
+    "data_error",
     "provide_dcmqi",
-    "read_seg",
     "segment_names",
-    "seg_template",
-    "write_seg",
 ]
 
-logger = logging.getLogger(__name__)
-
-#: dcmqi's converter of a label image into a DICOM SEG, run by MONAI Label and by :func:`write_seg`
+#: dcmqi's converter of a label image into a DICOM SEG, which MONAI Label 0.8.5 looks for at start
 DCMQI_TOOL = "itkimage2segimage"
-#: SNOMED CT codes of the Synapse classes (DICOM PS3.16 CID 7710 / 4031 anatomy); other classes are coded as
-#: "Anatomical structure" with their name as the code meaning
-_SCT_CODES = {
-    "spleen": "78961009", "right_kidney": "9846003", "left_kidney": "18639004", "gallbladder": "28231008",
-    "liver": "10200004", "stomach": "69695003", "aorta": "15825003", "pancreas": "15776009",
-}  # fmt: skip
-_ANATOMICAL_STRUCTURE = "91723000"
-_PALETTE = (
-    (157, 108, 162), (185, 102, 83), (212, 126, 151), (0, 145, 30), (221, 130, 101), (216, 132, 105),
-    (240, 0, 0), (249, 180, 111), (128, 174, 128), (241, 214, 145), (177, 122, 101), (111, 184, 210),
-)  # fmt: skip
-_RUN_TIMEOUT = 600.0
-
-
-class SegmentError(ValueError):
-    """A DICOM SEG that cannot be read back as the bundle's classes (its message names the segment)."""
-
-
-def class_key(name: Any) -> str:
-    """A class or segment name compared case-blind, with blanks and hyphens as ``_`` ("Right Kidney" =
-    "right_kidney")."""
-    return "_".join(str(name).strip().lower().replace("-", " ").split())
+#: the name of value 0 in :func:`class_names`
+BACKGROUND = "background"
 
 
 def bundle_classes(bundle_path: str) -> dict[int, str]:
@@ -82,6 +65,26 @@ def bundle_classes(bundle_path: str) -> dict[int, str]:
         if classes:
             return dict(sorted(classes.items()))
     return {}
+
+
+def class_names(classes: Mapping[int, str]) -> list[str]:
+    """``{value: name}`` as the package's readers and writers take the classes: a list of names by value, background
+    (:data:`BACKGROUND`) first.
+
+    Raises:
+        ValueError: the values leave a gap (a ``channel_def`` names every channel of its output).
+    """
+    top = max(classes, default=0)
+    gaps = [v for v in range(1, top + 1) if v not in classes]
+    if gaps:
+        raise ValueError(f"classes must name every value 1..{top}, got {dict(classes)!r} (no {gaps[:8]}).")
+    return [BACKGROUND, *(str(classes[v]) for v in range(1, top + 1))]
+
+
+def data_error(error: Exception, paths: Mapping[str, str] | None = None) -> HTTPException:
+    """HTTP 422 with the message of the package's ``error`` (a ``DataError``), each of ``paths`` (path -> what to
+    show) named, any other server path left out."""
+    return HTTPException(status_code=422, detail=redact_paths(str(error), dict(paths or {})))
 
 
 def check_label_values(values: Sequence[int], classes: Mapping[int, str], what: str = "the label map") -> None:
@@ -142,7 +145,7 @@ def segment_names(values: Sequence[int], classes: Mapping[int, str], label_info:
                     status_code=422, detail=f"label_info[{i}]'s idx {repr(idx)[:32]} is no class value: {dict(classes)}"
                 )
             value = idx if idx is not None else order[i]
-            if class_key(name) != class_key(classes[value]):
+            if segment_key(name) != segment_key(classes[value]):
                 how = f"idx {value}" if idx is not None else f"position {i} (class order)"
                 raise HTTPException(
                     status_code=422,
@@ -150,134 +153,6 @@ def segment_names(values: Sequence[int], classes: Mapping[int, str], label_info:
                     f"{classes[value]!r}; send label_info in class order ({list(classes.values())}) or leave it out",
                 )
     return {int(v): classes[int(v)] for v in sorted({int(v) for v in values}) if int(v) != 0}
-
-
-def seg_template(names: Mapping[int, str], series_description: str) -> dict[str, Any]:
-    """dcmqi's SEG description (its JSON ``--inputMetadata``): one segment per value, ``labelID`` = the value,
-    ``SegmentLabel`` = the class name."""
-    segments = []
-    for i, (value, name) in enumerate(sorted(names.items())):
-        code = _SCT_CODES.get(class_key(name))
-        segments.append({
-            "labelID": int(value),
-            "SegmentLabel": name,
-            "SegmentDescription": name,
-            "SegmentAlgorithmType": "AUTOMATIC",
-            "SegmentAlgorithmName": "SpectraFlow",
-            "SegmentedPropertyCategoryCodeSequence": {
-                "CodeValue": "123037004", "CodingSchemeDesignator": "SCT", "CodeMeaning": "Anatomical Structure",
-            },
-            "SegmentedPropertyTypeCodeSequence": {
-                "CodeValue": code or _ANATOMICAL_STRUCTURE, "CodingSchemeDesignator": "SCT", "CodeMeaning": name,
-            },
-            "recommendedDisplayRGBValue": list(_PALETTE[i % len(_PALETTE)]),
-        })  # fmt: skip
-    return {
-        "ContentCreatorName": "SpectraFlow",
-        "ClinicalTrialSeriesID": "Session1",
-        "ClinicalTrialTimePointID": "1",
-        "SeriesDescription": series_description[:64],
-        "SeriesNumber": "300",
-        "InstanceNumber": "1",
-        "segmentAttributes": [segments],
-        "ContentLabel": "SEGMENTATION",
-        "ContentDescription": "SpectraFlow segmentation"[:64],
-        "ClinicalTrialCoordinatingCenterName": "MONAI",
-        "BodyPartExamined": "",
-    }
-
-
-def write_seg(series_dir: str, label_file: str, names: Mapping[int, str], folder: str, description: str) -> str:
-    """Write the DICOM SEG of ``label_file`` (class values on the grid of the series in ``series_dir``) into
-    ``folder`` with dcmqi's ``itkimage2segimage``; the caller removes ``folder``.
-
-    Args:
-        series_dir: the folder of the image series' DICOM files.
-        label_file: the label image (NIfTI / NRRD) on the series' grid.
-        names: ``{value: segment name}`` of the values present (:func:`segment_names`); not empty.
-        folder: where the SEG and dcmqi's description are written.
-        description: the SEG's series description (the model's name).
-
-    Returns:
-        the SEG file's path.
-
-    Raises:
-        RuntimeError: dcmqi failed (its last output lines).
-    """
-    if not names:
-        raise ValueError("names must hold at least one segment (the label map is all background).")
-    meta = os.path.join(folder, "seg.json")
-    out = os.path.join(folder, "seg.dcm")
-    with open(meta, "w") as f:
-        json.dump(seg_template(names, description), f)
-    tool = shutil.which(DCMQI_TOOL) or DCMQI_TOOL
-    args = [tool, "--inputImageList", label_file, "--inputDICOMDirectory", series_dir, "--outputDICOM", out,
-            "--inputMetadata", meta]  # fmt: skip
-    done = subprocess.run(args, capture_output=True, text=True, timeout=_RUN_TIMEOUT, cwd=folder)
-    if done.returncode != 0 or not os.path.isfile(out):
-        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-        raise RuntimeError(f"{DCMQI_TOOL} failed (exit {done.returncode}): {tail[:500]}")
-    _stamp(out)
-    return out
-
-
-def _stamp(path: str) -> None:
-    """Give the SEG its creation time to the microsecond (dcmqi writes whole seconds): the newest SEG of a series is
-    its label, also for two saves within one second."""
-    import datetime
-
-    import pydicom
-
-    ds = pydicom.dcmread(path)
-    now = datetime.datetime.now()
-    ds.ContentDate = ds.InstanceCreationDate = now.strftime("%Y%m%d")
-    ds.ContentTime = ds.InstanceCreationTime = now.strftime("%H%M%S.%f")
-    ds.save_as(path)
-
-
-def read_seg(seg_file: str, reference: str, classes: Mapping[int, str]) -> Any:
-    """The class-value label image of a DICOM SEG on the grid of ``reference``.
-
-    Each segment maps to the class whose name is its segment label (:func:`class_key`), never by its number.
-
-    Args:
-        seg_file: the SEG instance.
-        reference: the image the label belongs to (its size, spacing, origin and direction are the label's).
-        classes: ``{value: class name}``.
-
-    Returns:
-        a SimpleITK ``UInt8`` image of class values.
-
-    Raises:
-        SegmentError: a segment whose label is no class of the bundle (naming it and the classes), or a file that is
-            no SEG.
-    """
-    import pydicom
-    import pydicom_seg
-    import SimpleITK as sitk
-
-    ds = pydicom.dcmread(seg_file)
-    if getattr(ds, "Modality", None) != "SEG" or "SegmentSequence" not in ds:
-        raise SegmentError("the file is no DICOM SEG (no SegmentSequence)")
-    by_name = {class_key(n): v for v, n in classes.items()}
-    lut = np.zeros(max([int(s.SegmentNumber) for s in ds.SegmentSequence] + [0]) + 1, np.uint8)
-    for segment in ds.SegmentSequence:
-        label = str(getattr(segment, "SegmentLabel", "") or "")
-        value = by_name.get(class_key(label))
-        if value is None:
-            raise SegmentError(
-                f"segment {int(segment.SegmentNumber)} {label[:64]!r} of SEG {getattr(ds, 'SeriesInstanceUID', '?')} "
-                f"is no class of the model ({list(classes.values())}); store it with the class names, or remove it"
-            )
-        lut[int(segment.SegmentNumber)] = value
-    numbers = pydicom_seg.MultiClassReader().read(ds).image
-    array = sitk.GetArrayFromImage(numbers)
-    if array.size and int(array.max()) >= len(lut):
-        raise SegmentError(f"SEG {getattr(ds, 'SeriesInstanceUID', '?')} holds segment numbers it does not describe")
-    values = sitk.GetImageFromArray(lut[array])
-    values.CopyInformation(numbers)
-    ref = sitk.ReadImage(reference) if isinstance(reference, str) else reference
-    return sitk.Resample(values, ref, sitk.Transform(), sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)
 
 
 def provide_dcmqi(app_dir: str) -> str:
@@ -302,7 +177,7 @@ def provide_dcmqi(app_dir: str) -> str:
             os.environ["PATH"] = os.pathsep.join([p for p in (os.environ.get("PATH", ""), folder) if p])
             return tool
     raise ValueError(
-        f"{DCMQI_TOOL} (dcmqi) is needed to store labels as DICOM SEG and is not installed: pip install dcmqi "
-        f"(the 'label' extra installs it), or put {DCMQI_TOOL} on PATH or into {os.path.join(app_dir, 'bin')}; "
-        "this app downloads nothing."
+        f"{DCMQI_TOOL} (dcmqi) is needed by MONAI Label's start on a DICOMweb datastore and is not installed: pip "
+        f"install dcmqi (the 'label' extra installs it), or put {DCMQI_TOOL} on PATH or into "
+        f"{os.path.join(app_dir, 'bin')}; this app downloads nothing."
     )

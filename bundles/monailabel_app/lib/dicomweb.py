@@ -13,11 +13,13 @@ with these differences:
   the request ends: nothing goes to the system's temporary folder.
 - **labels in, DICOM SEG out, by class name.** A saved label (``.nii.gz``, ``.nii``, ``.nrrd``, ``.seg.nrrd``,
   ``.bin``: ``lib/labels.py``) is checked (the series' size, class values, a client's ``label_info``) before its SEG
-  is written; the SEG's segments are the classes present, named after the bundle's ``channel_def``
-  (``lib/dicomseg.py``), stored with STOW-RS as a new SEG series (one per save).
+  is written; the SEG is written by :func:`spectraflow_monai.data.dicom_seg.write_dicom_seg` (the converter of the
+  bundles' ``output_format: dicom_seg``): its segments are the classes present, named after the bundle's
+  ``channel_def``; stored with STOW-RS as a new SEG series (one per save).
 - **labels back from the PACS.** For training, the newest SEG of each series is read back to class values by its
-  segment labels (never by segment number) on the series' grid, kept as ``labels/final/<series>.nii.gz`` in the
-  cache; a segment that is no class is refused, naming it.
+  segment labels (never by segment number; :func:`spectraflow_monai.data.dicom_seg.read_dicom_seg`) on the grid of
+  the series' NIfTI, kept as ``labels/final/<series>.nii.gz`` in the cache; a segment that is no class is refused,
+  naming it.
 - **requests checked.** An unknown series UID is 404, ids and tags as on the local datastore (400); images are not
   uploaded, labels not deleted, through this server (422: the PACS holds them).
 """
@@ -45,9 +47,12 @@ from monailabel.datastore.utils.dicom import dicom_web_download_series
 from monailabel.interfaces.datastore import DefaultLabelTag
 from monailabel.utils.others.generic import md5_digest
 
-from .checks import UNKNOWN_IMAGE, check_id, check_json_value, check_tag, finite_json, upload_extension
+from spectraflow_monai.data.dicom_seg import read_dicom_seg, write_dicom_seg
+from spectraflow_monai.utils.errors import DataError, DatasetError
+
+from .checks import UNKNOWN_IMAGE, check_id, check_json_value, check_tag, finite_json, redact_paths, upload_extension
 from .datastore import MAX_INFO_BYTES, info_size
-from .dicomseg import SegmentError, read_seg, segment_names, write_seg
+from .dicomseg import class_names, data_error, segment_names
 from .labels import VOLUME_LABEL_EXTENSIONS, read_label_upload, spatial_shape, write_on_grid
 
 __all__ = [
@@ -302,10 +307,30 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
             )
         return segment_names(values, self.classes, label_info)
 
-    def write_seg(self, image_id: str, label_file: str, names: Mapping[int, str], folder: str, description: str) -> str:
-        """The DICOM SEG of a label on series ``image_id`` (fetched if needed), written into ``folder``."""
+    def write_seg(self, image_id: str, label_file: str, folder: str, description: str) -> str:
+        """The DICOM SEG of a label file on series ``image_id`` (fetched if needed), written into ``folder`` by
+        :func:`spectraflow_monai.data.dicom_seg.write_dicom_seg`: one segment per class present, named after it.
+
+        Args:
+            image_id: the series.
+            label_file: the label (class values) on the series' grid, with its affine (NIfTI).
+            folder: where the SEG is written (the caller removes it).
+            description: the SEG's series description.
+
+        Returns:
+            the SEG file's path.
+
+        Raises:
+            HTTPException: 422 naming why (the label is off the series' grid, holds no class, the series cannot be
+                referenced), without server paths.
+        """
         self.get_image_uri(image_id)
-        return write_seg(self.series_dir(image_id), label_file, names, folder, description)
+        series, out = self.series_dir(image_id), os.path.join(folder, "seg.dcm")
+        try:
+            return write_dicom_seg(_load(label_file), series, class_names(self.classes), out,
+                                   series_description=description)  # fmt: skip
+        except DataError as e:
+            raise data_error(e, {label_file: "the label", out: "the SEG", series: f"series {image_id}"}) from None
 
     def save_label(
         self, image_id: str, label_filename: str, label_tag: str, label_info: dict[str, Any], label_id: str = ""
@@ -340,7 +365,7 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
         with tempfile.TemporaryDirectory(dir=self.work, prefix=f"{os.getpid()}-") as folder:
             label = write_on_grid(array, image, os.path.join(folder, "label" + _NIFTI))
             if final:
-                seg = self.write_seg(image_id, label, names, folder, "SpectraFlow label")
+                seg = self.write_seg(image_id, label, folder, "SpectraFlow label")
                 dataset = pydicom.dcmread(seg)
                 self._client.store_instances([dataset])
                 stored = SegSeries(str(dataset.SeriesInstanceUID), str(dataset.StudyInstanceUID), image_id,
@@ -358,9 +383,11 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
         return image_id
 
     def _sync_labels(self) -> None:
-        """The cache's ``labels/final`` made the newest SEG of each labelled series, as class values on its grid."""
-        import SimpleITK as sitk
+        """The cache's ``labels/final`` made the newest SEG of each labelled series, as class values on its grid.
 
+        Raises:
+            DatasetError: a SEG that holds no instance or a segment that is no class (naming the SEG's UID).
+        """
         index = self.seg_index(fresh=True)
         for image_id, seg in sorted(index.items()):
             with self._mutex:
@@ -374,10 +401,13 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
                 dicom_web_download_series(seg.study_uid, seg.uid, os.path.join(folder, "seg"), self._client)
                 files = sorted(os.listdir(os.path.join(folder, "seg")))
                 if not files:
-                    raise SegmentError(f"SEG {seg.uid} of series {image_id} holds no instance")
-                label = read_seg(os.path.join(folder, "seg", files[0]), image, self.classes)
-                out = os.path.join(folder, "label" + _NIFTI)
-                sitk.WriteImage(label, out, True)
+                    raise DatasetError(f"SEG {seg.uid} of series {image_id} holds no instance")
+                seg_file = os.path.join(folder, "seg", files[0])
+                try:  # by segment label, onto the grid of the series' NIfTI
+                    array, _ = read_dicom_seg(seg_file, class_names(self.classes), series=image)
+                except DataError as e:
+                    raise DatasetError(redact_paths(str(e), {seg_file: seg.uid})) from None
+                out = write_on_grid(array, image, os.path.join(folder, "label" + _NIFTI))
                 with self._mutex:
                     LocalDatastore.save_label(self, image_id, out, DefaultLabelTag.FINAL,
                                               {"SeriesInstanceUID": seg.uid, "Modality": "SEG"})  # fmt: skip
@@ -396,7 +426,7 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
         cache as needed.
 
         Raises:
-            SegmentError: a SEG whose segment is no class (naming it).
+            DatasetError: a SEG whose segment is no class (naming it).
         """
         self._sync_labels()
         with self._mutex:

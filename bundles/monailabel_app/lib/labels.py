@@ -1,9 +1,11 @@
 """Label uploads as the clients send them (docs/monailabel.md, "Serving from a PACS" and "Serving safely").
 
 - NIfTI (``.nii.gz``, ``.nii``) and NRRD (``.nrrd``, Slicer's export) label maps are read by MONAI;
-- a Slicer segmentation (``.seg.nrrd``) names its segments in its header (``Segment<i>_Name``,
-  ``Segment<i>_LabelValue``): each value maps to the class of that name (a name that is no class is refused, naming
-  it), so Slicer's own numbering never reaches the datastore;
+- a Slicer segmentation (``.seg.nrrd``, or a ``.nrrd`` whose header names segments: ``Segment<i>_Name``,
+  ``Segment<i>_LabelValue``) is read by the package's
+  :func:`~spectraflow_monai.data.volumes.read_label_volume`, the reader of the bundles: each value maps to the class
+  of its segment's name (a name that is no class is refused, naming it), so Slicer's own numbering never reaches the
+  datastore;
 - ``.bin`` is what MONAI Label's OHIF client sends: the raw ``uint8`` voxels of the image it belongs to, in the
   order MONAI Label reads them (first axis fastest), without any geometry: it takes the image's grid.
 
@@ -21,15 +23,17 @@ import numpy as np
 from fastapi import HTTPException
 from monai.transforms import LoadImage
 
+from spectraflow_monai.data.volumes import read_label_volume
+from spectraflow_monai.utils.errors import DataError
+
 from .checks import redact_paths
-from .dicomseg import check_label_values, class_key
+from .dicomseg import check_label_values, class_names, data_error
 from .infers import short_reason
 
 __all__ = [
     "CONVERTED_LABEL_EXTENSIONS",
     "VOLUME_LABEL_EXTENSIONS",
     "read_label_upload",
-    "slicer_segments",
     "spatial_shape",
     "write_on_grid",
 ]
@@ -38,7 +42,8 @@ __all__ = [
 CONVERTED_LABEL_EXTENSIONS = (".seg.nrrd", ".bin")
 #: label uploads of a volume (CT series, NIfTI or NRRD image)
 VOLUME_LABEL_EXTENSIONS = (".nii.gz", ".nii", ".seg.nrrd", ".nrrd", ".bin")
-_MAX_SEGMENTS = 1024
+#: label uploads whose header may name segments (3D Slicer)
+_SEGMENTED = (".seg.nrrd", ".nrrd")
 
 
 def spatial_shape(image: Any) -> tuple[int, ...]:
@@ -56,49 +61,6 @@ def _size_problem(shape: tuple[int, ...], expected: tuple[int, ...], image_id: s
     )
 
 
-def slicer_segments(path: str, classes: Mapping[int, str]) -> dict[int, int]:
-    """The value map of a Slicer segmentation file (``.seg.nrrd``): ``{file value: class value}`` by each segment's
-    name (``Segment<i>_Name``, ``Segment<i>_LabelValue``); ``{}`` for a file without segment names.
-
-    Raises:
-        HTTPException: 415 for a header pynrrd cannot read, 422 naming a segment that is no class or a segment in
-            another layer than the first (overlapping segments).
-    """
-    import nrrd
-
-    try:
-        header = nrrd.read_header(path)
-    except Exception as e:  # every header failure means "not a NRRD file"
-        raise HTTPException(
-            status_code=415, detail=f"the upload is not a readable label map ({redact_paths(short_reason(e))})"
-        ) from None
-    by_name = {class_key(n): v for v, n in classes.items()}
-    mapping: dict[int, int] = {}
-    for i in range(_MAX_SEGMENTS):
-        name = header.get(f"Segment{i}_Name")
-        if name is None:
-            break
-        layer = str(header.get(f"Segment{i}_Layer", "0")).strip()
-        if layer not in ("", "0"):
-            raise HTTPException(
-                status_code=422,
-                detail=f"segment {i} {str(name)[:64]!r} lies in layer {layer[:8]}: overlapping segments cannot be one "
-                "label map; export the segmentation as a label map (one value per voxel)",
-            )
-        value = by_name.get(class_key(name))
-        if value is None:
-            raise HTTPException(
-                status_code=422,
-                detail=f"segment {i} {str(name)[:64]!r} is no class of the model ({list(classes.values())}): name "
-                "the segments after the classes",
-            )
-        try:
-            mapping[int(str(header.get(f"Segment{i}_LabelValue", i + 1)).strip())] = value
-        except ValueError:
-            raise HTTPException(status_code=422, detail=f"segment {i}'s label value is not an integer") from None
-    return mapping
-
-
 def read_label_upload(
     path: str, ext: str, image_id: str, image_shape: tuple[int, ...], classes: Mapping[int, str] | None
 ) -> np.ndarray:
@@ -113,7 +75,7 @@ def read_label_upload(
         classes: ``{value: name}`` the values must belong to (0 always may); None checks no values.
 
     Raises:
-        HTTPException: 415 (not readable), 422 (size, values, segments).
+        HTTPException: 415 (not readable), 422 (size, values, segments: the package's message, without the path).
     """
     if ext == ".bin":
         size = os.path.getsize(path)
@@ -142,19 +104,14 @@ def read_label_upload(
         if not np.all(np.isfinite(array)) or not np.array_equal(array, np.round(array)):
             raise HTTPException(status_code=422, detail="the label map holds values that are not integers")
         array = array.astype(np.int64)
-        if ext == ".seg.nrrd" and classes is not None:
-            mapping = slicer_segments(path, classes)
-            if mapping:
-                present = set(np.unique(array).tolist()) - {0}
-                unnamed = sorted(present - set(mapping))
-                if unnamed:
-                    raise HTTPException(
-                        status_code=422, detail=f"the segmentation holds values {unnamed[:8]} that no segment names"
-                    )
-                lut = np.zeros(max(mapping) + 1, np.int64)
-                for value, target in mapping.items():
-                    lut[value] = target
-                array = lut[array]
+        if ext in _SEGMENTED and classes is not None:
+            try:  # segments by name (spectraflow_monai.data.volumes.segment_classes); a plain label map as stored
+                segmented, _ = read_label_volume(path, class_names(classes))
+            except DataError as e:
+                raise data_error(e, {path: "the upload", os.path.realpath(path): "the upload"}) from None
+            if segmented.shape != tuple(image_shape):
+                raise _size_problem(tuple(segmented.shape), tuple(image_shape), image_id)
+            array = segmented.astype(np.int64)
     if classes is not None:
         check_label_values(np.unique(array).tolist(), classes)
     elif array.min() < 0:

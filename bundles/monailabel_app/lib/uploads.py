@@ -319,9 +319,10 @@ def wrap_run_inference(original: Callable) -> Callable:
 
 def dicom_seg_answer(app: Any, model: str, image: Any, options: dict[str, Any]) -> Any:
     """``POST /infer/<model>?output=dicom_seg``: the model's label of PACS series ``image`` as a DICOM SEG whose
-    segments are the classes present, named after the model's ``channel_def`` (``lib/dicomseg.py``); a client's
-    ``label_info`` is checked against the classes (422 when it contradicts them) and needs not be sent. The label
-    file and the SEG are removed once the answer is sent."""
+    segments are the classes present, named after the model's ``channel_def`` (the datastore's ``write_seg``:
+    ``spectraflow_monai.data.dicom_seg.write_dicom_seg``, the converter of the bundles' ``dicom_seg`` output); a
+    client's ``label_info`` is checked against the classes (422 when it contradicts them) and needs not be sent. The
+    label file and the SEG are removed once the answer is sent."""
     from starlette.background import BackgroundTask
     from starlette.responses import FileResponse
 
@@ -350,7 +351,7 @@ def dicom_seg_answer(app: Any, model: str, image: Any, options: dict[str, Any]) 
                 status_code=422, detail=f"model {model!r} found no class in series {image}: there is no segment to "
                 "store as DICOM SEG (output=image gives the empty label)",
             )
-        seg = store.write_seg(image, label, names, folder, model)
+        seg = store.write_seg(image, label, folder, model)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
