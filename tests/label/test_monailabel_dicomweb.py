@@ -364,6 +364,8 @@ def test_the_proxy_forwards_the_qido_filter(served, pacs):
         r = client.get("/proxy/dicom/qido/studies", params={"PatientID": patient})
         assert r.status_code == 200, r.text
         assert [s["00100020"]["Value"] for s in r.json()] == [[patient]]  # the filter reached Orthanc
+        r = client.get("/proxy/dicom/qido/studies", params={"00100020": f"*{patient[1:]}*"})  # OHIF's study list
+        assert r.status_code == 200 and [s["00100020"]["Value"] for s in r.json()] == [[patient]], r.text
     study = pacs.series["PAT-A"].study_uid
     r = client.get("/proxy/dicom/qido/series", params={"StudyInstanceUID": study, "Modality": "CT"})
     assert r.status_code == 200 and [s["0020000D"]["Value"] for s in r.json()] == [[study]], r.text
@@ -402,6 +404,9 @@ def test_the_proxy_target_keeps_the_query_re_encoded(tmp_path):
     try:
         assert uploads.proxy_target("qido", "studies/x/metadata", [("a", "b c")]) == ("wado", "studies/x/metadata?a=b+c")
         assert uploads.proxy_target("qido", "studies", []) == ("qido", "studies")
+        wildcards = [("00100020", "*A?*"), ("includefield", "00081030,00080060")]  # unescaped: Orthanc matches them
+        target = "studies?00100020=*A?*&includefield=00081030,00080060"
+        assert uploads.proxy_target("qido", "studies", wildcards) == ("qido", target)
     finally:
         settings.MONAI_LABEL_STUDIES = saved
 

@@ -544,8 +544,10 @@ def proxy_target(op: str, path: str, query: Any) -> tuple[str, str]:
 
     MONAI Label 0.8.5 forwards the path without its query string, so every QIDO-RS filter (``PatientID``,
     ``StudyInstanceUID``, ``limit``, ...) was dropped and OHIF listed every study of the PACS. The query's parameters
-    are forwarded again, each re-encoded (no character of the client's reaches the PACS's URL unescaped); a QIDO-RS
-    ``metadata`` request goes to WADO-RS (as MONAI Label does, also with a query).
+    are forwarded again, each re-encoded (no character of the client's reaches the PACS's URL unescaped, but the
+    QIDO-RS wildcards ``*`` and ``?`` and the list separator ``,``: Orthanc's DICOMweb plugin 1.7 matches the values
+    undecoded, and OHIF's study list filters with ``*<text>*``); a QIDO-RS ``metadata`` request goes to WADO-RS (as
+    MONAI Label does, also with a query).
 
     Args:
         op: ``qido``, ``wado``, ``stow`` or ``""``.
@@ -561,7 +563,7 @@ def proxy_target(op: str, path: str, query: Any) -> tuple[str, str]:
     if any(part in (".", "..") for part in str(path).replace("\\", "/").split("/")):
         raise HTTPException(status_code=400, detail="the DICOMweb path must not hold '.' or '..' segments")
     items = list(query.multi_items() if hasattr(query, "multi_items") else query or [])
-    encoded = urlencode(items)
+    encoded = urlencode(items, safe="*?,")
     if len(encoded) > MAX_PROXY_QUERY:
         raise HTTPException(status_code=414, detail=f"the query string is longer than {MAX_PROXY_QUERY} characters")
     if op == "qido" and str(path).endswith("metadata"):
