@@ -133,13 +133,18 @@ def test_no_session_file_can_be_imported_by_a_task(server):
     r = requests.post(f"{server.base}/scoring/uncertainty", json={"force": True}, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     assert _wait_scoring(server)["status"] == "DONE"
-    r = requests.post(f"{server.base}/batch/infer/{NAME_2D}", params={"images": "unlabeled"},
+    # (the labelled images: none yet, so the task process starts, finds nothing to infer and ends; a module on the
+    # session's path would have run at its start)
+    r = requests.post(f"{server.base}/batch/infer/{NAME_2D}", params={"images": "labeled"},
                       json={"device": "cpu"}, timeout=TIMEOUT)  # fmt: skip
     assert r.status_code == 200, r.text
     end = time.monotonic() + 300
-    while requests.get(f"{server.base}/batch/infer/", timeout=TIMEOUT).json().get("status") in ("SUBMITTED", "RUNNING"):
+    while (status := requests.get(f"{server.base}/batch/infer/", timeout=TIMEOUT).json()).get("status") in (
+        "SUBMITTED", "RUNNING"
+    ):  # fmt: skip
         assert time.monotonic() < end
         time.sleep(0.5)
+    assert status.get("status") == "DONE", status
     assert not server.marker.exists()
 
 
