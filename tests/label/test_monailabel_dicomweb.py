@@ -98,7 +98,8 @@ def _write_slicer_seg(array: np.ndarray, path: Path, names: dict[int, str]) -> P
     import nrrd
 
     renumbered = np.zeros(array.shape, np.uint8)
-    header = {"space": "left-posterior-superior", "space directions": np.diag(SPACING), "space origin": np.array(ORIGIN)}
+    header = {"space": "left-posterior-superior", "space directions": np.diag(SPACING),
+              "space origin": np.array(ORIGIN)}  # fmt: skip
     for i, (value, name) in enumerate(names.items()):
         renumbered[array == value] = i + 1
         header.update({f"Segment{i}_Name": name, f"Segment{i}_LabelValue": str(i + 1), f"Segment{i}_Layer": "0",
@@ -402,7 +403,8 @@ def test_the_proxy_target_keeps_the_query_re_encoded(tmp_path):
     saved = settings.MONAI_LABEL_STUDIES
     settings.MONAI_LABEL_STUDIES = str(tmp_path)
     try:
-        assert uploads.proxy_target("qido", "studies/x/metadata", [("a", "b c")]) == ("wado", "studies/x/metadata?a=b+c")
+        metadata = ("wado", "studies/x/metadata?a=b+c")
+        assert uploads.proxy_target("qido", "studies/x/metadata", [("a", "b c")]) == metadata
         assert uploads.proxy_target("qido", "studies", []) == ("qido", "studies")
         wildcards = [("00100020", "*A?*"), ("includefield", "00081030,00080060")]  # unescaped: Orthanc matches them
         target = "studies?00100020=*A?*&includefield=00081030,00080060"
@@ -492,6 +494,27 @@ def test_the_cache_keeps_at_most_max_series_without_a_label(tmp_path, monkeypatc
             dicomweb.CheckedDICOMWebDatastore(DICOMwebClientX(url=pacs.dicomweb), {}, CLASSES, None, max_series=0)
 
 
+def test_the_start_clean_up_of_work_folders_never_follows_a_link(pacs, tmp_path):
+    """A link in the cache's ``.work/`` named like a folder of an ended process (to another run's files outside the
+    cache) is not followed: its target keeps every file, and the link itself is left."""
+    import lib.dicomweb as dicomweb
+    from monailabel.datastore.dicom import DICOMwebClientX
+
+    outside = tmp_path / "another_run"
+    outside.mkdir()
+    (outside / "model.pt").write_bytes(b"another run's")
+    store = dicomweb.CheckedDICOMWebDatastore(DICOMwebClientX(url=pacs.dicomweb), {}, CLASSES, str(tmp_path / "cache"))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    link = Path(store.work) / f"{int(ended.stdout)}-link"
+    os.symlink(outside, link)
+    inner = Path(store.work) / f"{int(ended.stdout)}-folder"
+    inner.mkdir()
+    os.symlink(outside, inner / "elsewhere")  # a link inside a folder of an ended process
+    dicomweb.CheckedDICOMWebDatastore(DICOMwebClientX(url=pacs.dicomweb), {}, CLASSES, str(tmp_path / "cache"))
+    assert (outside / "model.pt").read_bytes() == b"another run's"
+    assert link.is_symlink() and not inner.exists()
+
+
 @pytest.mark.parametrize(
     "conf, message",
     [
@@ -514,7 +537,8 @@ def _offline_env(root: Path) -> dict[str, str]:
     cache of the test's own."""
     venv_bin = os.path.dirname(sys.executable)
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep)
-            if p and os.path.realpath(p) != os.path.realpath(venv_bin) and not os.path.isfile(os.path.join(p, "itkimage2segimage"))]  # fmt: skip
+            if p and os.path.realpath(p) != os.path.realpath(venv_bin)
+            and not os.path.isfile(os.path.join(p, "itkimage2segimage"))]  # fmt: skip
     for folder in ("tmp", "cache", "sessions"):
         (root / folder).mkdir(exist_ok=True)
     dead = "http://127.0.0.1:9"
@@ -536,7 +560,8 @@ def test_a_server_starts_offline_and_retrieves_nothing_nobody_asked_for(tmp_path
             uids = {s.series_uid for s in pacs.series.values()}
             info = requests.get(f"{base}/info/", timeout=60).json()
             assert NAME_3D in info["models"] and info["datastore"]["total"] == 2
-            assert set(requests.get(f"{base}/datastore/", params={"output": "all"}, timeout=60).json()["objects"]) == uids
+            listing = requests.get(f"{base}/datastore/", params={"output": "all"}, timeout=60).json()
+            assert set(listing["objects"]) == uids
             for strategy in ("random", "first", "uncertainty"):
                 r = requests.post(f"{base}/activelearning/{strategy}", timeout=60)
                 assert r.status_code == 200 and r.json()["id"] in uids, r.text
