@@ -797,6 +797,10 @@ class SpectraFlowApp(MONAILabelApp):
         super().server_mode(mode)
         if mode:
             install_server_checks()
+            store = self.datastore()
+            if isinstance(store, CheckedDICOMWebDatastore):  # the server is the one writer of the cache's record
+                store.writes_record = True
+                store._update_datastore_file()
 
     def infer(self, request: dict[str, Any], datastore: Datastore | None = None) -> dict[str, Any]:
         """``MONAILabelApp.infer`` for datastore ids and uploads only, answering bad requests with 4xx

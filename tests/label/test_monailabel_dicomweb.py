@@ -494,6 +494,27 @@ def test_the_cache_keeps_at_most_max_series_without_a_label(tmp_path, monkeypatc
             dicomweb.CheckedDICOMWebDatastore(DICOMwebClientX(url=pacs.dicomweb), {}, CLASSES, None, max_series=0)
 
 
+def test_only_the_server_writes_the_caches_record(pacs, tmp_path):
+    """A task process (a training) loads the cache's record at its start; were it to write the record from that copy,
+    what the server wrote meanwhile (scores, infos) would be gone from the file. Only the server's datastore writes."""
+    import lib.dicomweb as dicomweb
+    from monailabel.datastore.dicom import DICOMwebClientX
+
+    def store():
+        return dicomweb.CheckedDICOMWebDatastore(DICOMwebClientX(url=pacs.dicomweb), {"Modality": "CT"}, CLASSES,
+                                                 cache_path=str(tmp_path / "cache"))  # fmt: skip
+
+    server, task = store(), store()  # the task process started before the server's write below
+    server.writes_record = True
+    uid = _uid(pacs, "PAT-A")
+    server.update_image_info(uid, {"note": "the annotator's"})
+    task.update_image_info(uid, {"uncertainty_tta_entropy": 0.5})  # kept in the task process's memory only
+    assert task.get_image_info(uid)["uncertainty_tta_entropy"] == 0.5
+    record = json.loads((_cache_root(tmp_path / "cache") / "datastore_v2.json").read_text())
+    assert record["objects"][uid]["image"]["info"]["note"] == "the annotator's"
+    assert "uncertainty_tta_entropy" not in record["objects"][uid]["image"]["info"]
+
+
 def test_the_start_clean_up_of_work_folders_never_follows_a_link(pacs, tmp_path):
     """A link in the cache's ``.work/`` named like a folder of an ended process (to another run's files outside the
     cache) is not followed: its target keeps every file, and the link itself is left."""

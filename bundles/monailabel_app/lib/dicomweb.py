@@ -107,6 +107,10 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
     """
 
     remote = True
+    #: whether this process writes the cache's record (``datastore_v2.json``): the server only (the app sets it when
+    #: the server runs it); a task process (a training) keeps its changes in memory, so that it never writes the
+    #: record from its own copy over what the server wrote meanwhile (scores, infos)
+    writes_record = False
 
     def __init__(
         self,
@@ -141,6 +145,11 @@ class CheckedDICOMWebDatastore(DICOMWebDatastore):
             if not _running(name.split("-", 1)[0]):
                 shutil.rmtree(os.path.join(self.work, name), ignore_errors=True)
         logger.info(f"DICOMweb cache: {root} (at most {max_series} series without a label)")
+
+    def _update_datastore_file(self, lock: bool = True) -> None:
+        """MONAI Label's write of the record, in the server process only (:attr:`writes_record`)."""
+        if self.writes_record:
+            super()._update_datastore_file(lock)
 
     def work_folder(self) -> str:
         """A new folder in the cache's ``.work/`` for one request's files (named after this process: a start of
