@@ -344,6 +344,12 @@ class ModelSettings(SettingsObject):
         if self.nonfinite_value is not None:
             object.__setattr__(self, "nonfinite_value", _number("nonfinite_value", self.nonfinite_value, -math.inf))
 
+    @property
+    def has_encoder(self) -> bool:
+        """Whether the network has a DINOv2 encoder (SpectraFlowNet; the baselines have none): only then do the
+        encoder fields, an encoder start (Stage-1 export, pretrained, random) and Stage-1 apply."""
+        return self.architecture == "spectraflow"
+
     def size_multiple(self) -> int:
         """What the image side must be a multiple of: the DINOv2 patch (14) for SpectraFlow, 16 for U-Net++ (four
         poolings by 2), the product of the strides for the UNet (default four strides of 2)."""
