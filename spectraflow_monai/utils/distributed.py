@@ -1,7 +1,7 @@
 """Multi-process training of the bundles (``configs/multi_gpu_train.yaml``): one place for the process group, the
 device of each process and the DistributedDataParallel wrapping, so that single- and multi-process runs share the
-same ``initialize`` list and program (the multi-GPU config only replaces ``process_group``, ``device``, ``network``
-and the samplers)."""
+same ``run`` lists and programs (the multi-GPU config only replaces ``process_group``, ``device``, ``network``,
+``progress_bar`` and the samplers, and adds a ``finalize`` list)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def local_device() -> torch.device:
 
 def setup_process_group(device: torch.device | str | None = None) -> int:
     """Join the process group of a ``torchrun`` launch (NCCL on CUDA, gloo on CPU) once, select this process's
-    GPU, and return the rank. Called first in a bundle's ``initialize`` list by ``configs/multi_gpu_train.yaml``."""
+    GPU, and return the rank. ``configs/multi_gpu_train.yaml`` makes it the ``process_group`` step of every stage's
+    ``run`` list (``null`` in ``configs/train.yaml``), before the error log and the stage's work."""
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     if torch.cuda.is_available() and device is not None:

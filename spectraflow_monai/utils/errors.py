@@ -169,8 +169,9 @@ _ERROR_LOG_DIR: list[str] = []  # the run's log folder, once a bundle run has na
 
 def set_error_log_dir(path: str | os.PathLike | None) -> None:
     """Send the traceback of a user's mistake that ends this process to ``<path>/error-<time>-<pid>.log`` (the run's
-    log folder, created when the file is written) instead of the temp folder; None: back to the temp folder. The
-    bundles' ``initialize`` lists call it first (their ``error_log`` component, with their ``log_dir``)."""
+    log folder, created when the file is written) instead of the temp folder; None: back to the temp folder. Every
+    bundle run calls it before its work (its ``error_log`` component, with its ``log_dir``): an early step of the
+    ``run`` list of training and evaluation, the first of inference's ``initialize`` list."""
     _ERROR_LOG_DIR[:] = [] if path is None else [os.fspath(path)]
 
 

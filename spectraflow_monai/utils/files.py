@@ -62,7 +62,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def require_file(path: str | os.PathLike, hint: str = "") -> str:
     """Return ``path`` when it is an existing file, else raise ``FileNotFoundError`` naming it (and ``hint``).
 
-    Bundle configs call it in ``initialize`` so that a missing input stops the run before any work starts.
+    A step for the first items of a bundle config's ``run`` list (``initialize`` in an inference config), so that a
+    missing input stops the run before any work starts.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -75,9 +76,10 @@ def require_weights(path: str | os.PathLike, hint: str = "") -> str:
     raise :class:`~spectraflow_monai.utils.errors.DataError` naming it and the problem (a missing file: with
     ``hint``).
 
-    The evaluation and inference configs call it in ``initialize`` (before any volume or image is read), so that a
-    missing model, or a ``model.pt`` that is not a weights file (a text file, a pickled object, a truncated
-    download), ends the run with one ``error:`` line instead of a failure inside MONAI's ``CheckpointLoader``.
+    The evaluation configs call it in their ``run`` list and the inference configs in their ``initialize`` list
+    (``weights_check``), before any volume or image is read, so that a missing model, or a ``model.pt`` that is not
+    a weights file (a text file, a pickled object, a truncated download), ends the run with one ``error:`` line
+    instead of a failure inside MONAI's ``CheckpointLoader``.
     Nothing in the file is executed (``weights_only=True``); zip-format files (what ``torch.save`` writes) are
     memory-mapped, so the check does not read the weights twice.
     """

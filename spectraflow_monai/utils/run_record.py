@@ -499,7 +499,8 @@ class ModelRecord:
     (``image_size: "$@model_record.image_size"``). A model setting given on the command line replaces the read one
     and must agree with the record, else a :class:`SettingError` names both values: the settings only the network
     reads come in ``given`` (``null`` in the config: not given), the others are checked by
-    :func:`check_model_settings` in the config's ``initialize`` list.
+    :func:`check_model_settings`, a step of the evaluation config's ``run`` list and of the inference config's
+    ``initialize`` list.
 
     The settings are a :class:`~spectraflow_monai.utils.settings.ModelSettings` (``.settings``): its fields are
     this object's attributes (``image_mean`` and ``image_std`` included, so a model trained with its own

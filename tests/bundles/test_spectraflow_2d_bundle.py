@@ -162,8 +162,8 @@ def test_stage1_resume_continues(trained, tmp_path):
 # ---------------------------------------------------------------- 2. Stage-2
 def test_stage2_starts_from_stage1_export(trained):
     export = trained["export"]
-    # the network of train.yaml after its `initialize` step (Stage-2 at its start; encoder_init: auto, the default,
-    # finds the export) holds the exported encoder...
+    # the network of train.yaml after its `encoder_initialization` step (Stage-2 at its start; encoder_init: auto,
+    # the default, finds the export) holds the exported encoder...
     set_determinism(seed=0)
     parser = _parse(TRAIN, **trained["common"])
     assert parser["encoder_init"] == "auto" and parser.get_parsed_content("stage2").encoder_start == "stage1"

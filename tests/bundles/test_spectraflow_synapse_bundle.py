@@ -214,7 +214,7 @@ def test_slices_are_extracted_once(trained, monkeypatch):
 def test_stage1_export_and_stage2_start_from_it(trained):
     export = trained["export"]
     set_determinism(seed=0)
-    parser = _parse(TRAIN, **trained["common"])  # encoder_init: stage1 (the default), loaded by `initialize`
+    parser = _parse(TRAIN, **trained["common"])  # encoder_init: stage1 (the default), loaded by the step below
     parser.get_parsed_content("encoder_initialization")
     net = parser.get_parsed_content("network_def")
     start = net.encoder.vit.state_dict()
