@@ -348,7 +348,10 @@ class Stage2Program:
     def initialize_encoder(self, network: nn.Module) -> str | None:
         """Load the encoder's starting weights (:attr:`encoder_start`: ``pretrained_weights`` or the Stage-1 export;
         :func:`~spectraflow_monai.apps.encoder_init.initialize_encoder`). Before any data is read: a missing file or
-        an unreachable hub stops the run here."""
+        an unreachable hub stops the run here. A network without an encoder (the architecture's ``has_encoder``: the
+        baselines) has nothing to load: None."""
+        if not self.model.has_encoder:
+            return None
         return initialize_encoder(
             network, encoder_init=self.encoder_start, pretrained_weights=self.settings.pretrained_weights,
             stage1_export=self.run_settings.stage1_encoder, model_settings=self.model.encoder(),

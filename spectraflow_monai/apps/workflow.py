@@ -10,7 +10,8 @@ be chains of config expressions lives here, once for both bundles:
 - :func:`flat_compose`: one ``Compose`` of the config's transform lists;
 - :func:`total_iterations`: the length of a per-iteration learning-rate schedule;
 - :func:`pretrainer_checkpoint`: what a Stage-1 checkpoint holds;
-- :func:`recorded_network`: the network of a model file, built from the settings recorded beside it;
+- :func:`recorded_network`: the network of a model file, built from the settings recorded beside it through the
+  registered architecture (:func:`network_class`);
 - :func:`bundle_dataset`, :func:`training_loader`: the datasets and the training data path of ``data_path``
   (MONAI's per-sample loader, or the cache on the training device with batched augmentation);
 - :func:`start_training`: the ``run`` of both stages (early stopping bound to the trainer, the resume decision,
@@ -19,6 +20,7 @@ be chains of config expressions lives here, once for both bundles:
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -30,27 +32,21 @@ import torch.nn as nn
 from ignite.engine import Engine
 from monai.data import CacheDataset, DataLoader, Dataset
 from monai.handlers import CheckpointLoader, MeanDice, MeanIoUHandler, from_engine
-from monai.networks.nets import UNet
 from monai.transforms import Compose, RandomizableTrait, Transform
 
 from spectraflow_monai.data.device_cache import DeviceCache, DeviceCacheLoader
 from spectraflow_monai.data.validation import check_foreground
 from spectraflow_monai.handlers import HD95, HD95EmptyAsDiagonal
-from spectraflow_monai.networks.nets.spectraflow import SpectraFlowNet
-from spectraflow_monai.networks.nets.unetpp import UNetPlusPlus
 from spectraflow_monai.transforms.batched import BatchCompose, batched_twins
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.settings import (
-    ARCHITECTURES,
-    DATA_PATHS,
-    PATCH_SIZE,
-    check_image_size,
-)
+from spectraflow_monai.utils.architectures import Architecture, architecture
+from spectraflow_monai.utils.settings import DATA_PATHS, PATCH_SIZE, check_image_size
 
 __all__ = [
     "bundle_dataset",
     "datalist",
     "flat_compose",
+    "network_class",
     "prepare_run",
     "pretrainer_checkpoint",
     "recorded_network",
@@ -192,29 +188,31 @@ def recorded_network(
     record: Any,
     out_channels: int | None = None,
     image_size: int | None = None,
-    in_channels: int = 3,
+    in_channels: int | None = None,
     trainable_blocks: Any = None,
     **given: Any,
 ) -> nn.Module:
     """The network of a model file, built from the model settings of its
     :class:`~spectraflow_monai.utils.run_record.ModelRecord` (or a
     :class:`~spectraflow_monai.utils.settings.ModelSettings`), for the weights of that file (evaluation, inference,
-    MONAI Label) or for training a baseline: a :class:`~spectraflow_monai.networks.SpectraFlowNet` (encoder, image
-    size, fusion, refinement), MONAI's ``UNet`` or :class:`~spectraflow_monai.networks.UNetPlusPlus` (2D, of the
-    record's ``network_kwargs``), as its ``architecture`` says.
+    MONAI Label) or for training: the network class of the registered ``architecture``
+    (:data:`~spectraflow_monai.utils.architectures.ARCHITECTURES`: SpectraFlowNet, MONAI's ``UNet``,
+    :class:`~spectraflow_monai.networks.UNetPlusPlus`) with the arguments the entry takes from the settings (encoder,
+    image size, fusion, refinement; a baseline's ``network_kwargs``).
 
     Args:
-        record: the model settings (``encoder_name``, ``image_size``, ``fusion``, ``architecture``, ...).
+        record: the model settings (``architecture``, ``network_kwargs``, ``encoder_name``, ``image_size``, ...).
         out_channels: the network's output channels. Defaults to None: the record's.
         image_size: the config's value when given (it is checked against the record), else the record's.
-        in_channels: image channels. Defaults to 3.
-        trainable_blocks: SpectraFlow's trained encoder blocks (Stage-2's ``trainable_blocks``). Defaults to None:
-            the network's default.
+        in_channels: image channels. Defaults to None: the record's.
+        trainable_blocks: SpectraFlow's trained encoder blocks (Stage-2's ``trainable_blocks``); an architecture
+            without an encoder trains all its parameters and takes none. Defaults to None: the network's default.
         given: any other argument (a config key such as ``network_def#img_size``) is refused: the network is the
             record's, so that the run record holds what trains.
 
     Raises:
-        SettingError: an argument beside the settings, naming the setting to give instead.
+        SettingError: an argument beside the settings, naming the setting to give instead; an unknown architecture,
+            listing the registered ones; ``network_kwargs`` the network class refuses.
     """
     if given:
         named = ", ".join(f"network_def#{k}={v!r}" for k, v in given.items())
@@ -222,26 +220,28 @@ def recorded_network(
             f"{named}: the network is built from model_settings (the run record and model.json); give the model "
             "setting instead (--image_size, --encoder_name, --encoder_kwargs, --fusion, --refine, --network_kwargs)."
         )
-    architecture = getattr(record, "architecture", "spectraflow")
-    out_channels = record.out_channels if out_channels is None else out_channels
-    if architecture == "spectraflow":
-        blocks = {} if trainable_blocks is None else {"trainable_blocks": trainable_blocks}
-        return SpectraFlowNet(
-            in_channels=in_channels,
-            out_channels=out_channels,
-            encoder=record.encoder_name,
-            img_size=record.image_size if image_size is None else image_size,
-            encoder_kwargs=record.encoder_kwargs,
-            fusion=record.fusion,
-            refine=record.refine,
-            **blocks,
-        )
-    kwargs = {"spatial_dims": 2, **dict(record.network_kwargs or {})}
-    if architecture == "unet":
-        return UNet(in_channels=in_channels, out_channels=out_channels, **kwargs)
-    if architecture == "unetpp":
-        return UNetPlusPlus(in_channels=in_channels, out_channels=out_channels, **kwargs)
-    raise SettingError(f"architecture must be one of {list(ARCHITECTURES)}, got {architecture!r}.")
+    entry = architecture(getattr(record, "architecture", "spectraflow"))
+    arguments = entry.arguments(
+        record,
+        in_channels=record.in_channels if in_channels is None else in_channels,
+        out_channels=record.out_channels if out_channels is None else out_channels,
+        image_size=image_size,
+        trainable_blocks=trainable_blocks,
+    )
+    try:
+        return network_class(entry)(**arguments)
+    except TypeError as err:  # an argument the class does not take: network_kwargs, named in one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SettingError(
+            f"network_kwargs {dict(getattr(record, 'network_kwargs', None) or {})!r} do not fit "
+            f"{entry.network_class} (architecture {entry.name!r}): {first}."
+        ) from err
+
+
+def network_class(entry: Architecture) -> type[nn.Module]:
+    """The network class of a registered architecture (its dotted :attr:`~Architecture.network_class`, imported)."""
+    module, _, name = entry.network_class.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def start_training(

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from spectraflow_monai.utils.architectures import architecture
 from spectraflow_monai.utils.checkpoint import RECORD_FILE, latest_checkpoint, set_aside
 from spectraflow_monai.utils.distributed import process_rank
 from spectraflow_monai.utils.errors import DataError, SettingError
@@ -480,7 +481,8 @@ def check_model_settings(
     recorded = read_model_settings(model_file)
     if recorded is None:
         return
-    unread = ENCODER_FIELDS if recorded.get("architecture", "spectraflow") != "spectraflow" else ()
+    has_encoder = architecture(recorded.get("architecture", "spectraflow"), model_settings_path(model_file)).has_encoder
+    unread = () if has_encoder else ENCODER_FIELDS
     checked = {k: v for k, v in given.items() if k in recorded and k not in unread}
     diffs = [d for k, v in checked.items() for d in _differences(recorded[k], _plain(v), k)]
     if diffs:

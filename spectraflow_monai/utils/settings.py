@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from spectraflow_monai.utils.architectures import ARCHITECTURES, PATCH_SIZE, Architecture, architecture
 from spectraflow_monai.utils.bundles import bundle_values
 from spectraflow_monai.utils.errors import SettingError
 
@@ -71,8 +72,6 @@ MAX_SEVERITY = 5
 
 logger = logging.getLogger(__name__)
 
-#: patch size of the DINOv2 encoders: the image side must be a multiple of it
-PATCH_SIZE = 14
 #: DINOv2's (ImageNet) normalisation, the default ``image_mean`` / ``image_std``
 IMAGENET_MEAN: tuple[float, ...] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
@@ -80,10 +79,9 @@ IMAGENET_STD: tuple[float, ...] = (0.229, 0.224, 0.225)
 FUSION_MODES: tuple[str, ...] = ("daf", "concat", "add")
 #: refinement of the decoder (paper Table 3: FDConv, a standard convolution; CBAM variants)
 REFINE_MODES: tuple[str, ...] = ("fdconv", "standard", "cbam", "fdconv_cbam")
-#: the networks a model file may hold: SpectraFlowNet (the paper's), MONAI's UNet and U-Net++ (the 2D bundle's
-#: baselines, ``configs/unet_baseline.yaml``, ``configs/unetpp_baseline.yaml``)
-ARCHITECTURES: tuple[str, ...] = ("spectraflow", "unet", "unetpp")
-#: the SpectraFlow fields of :class:`ModelSettings` a baseline (``unet``, ``unetpp``) does not read (recorded as None)
+#: the encoder fields of :class:`ModelSettings`: an architecture without an encoder (the baselines ``unet``,
+#: ``unetpp``; :attr:`~spectraflow_monai.utils.architectures.Architecture.has_encoder`) does not read them (recorded as
+#: None). The networks a model may hold are :data:`~spectraflow_monai.utils.architectures.ARCHITECTURES`.
 ENCODER_FIELDS: tuple[str, ...] = ("encoder_name", "encoder_kwargs", "fusion", "refine")
 #: the fields of the encoder part of :class:`ModelSettings` (the Stage-1 export's record, :meth:`ModelSettings.encoder`)
 ENCODER_RECORD: tuple[str, ...] = ("encoder_name", "encoder_kwargs", "image_size", "image_mean", "image_std")
@@ -192,14 +190,18 @@ class SettingsObject:
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "the record") -> Any:
         """The object of recorded ``values`` (its :meth:`to_dict`); fields missing from an earlier version's record
-        take their defaults, and a name the object does not know is a :class:`SettingError` naming ``source``."""
+        take their defaults; a name the object does not know, or a value it refuses (an unknown architecture), is a
+        :class:`SettingError` naming ``source``."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
             raise SettingError(
                 f"{source}: unknown {cls.__name__} {unknown} (written by another version of spectraflow_monai?)."
             )
-        return cls(**dict(values))
+        try:
+            return cls(**dict(values))
+        except SettingError as err:
+            raise SettingError(f"{source}: {err}") from err
 
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` (checked as when built)."""
@@ -237,11 +239,12 @@ class ModelSettings(SettingsObject):
     (``models/model.json``, ``models/encoder_stage1.json``). Evaluation, inference and the MONAI Label app build the
     network, normalise images and write predictions from it, so that a model is served as it was trained.
 
-    The network is a SpectraFlowNet (``architecture`` ``spectraflow``: the encoder, fusion and refinement fields)
-    or one of the 2D bundle's baselines (``unet``: MONAI's ``UNet``; ``unetpp``:
-    :class:`~spectraflow_monai.networks.UNetPlusPlus`), built from ``network_kwargs``; the encoder fields of a
-    baseline are None. The image side follows the architecture's rule: a multiple of the DINOv2 patch (14), of 16
-    for U-Net++ (four poolings), of the product of the strides for the UNet.
+    The network is the registered ``architecture``'s (:data:`~spectraflow_monai.utils.architectures.ARCHITECTURES`,
+    :attr:`architecture_entry`): a SpectraFlowNet (``spectraflow``: the encoder, fusion and refinement fields) or one
+    of the 2D bundle's baselines (``unet``: MONAI's ``UNet``; ``unetpp``:
+    :class:`~spectraflow_monai.networks.UNetPlusPlus`), built from ``network_kwargs``; the encoder fields of an
+    architecture without an encoder are None. The image side follows the architecture's rule: a multiple of the
+    DINOv2 patch (14), of 16 for U-Net++ (four poolings), of the product of the strides for the UNet.
 
     Args:
         encoder_name: timm DINOv2 model name. Defaults to ``"vit_small_patch14_dinov2"``.
@@ -256,9 +259,11 @@ class ModelSettings(SettingsObject):
         out_channels: output channels of the network (1: a binary sigmoid output). Defaults to 1.
         label_classes: the 2D bundle's ``label_classes`` (None: binary masks). Defaults to None.
         num_classes: the Synapse bundle's number of classes, background included (None elsewhere).
-        architecture: one of :data:`ARCHITECTURES`. Defaults to ``"spectraflow"``.
-        network_kwargs: the arguments of a baseline network besides its channels (e.g. U-Net++'s ``features``,
-            ``norm``), or None. Defaults to None.
+        architecture: a name of :data:`~spectraflow_monai.utils.architectures.ARCHITECTURES`. Defaults to
+            ``"spectraflow"``.
+        network_kwargs: the arguments of the architecture's network besides its channels and what it takes from
+            these settings (e.g. U-Net++'s ``features``, ``norm``), or None (SpectraFlow takes none). Defaults to
+            None.
         hu_window: the Synapse bundle's CT window ``[a_min, a_max]`` in HU (None elsewhere).
         label_map: the Synapse bundle's ``{source label value: class}`` (None: the presets' BTCV map, or the
             identity); predictions carry the source values back.
@@ -290,17 +295,18 @@ class ModelSettings(SettingsObject):
     nonfinite_value: Any = None
 
     def __post_init__(self) -> None:
-        _choice("architecture", self.architecture, ARCHITECTURES)
+        entry = architecture(self.architecture)
         if self.network_kwargs is not None and not isinstance(self.network_kwargs, Mapping):
             raise SettingError(f"network_kwargs must be a mapping or null, got {self.network_kwargs!r}.")
-        if self.architecture == "spectraflow":
+        entry.check_network_kwargs(self.network_kwargs)
+        if entry.has_encoder:
             if not isinstance(self.encoder_name, str) or not self.encoder_name:
                 raise SettingError(f"encoder_name must be a timm model name, got {self.encoder_name!r}.")
             if self.encoder_kwargs is not None and not isinstance(self.encoder_kwargs, Mapping):
                 raise SettingError(f"encoder_kwargs must be a mapping or null, got {self.encoder_kwargs!r}.")
             _choice("fusion", self.fusion, FUSION_MODES)
             _choice("refine", self.refine, REFINE_MODES)
-        else:  # a baseline has no DINOv2 encoder: its settings are not read, and recorded as null
+        else:  # no DINOv2 encoder: its settings are not read, and recorded as null
             for name in ENCODER_FIELDS:
                 object.__setattr__(self, name, None)
         check_image_size(self.image_size, multiple=self.size_multiple())
@@ -345,22 +351,21 @@ class ModelSettings(SettingsObject):
             object.__setattr__(self, "nonfinite_value", _number("nonfinite_value", self.nonfinite_value, -math.inf))
 
     @property
+    def architecture_entry(self) -> Architecture:
+        """The registered architecture (:func:`~spectraflow_monai.utils.architectures.architecture`): its network
+        class and arguments, size rule, encoder and export support."""
+        return architecture(self.architecture)
+
+    @property
     def has_encoder(self) -> bool:
-        """Whether the network has a DINOv2 encoder (SpectraFlowNet; the baselines have none): only then do the
-        encoder fields, an encoder start (Stage-1 export, pretrained, random) and Stage-1 apply."""
-        return self.architecture == "spectraflow"
+        """Whether the network has a DINOv2 encoder (the architecture's; SpectraFlowNet has, the baselines have none):
+        only then do the encoder fields, an encoder start (Stage-1 export, pretrained, random) and Stage-1 apply."""
+        return self.architecture_entry.has_encoder
 
     def size_multiple(self) -> int:
-        """What the image side must be a multiple of: the DINOv2 patch (14) for SpectraFlow, 16 for U-Net++ (four
-        poolings by 2), the product of the strides for the UNet (default four strides of 2)."""
-        if self.architecture == "spectraflow":
-            return PATCH_SIZE
-        if self.architecture == "unetpp":
-            return 16
-        multiple = 1
-        for stride in dict(self.network_kwargs or {}).get("strides", (2, 2, 2, 2)):
-            multiple *= int(np.prod(stride))
-        return multiple
+        """What the image side must be a multiple of, by the architecture's rule: the DINOv2 patch (14) for
+        SpectraFlow, 16 for U-Net++ (four poolings by 2), the product of the strides for the UNet."""
+        return self.architecture_entry.size_multiple(dict(self.network_kwargs or {}))
 
     def encoder(self) -> dict[str, Any]:
         """The encoder part of the record: what builds the encoder alone and normalises its input (encoder name and

@@ -229,7 +229,7 @@ def test_an_earlier_record_reads_the_preprocessing_defaults_with_a_warning(tmp_p
 @pytest.mark.parametrize(
     "architecture, kwargs, taken, refused",
     [("spectraflow", None, 56, 64), ("unetpp", {"features": [4, 4, 8, 8, 16, 4]}, 64, 56),
-     ("unet", {"strides": [2, 2]}, 12, 6)],
+     ("unet", {"channels": [4, 8, 16], "strides": [2, 2]}, 12, 6)],
 )  # fmt: skip
 def test_the_image_size_follows_the_architecture(architecture, kwargs, taken, refused):
     settings = ModelSettings(architecture=architecture, network_kwargs=kwargs, image_size=taken)
