@@ -81,7 +81,7 @@ _RAW_IMAGE_NAME = re.compile(r"^img(\d+)\.nii(\.gz)?$")
 
 
 def check_synapse_settings(
-    image_size: Any,
+    image_size: Any = None,
     dataset: Any = None,
     num_classes: Any = None,
     hu_window: Any = None,
@@ -94,10 +94,12 @@ def check_synapse_settings(
     """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
 
     The bundle's configs call it first in their ``run`` (:func:`check_bundle_settings` reads the arguments from the
-    config by name), so that a wrong value stops the run before the phantom, the slice cache or the network is built. Settings left at None are not checked.
+    config by name), so that a wrong value stops the run before the phantom, the slice cache or the network is
+    built. Settings left at None are not checked.
 
     Args:
         image_size: the network's input side: a positive int multiple of 14 (the DINOv2 patch size), e.g. 224.
+            Defaults to None (evaluation and inference: the record's).
         dataset: one of :data:`SYNAPSE_BUNDLE_DATASETS`. Defaults to None.
         num_classes: number of classes including background, an int >= 2 (9 for Synapse). Defaults to None.
         hu_window: the HU window ``[a_min, a_max]``, two finite numbers with ``a_min < a_max``. Defaults to None.
@@ -116,7 +118,9 @@ def check_synapse_settings(
     Raises:
         SettingError: (a ``ValueError``) naming the setting and its value.
     """
-    out: dict[str, Any] = {"image_size": check_image_size(image_size, "image_size")}
+    out: dict[str, Any] = {}
+    if image_size is not None:  # None: the model record's (evaluation, inference)
+        out["image_size"] = check_image_size(image_size, "image_size")
     if dataset is not None:
         if not isinstance(dataset, str) or dataset.lower() not in SYNAPSE_BUNDLE_DATASETS:
             raise SettingError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
