@@ -16,7 +16,7 @@ or on a PACS (a DICOMweb server; docs/monailabel.md, "Serving from a PACS"; ``li
     monailabel start_server --app bundles/monailabel_app --studies http://127.0.0.1:8042/dicom-web \\
         --conf models spectraflow_synapse_segmentation
 
-Settings (``--conf KEY VALUE``):
+Settings (``--conf KEY VALUE``; read in ``lib/conf.py``, ``lib/served.py``, ``lib/scoring.py``):
 
 - ``models``: comma-separated bundle names (default: every bundle found in ``bundles_dir``). A name that is not a
   bundle there stops the server with the list of the bundles that are.
@@ -63,11 +63,12 @@ A bundle needs ``models/model.pt`` (a state dict, as written by its ``configs/tr
 it is served for training only (an inference request is answered with HTTP 404 and the reason) until a training request
 has written it. Every training request is a new run on the datastore's current labels, from the served ``model.pt``
 (``pretrained``, default) or the bundle's initial weights; its best model then replaces the served one and the log says
-so (``lib/trainers.py``). Bad requests are answered with a 4xx status and a message (unknown model: 404, unknown image
-id or label: 404, a file that cannot be read as an image or has no image extension: 415, an upload over
-``max_upload_mb``: 413, a 2D image sent to a volume model or the reverse: 422, a training or inference option that is
-not accepted: 422, weights that do not fit the network their record describes or cannot serve (sparse, meta, quantized,
-NaN, all zero), weights without their record, a record written for other weights or edited: 422, a served model whose
+so (``lib/trainers.py``, ``lib/runs.py``). Bad requests are answered with a 4xx status and a message (``lib/policy.py``;
+unknown model: 404, unknown image id or label: 404, a file that cannot be read as an image or has no image
+extension: 415, an upload over ``max_upload_mb``: 413, a 2D image sent to a volume model or the reverse: 422, a
+training or inference option that is not accepted: 422, weights that do not fit the network their record describes or
+cannot serve (sparse, meta, quantized, NaN, all zero; ``lib/weights.py``), weights without their record, a record
+written for other weights or edited: 422, a served model whose
 files on disk are not a pair: 503, a label map of another size than its image or, for a volume, with values that are no
 class: 422, a series the PACS does not list: 404, an image uploaded again at another
 size (with labels) or extension: 409, an info over 64 KB: 413, a task body with NaN / Infinity or a key that is not an
@@ -86,7 +87,7 @@ What a client may send (``lib/checks.py``): an image is the id of a datastore im
 request, or the image of its session; a server-side path is answered exactly as an unknown id (404, same body).
 Datastore ids are plain names and label tags ``final``, ``original`` or a simple name, on every datastore route
 (else 400, nothing read or written). ``model_filename`` names a ``.pt`` file of the bundle's ``models/`` folder (else
-one and the same 422 answer). A training request may set only the options of ``lib.trainers.TRAIN_OPTIONS`` (types
+one and the same 422 answer). A training request may set only the options of ``lib.options.TRAIN_OPTIONS`` (types
 and ranges checked), never a string that the bundle config parser would evaluate (``$``, ``@``, ``%``,
 ``_target_``, ...). No answer shows a server path. Label maps are written losslessly (PNG for 2D images, JPEG inputs
 included; NIfTI/NRRD for volumes). See docs/monailabel.md, "Serving safely".
@@ -94,7 +95,6 @@ included; NIfTI/NRRD for volumes). See docs/monailabel.md, "Serving safely".
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -118,7 +118,7 @@ from monailabel.utils.others.generic import file_checksum, strtobool
 import spectraflow_monai
 from spectraflow_monai.utils.errors import DataError, SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
-from spectraflow_monai.utils.run_record import MODEL_DIGEST_KEY, SETTINGS_DIGEST_KEY, check_model_digest
+from spectraflow_monai.utils.run_record import MODEL_DIGEST_KEY, check_model_digest
 from spectraflow_monai.utils.settings import model_settings_path
 
 
@@ -137,6 +137,7 @@ def _import_lib() -> None:
 
 _import_lib()
 
+from lib import policy  # noqa: E402
 from lib.checks import (  # noqa: E402
     check_id,
     check_tag,
@@ -144,9 +145,18 @@ from lib.checks import (  # noqa: E402
     redact_paths,
     resolve_image,
 )
+from lib.conf import (  # noqa: E402
+    INFER_CONFIGS,
+    find_bundles,
+    max_upload_bytes,
+    parse_overrides,
+    positive_int,
+    precision_setting,
+    weight_settings,
+)
 from lib.datastore import CheckedLocalDatastore  # noqa: E402
 from lib.dicomseg import bundle_classes, provide_dcmqi  # noqa: E402
-from lib.dicomweb import DEFAULT_CACHE_SERIES, CheckedDICOMWebDatastore  # noqa: E402
+from lib.dicomweb import DEFAULT_CACHE_SERIES, CheckedDICOMWebDatastore, open_dicomweb_datastore  # noqa: E402
 from lib.infers import (  # noqa: E402
     DEFAULT_WEIGHTS,
     DropSingletonChanneld,
@@ -155,7 +165,7 @@ from lib.infers import (  # noqa: E402
     input_rank,
     short_reason,
 )
-from lib.options import check_infer_options  # noqa: E402
+from lib.options import TRAIN_OPTIONS, check_infer_options, check_train_options  # noqa: E402
 from lib.scoring import (  # noqa: E402
     SCORING_NAME,
     STRATEGY_NAME,
@@ -174,14 +184,9 @@ from lib.served import (  # noqa: E402
     set_aside_served_model,
 )
 from lib.sessions import CappedSessions  # noqa: E402
-from lib.trainers import (  # noqa: E402
-    TRAIN_OPTIONS,
-    SpectraFlowTrainTask,
-    check_train_options,
-    precision_setting,
-    weight_settings,
-)
-from lib.uploads import DEFAULT_MAX_UPLOAD_MB, install_server_checks, unpack_model_pair  # noqa: E402
+from lib.trainers import SpectraFlowTrainTask  # noqa: E402
+from lib.uploads import install_server_checks, unpack_model_pair  # noqa: E402
+from lib.weights import check_weights, pair_problem  # noqa: E402
 
 __all__ = [
     "DropSingletonChanneld",
@@ -201,158 +206,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-INFER_CONFIGS = ("inference.json", "inference.yaml")
-
-
-def find_bundles(bundles_dir: str) -> dict[str, str]:
-    """Bundles in ``bundles_dir``: sub-folders with ``configs/metadata.json`` and an inference config.
-
-    Args:
-        bundles_dir: folder to search (not recursive).
-
-    Returns:
-        bundle name -> absolute bundle path, sorted by name.
-    """
-    if not os.path.isdir(bundles_dir):
-        raise ValueError(f"bundles_dir {bundles_dir!r} is not a folder.")
-    found = {}
-    for name in sorted(os.listdir(bundles_dir)):
-        path = os.path.join(bundles_dir, name)
-        configs = os.path.join(path, "configs")
-        if os.path.isfile(os.path.join(configs, "metadata.json")) and any(
-            os.path.isfile(os.path.join(configs, c)) for c in INFER_CONFIGS
-        ):
-            found[name] = os.path.abspath(path)
-    return found
-
-
-def parse_overrides(conf: dict[str, str], name: str) -> dict[str, Any]:
-    """Bundle config overrides for bundle ``name`` from the app settings ``overrides`` and ``overrides.<name>``.
-
-    Args:
-        conf: the app settings (``--conf KEY VALUE`` pairs, values are strings).
-        name: bundle name.
-
-    Returns:
-        config id -> value; ``overrides.<name>`` wins over ``overrides``.
-    """
-    merged: dict[str, Any] = {}
-    for key in ("overrides", f"overrides.{name}"):
-        text = conf.get(key)
-        if not text:
-            continue
-        try:
-            value = json.loads(text) if isinstance(text, str) else text
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--conf {key} must be a JSON object of bundle config ids and values, got {text!r} ({e}).")
-        if not isinstance(value, dict):
-            raise ValueError(f"--conf {key} must be a JSON object of bundle config ids and values, got {text!r}.")
-        if "bundle_root" in value:
-            raise ValueError(f"--conf {key} must not set 'bundle_root': the app sets it to the bundle folder.")
-        merged.update(value)
-    return merged
-
-
-def _max_upload_bytes(conf: dict[str, Any]) -> int:
-    """``--conf max_upload_mb`` (default :data:`lib.uploads.DEFAULT_MAX_UPLOAD_MB`) in bytes."""
-    text = conf.get("max_upload_mb")
-    try:
-        value = float(text) if text not in (None, "") else DEFAULT_MAX_UPLOAD_MB
-    except (TypeError, ValueError):
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"--conf max_upload_mb must be a number of megabytes > 0, got {text!r}.")
-    return int(value * 1e6)
-
-
-def _positive_int(conf: dict[str, Any], key: str, default: int) -> int:
-    """``--conf <key>`` as an integer >= 1 (``default`` when left out)."""
-    text = conf.get(key)
-    try:
-        value = int(text) if text not in (None, "") else default
-    except (TypeError, ValueError):
-        value = 0
-    if value < 1:
-        raise ValueError(f"--conf {key} must be an integer >= 1, got {text!r}.")
-    return value
-
-
-def weights_problem(path: str, network: torch.nn.Module) -> str | None:
-    """Why the file at ``path`` cannot be loaded into ``network``, or None when it fits.
-
-    The file is loaded weights-only (``torch.load(..., weights_only=True)``: no pickled code runs) and must hold a
-    state dict (or ``{"model": state dict}``) with exactly the network's keys and shapes.
-
-    Args:
-        path: the weight file.
-        network: the served network.
-
-    Returns:
-        the reason (naming no path), or None.
-    """
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # every load failure means "not a weights-only PyTorch file"
-        return f"it is not a weights-only PyTorch checkpoint ({redact_paths(short_reason(e))})"
-    if isinstance(checkpoint, dict) and isinstance(checkpoint.get("model"), dict):
-        checkpoint = checkpoint["model"]
-    if not isinstance(checkpoint, dict) or not all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
-        return f"it holds a {type(checkpoint).__name__}, not a state dict of tensors"
-    expected = network.state_dict()
-    missing = sorted(set(expected) - set(checkpoint))
-    unexpected = sorted(set(checkpoint) - set(expected))
-    wrong = sorted(k for k in set(checkpoint) & set(expected) if tuple(checkpoint[k].shape) != tuple(expected[k].shape))
-    parts = []
-    for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong)):
-        if keys:
-            parts.append(f"{label}: {keys[:5]}{' ...' if len(keys) > 5 else ''} ({len(keys)})")
-    if parts:
-        return f"it does not fit the served network ({'; '.join(parts)})"
-    return _tensor_problem(checkpoint, expected)
-
-
-def _number_kind(dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "bool"
-    return "complex" if dtype.is_complex else "float" if dtype.is_floating_point else "integer"
-
-
-def _tensor_problem(checkpoint: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str | None:
-    """Why tensors of the right names and shapes still cannot be served: a storage the network cannot compute with
-    (sparse, meta, quantized), another kind of number (bool, integer or complex for a float weight), NaN or
-    infinite values, or weights that are all zero (an untrained or wiped model)."""
-    kinds: dict[str, list[str]] = {}
-    nonzero = False
-    for key in sorted(expected):
-        tensor, wanted = checkpoint[key], expected[key]
-        if tensor.layout != torch.strided or tensor.is_meta or tensor.is_quantized:
-            kinds.setdefault("not a dense tensor with values (sparse, meta or quantized)", []).append(key)
-        elif _number_kind(tensor.dtype) != _number_kind(wanted.dtype):
-            kinds.setdefault(f"of another number type than the network's ({wanted.dtype})", []).append(key)
-        elif tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
-            kinds.setdefault("holding NaN or infinite values", []).append(key)
-        elif tensor.dtype.is_floating_point and bool(tensor.any()):
-            nonzero = True
-    parts = [
-        f"{len(keys)} tensor(s) {kind}: {keys[:3]}{' ...' if len(keys) > 3 else ''}"
-        for kind, keys in kinds.items()
-    ]
-    if parts:
-        return f"it cannot be served ({'; '.join(parts)})"
-    if not nonzero and any(t.dtype.is_floating_point for t in expected.values()):
-        return "it cannot be served (every weight is zero: an untrained or wiped model)"
-    return None
-
-
-def _check_weights(path: str, network: torch.nn.Module, name: str) -> None:
-    """Fail at start-up, naming the file and the keys, when ``model.pt`` does not fit the configured network."""
-    problem = weights_problem(path, network)
-    if problem is not None:
-        raise ValueError(
-            f"{path} does not fit the network of bundle {name!r}: {problem}. Serve it with the network "
-            'settings it was trained with, e.g. --conf overrides \'{"encoder_name": ..., "encoder_kwargs": ...}\'.'
-        )
 
 
 class SpectraFlowApp(MONAILabelApp):
@@ -394,10 +247,10 @@ class SpectraFlowApp(MONAILabelApp):
         self.overrides = {m: parse_overrides(conf, m) for m in self.bundles}
         self.weight_settings = weight_settings(conf)
         self.precision = precision_setting(conf)
-        self.max_upload_bytes = _max_upload_bytes(conf)
+        self.max_upload_bytes = max_upload_bytes(conf)
         self.allow_empty_masks = strtobool(str(conf.get("allow_empty_masks", "false")))
         self.scoring_settings = scoring_settings(conf)
-        self.cache_series = _positive_int(conf, "dicomweb_cache_series", DEFAULT_CACHE_SERIES)
+        self.cache_series = positive_int(conf, "dicomweb_cache_series", DEFAULT_CACHE_SERIES)
         self.label_classes = self._volume_classes()
         self.untrained: dict[str, str] = {}
         self.unusable: dict[str, tuple[Any, str]] = {}  # bundle -> (stamp of its served pair, why it cannot serve)
@@ -456,39 +309,11 @@ class SpectraFlowApp(MONAILabelApp):
         return store
 
     def _dicomweb_datastore(self) -> CheckedDICOMWebDatastore:
-        """The PACS as MONAI Label reaches it (its client, credentials and prefixes: ``MONAI_LABEL_DICOMWEB_*``
-        settings), served by :class:`lib.dicomweb.CheckedDICOMWebDatastore`; dcmqi found without a download."""
-        from dicomweb_client import DICOMwebClient
-        from monailabel.config import settings
-        from monailabel.datastore.dicom import DICOMwebClientX
-        from monailabel.interfaces import app as app_module
-
+        """The PACS as MONAI Label reaches it, served by :class:`lib.dicomweb.CheckedDICOMWebDatastore`
+        (:func:`lib.dicomweb.open_dicomweb_datastore`); dcmqi found without a download."""
         self.studies = self.studies.rstrip("/").strip()
         self._download_dcmqi_tools()
-        if "googleapis.com" in self.studies:
-            client = DICOMwebClient(url=self.studies, session=app_module.create_session_from_gcp_credentials())
-        else:
-            session = None
-            if settings.MONAI_LABEL_DICOMWEB_USERNAME and settings.MONAI_LABEL_DICOMWEB_PASSWORD:
-                session = app_module.create_session_from_user_pass(
-                    settings.MONAI_LABEL_DICOMWEB_USERNAME, settings.MONAI_LABEL_DICOMWEB_PASSWORD
-                )
-            client = DICOMwebClientX(
-                url=self.studies,
-                session=session,
-                qido_url_prefix=settings.MONAI_LABEL_QIDO_PREFIX,
-                wado_url_prefix=settings.MONAI_LABEL_WADO_PREFIX,
-                stow_url_prefix=settings.MONAI_LABEL_STOW_PREFIX,
-            )
-        cache = (settings.MONAI_LABEL_DICOMWEB_CACHE_PATH or "").strip() or None
-        return CheckedDICOMWebDatastore(
-            client,
-            search_filter=settings.MONAI_LABEL_DICOMWEB_SEARCH_FILTER,
-            classes=self.label_classes,
-            cache_path=cache,
-            fetch_by_frame=settings.MONAI_LABEL_DICOMWEB_FETCH_BY_FRAME,
-            max_series=self.cache_series,
-        )
+        return open_dicomweb_datastore(self.studies, self.label_classes, self.cache_series)
 
     def _download_dcmqi_tools(self) -> None:
         """dcmqi's ``itkimage2segimage`` from PATH, the app's ``bin/`` or the ``dcmqi`` wheel; never downloaded
@@ -518,7 +343,7 @@ class SpectraFlowApp(MONAILabelApp):
         if not task.is_valid():
             raise ValueError(f"bundle {name!r} at {path} cannot be served for inference (see the log above).")
         if os.path.isfile(model_pt):
-            _check_weights(model_pt, task.network, name)
+            check_weights(model_pt, task.network, name)
         task.served_stamp = stamp
         self.untrained.pop(name, None)
         precision = task.overrides.get("precision", "the bundle's setting")
@@ -660,28 +485,13 @@ class SpectraFlowApp(MONAILabelApp):
 
     def require_infer_model(self, model: Any) -> None:
         """HTTP 404 naming the loaded models unless ``model`` is served for inference; 503 naming why when its served
-        model cannot be served (see :meth:`_serve_trained`)."""
+        model cannot be served (see :meth:`_serve_trained`; :func:`lib.policy.require_infer_model`)."""
         self._serve_trained()
-        if isinstance(model, str) and model in self._infers:
-            return
-        if isinstance(model, str) and model in self.unusable:
-            raise HTTPException(
-                status_code=503,
-                detail=f"model {model!r} cannot serve its models/model.pt: {self.unusable[model][1]}; upload a model "
-                f"with its record (PUT /model/{model}) or train it (POST /train/{model})",
-            )
-        if isinstance(model, str) and model in self.untrained:
-            raise HTTPException(status_code=404, detail=self.untrained[model])
-        raise HTTPException(
-            status_code=404, detail=f"model {model!r} is not loaded; loaded models: {sorted(self._infers)}"
-        )
+        policy.require_infer_model(model, self._infers, self.unusable, self.untrained)
 
     def require_bundle(self, model: Any) -> None:
         """HTTP 404 naming the served bundles unless ``model`` is one of them."""
-        if not (isinstance(model, str) and model in self.bundles):
-            raise HTTPException(
-                status_code=404, detail=f"model {model!r} is not served; models: {sorted(self.bundles)}"
-            )
+        policy.require_bundle(model, self.bundles)
 
     def _network(self, name: str, bundle_root: str | None = None) -> torch.nn.Module:
         """The network bundle ``name`` serves (its inference config with the app's overrides; the record beside the
@@ -701,29 +511,10 @@ class SpectraFlowApp(MONAILabelApp):
         return parser.get_parsed_content("network_def", instantiate=True)
 
     def _pair_problem(self, name: str, folder: str) -> str | None:
-        """Why the model pair in ``folder/models`` (``model.pt`` and its ``model.json``) cannot serve as bundle
-        ``name``'s, or None: the record must hold the digest of these weights and of its own settings, describe a
-        model of this bundle's kind (2D images or CT volumes), agree with the app's overrides, and the weights must
-        be exactly those of the network it describes (:func:`weights_problem`)."""
-        weights = os.path.join(folder, "models", DEFAULT_WEIGHTS)
-        record = model_settings_path(weights)
-        try:
-            with open(record) as f:
-                content = json.load(f)
-            if not isinstance(content, dict) or not isinstance(content.get("model"), dict):
-                return "model.json is not a model record (no 'model' settings)"
-            if not content.get(MODEL_DIGEST_KEY) or not content.get(SETTINGS_DIGEST_KEY):
-                return (f"model.json holds no {MODEL_DIGEST_KEY} / {SETTINGS_DIGEST_KEY}: upload the model.json that "
-                        "training wrote beside this model.pt (this version records both)")  # fmt: skip
-            check_model_digest(weights)
-            volume = bool(content["model"].get("hu_window"))
-            if volume != (input_rank(self.bundles[name]) == 3):
-                kind = "CT volumes (a Synapse model)" if volume else "2D images"
-                return f"model.json describes a model of {kind}, not of bundle {name!r}"
-            network = self._network(name, bundle_root=folder)
-        except (ValueError, OSError, RuntimeError) as e:
-            return redact_paths(short_reason(e).split(": ", 1)[-1], {folder: "the upload"})
-        return weights_problem(weights, network)
+        """Why the model pair in ``folder/models`` cannot serve as bundle ``name``'s, or None
+        (:func:`lib.weights.pair_problem`, the network built as inference builds it from the pair's record)."""
+        volume = input_rank(self.bundles[name]) == 3
+        return pair_problem(folder, name, volume, lambda: self._network(name, bundle_root=folder))
 
     def replace_model(self, model: str, path: str) -> dict[str, Any]:
         """Serve the model of the archive at ``path`` (``PUT /model/<model>``: a ZIP of ``model.pt`` and the
@@ -776,14 +567,9 @@ class SpectraFlowApp(MONAILabelApp):
         """MONAI Label's next sample without the server path of the image (clients download it by its id).
 
         Raises:
-            HTTPException: 404 naming the strategies for an unknown strategy.
+            HTTPException: 404 naming the strategies for an unknown strategy (:func:`lib.policy.check_strategy`).
         """
-        strategy = (request.get("strategy") or "random") if isinstance(request, dict) else None
-        if not (isinstance(strategy, str) and strategy in self._strategies):
-            raise HTTPException(
-                status_code=404,
-                detail=f"active learning strategy {strategy!r} is not served; strategies: {sorted(self._strategies)}",
-            )
+        strategy = policy.check_strategy(request, self._strategies)
         if self.remote:  # MONAI Label retrieved the chosen series to answer its server path
             result = self._strategies[strategy]({**request, "strategy": strategy}, self.datastore())
             return result if isinstance(result, dict) and result.get("id") else {}
@@ -821,45 +607,24 @@ class SpectraFlowApp(MONAILabelApp):
         except HTTPException:
             raise
         except Exception:
-            task = self._infers[model]
-            loader = task.image_loader() if isinstance(task, SpectraFlowInferTask) else None
-            problem = image_problem(path, loader, getattr(task, "input_rank", None))
-            if problem is not None and problem[0] == 415:
-                reason = redact_paths(problem[1], {path: shown, os.path.realpath(path): shown})
-                detail = f"{shown} cannot be read as an image by model {model!r} ({reason})"
-                raise HTTPException(status_code=415, detail=detail)
-            if problem is not None:
-                detail = f"{shown} does not suit model {model!r}: {problem[1]}"
-                raise HTTPException(status_code=problem[0], detail=detail)
+            answer = policy.infer_failure(self._infers[model], model, path, shown)
+            if answer is not None:
+                raise answer from None
             raise
 
     def check_train_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """The training request with checked options (``lib.trainers.check_train_options``).
+        """The training request with checked options (:func:`lib.policy.check_train_request`).
 
         Raises:
             HTTPException: 404 for a model without a training task (all of them with ``skip_trainers``), 422 naming
                 the first option that is not accepted.
         """
-        if not isinstance(request, dict):
-            raise HTTPException(status_code=422, detail="the training request must be a JSON object")
-        model = request.get("model")
-        task = self._trainers.get(model) if isinstance(model, str) else None
-        if task is None:
-            if strtobool(self.conf.get("skip_trainers", "false")):
-                raise HTTPException(status_code=404, detail="training is disabled on this server (skip_trainers)")
-            raise HTTPException(
-                status_code=404, detail=f"model {model!r} has no training task; trainers: {sorted(self._trainers)}"
-            )
-        # MONAI Label's deprecated POST /train/ also passes every model's options under the model's name
-        own = {k: v for k, v in request.items() if not (k in self._trainers and k != "model" and isinstance(v, dict))}
-        try:
-            checked = task.check_request(own) if isinstance(task, SpectraFlowTrainTask) else own
-        except ValueError as e:
-            raise HTTPException(status_code=422, detail=str(e)) from None
-        return checked
+        skip = strtobool(self.conf.get("skip_trainers", "false"))
+        return policy.check_train_request(request, self._trainers, skip)
 
     def check_batch_infer_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A batch inference request (``POST /batch/infer/<model>``) before it is run or queued.
+        """A batch inference request (``POST /batch/infer/<model>``) before it is run or queued
+        (:func:`lib.policy.check_batch_infer_request`).
 
         Raises:
             HTTPException: 404 for a model that is not served for inference, 422 for options that are not accepted.
@@ -867,23 +632,8 @@ class SpectraFlowApp(MONAILabelApp):
         if not isinstance(request, dict):
             raise HTTPException(status_code=422, detail="the batch inference options must be a JSON object")
         self.require_infer_model(request.get("model"))
-        images = request.get("images", "all")
-        own = self.bundle_path(request.get("model"))  # MONAI Label sets it for the task process: the served copy
-        if own and isinstance(request.get("bundle_path"), str) and os.path.realpath(request["bundle_path"]) == (
-            os.path.realpath(own)
-        ):
-            request = {k: v for k, v in request.items() if k != "bundle_path"}
-        try:
-            checked = check_infer_options({k: v for k, v in request.items() if k != "images"})
-        except ValueError as e:
-            raise HTTPException(status_code=422, detail=str(e)) from None
-        if not (images in ("all", "labeled", "unlabeled") or isinstance(images, list)):
-            raise HTTPException(status_code=422, detail="images must be 'all', 'labeled', 'unlabeled' or a list of ids")
-        store = self.datastore()
-        if isinstance(images, list) and hasattr(store, "require_image"):
-            for image in images:
-                store.require_image(check_id(image))
-        return {**checked, "images": images}
+        # MONAI Label sets bundle_path for the task process: the served copy
+        return policy.check_batch_infer_request(request, self.bundle_path(request.get("model")), self.datastore())
 
     def batch_infer(self, request: dict[str, Any], datastore: Datastore | None = None) -> Any:
         """MONAI Label's batch inference, checked first (:meth:`check_batch_infer_request`); on a server without a
@@ -896,63 +646,14 @@ class SpectraFlowApp(MONAILabelApp):
 
     def check_scoring_request(self, request: dict[str, Any]) -> None:
         """HTTP 404 naming the scoring methods unless the request's ``method`` is one (``uncertainty``)."""
-        method = request.get("method") if isinstance(request, dict) else None
-        if not (isinstance(method, str) and method in self._scoring_methods):
-            raise HTTPException(
-                status_code=404,
-                detail=f"scoring method {method!r} is not served; scoring methods: {sorted(self._scoring_methods)}",
-            )
+        policy.check_scoring_request(request, self._scoring_methods)
 
     def check_train_data(self, request: dict[str, Any] | None = None) -> None:
-        """HTTP 422 when no image of the datastore has a label (``labels/final``), or when every label is background
-        only, unless the app is started with ``--conf allow_empty_masks true`` (then a warning); see
-        :func:`spectraflow_monai.data.validation.check_foreground`. With the checked ``request``: also when its
-        ``val_split`` leaves no validation pair (a run serves its best validated model) or, for a 2D bundle, fewer
-        than two training pairs (the decoder's batch normalisation needs two samples a batch)."""
-        from spectraflow_monai.data.validation import check_foreground
-        from spectraflow_monai.utils.errors import DatasetError
-
-        try:
-            pairs = self.datastore().datalist()
-        except DatasetError as e:  # a SEG of the PACS (lib/dicomweb.py)
-            detail = f"the labels in the PACS cannot train this model: {redact_paths(str(e))}"
-            raise HTTPException(status_code=422, detail=detail) from None
-        if not pairs:
-            raise HTTPException(
-                status_code=422,
-                detail="no image has a label yet (labels/final): save labels (PUT /datastore/label) first",
-            )
-        try:
-            check_foreground(pairs, "the datastore's labels", allow_empty=self.allow_empty_masks)
-        except DatasetError as e:
-            studies = {self.studies: "studies", os.path.realpath(self.studies): "studies"}
-            detail = redact_paths(str(e), studies).replace("set allow_empty_masks true", "start the server with --conf "
-                                                  "allow_empty_masks true")  # fmt: skip
-            raise HTTPException(status_code=422, detail=detail) from None
+        """HTTP 422 when the datastore's labels cannot train (none, all background unless ``--conf
+        allow_empty_masks true``) or, with the checked ``request``, its split cannot
+        (:func:`lib.policy.check_train_data`)."""
         task = self._trainers.get(request.get("model")) if isinstance(request, dict) else None
-        if isinstance(task, SpectraFlowTrainTask):
-            self._check_split(task, pairs, request)
-
-    @staticmethod
-    def _check_split(task: SpectraFlowTrainTask, pairs: list[dict[str, Any]], request: dict[str, Any]) -> None:
-        """HTTP 422 when the request's split of ``pairs`` (MONAI Label's, as the run makes it) cannot train."""
-        val_split = request.get("val_split", 0.2)
-        train, val = task._partition_datalist(pairs, {"val_split": val_split})
-        counts = f"{len(pairs)} labelled image(s), val_split {val_split}: {len(train)} to train, {len(val or [])} to "
-        if not val:
-            raise HTTPException(
-                status_code=422,
-                detail=f"this run would have no validation pair ({counts}validate); a run serves its best validated "
-                "model: choose val_split > 0 that leaves at least one image to validate, or label more images",
-            )
-        minimum = 1 if task.volume_input else 2
-        if len(train) < minimum:
-            raise HTTPException(
-                status_code=422,
-                detail=f"this run would have {len(train)} training pair(s) ({counts}validate); it needs at least "
-                f"{minimum}{' (batch normalisation needs two samples a batch)' if minimum > 1 else ''}: label more "
-                "images or lower val_split",
-            )
+        policy.check_train_data(self.datastore(), self.studies, self.allow_empty_masks, task, request)
 
     def train(self, request: dict[str, Any]) -> Any:
         """``MONAILabelApp.train`` with the options (:meth:`check_train_request`) and the labels

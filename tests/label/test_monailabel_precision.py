@@ -1,6 +1,6 @@
 """The ``precision`` setting in the MONAI Label app: ``--conf precision`` reaches every bundle's inference and
 training as the bundle setting of the same name, and a training request may choose its own (checked like every
-other option of ``lib.trainers.TRAIN_OPTIONS``)."""
+other option of ``lib.options.TRAIN_OPTIONS``)."""
 
 from __future__ import annotations
 

@@ -420,12 +420,12 @@ def test_stopped_runs_leave_no_folder_at_the_next_start_or_run(tmp_path):
 
     studies, bundles = _studies_and_bundles(tmp_path)
     runs = bundles / "monailabel_app" / "model" / NAME_2D / "runs"
-    trainers = sys.modules[app_main.SpectraFlowTrainTask.__module__]
+    runs_lib = sys.modules["lib.runs"]  # (main.py imports its lib/ as "lib")
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # its pid: a process that has ended
 
     def run_folder(pid: int, n: int) -> Path:
-        return _run_folder(runs, pid, n, trainers.run_owner(pid))
+        return _run_folder(runs, pid, n, runs_lib.run_owner(pid))
 
     stopped, other_server = run_folder(child.pid, 0), run_folder(os.getppid(), 0)
     app = _app(bundles, studies, models=NAME_2D)  # a restart after a kill
@@ -436,9 +436,9 @@ def test_stopped_runs_leave_no_folder_at_the_next_start_or_run(tmp_path):
     try:
         assert not stopped.exists() and other_server.exists() and run_dir.is_dir()
         assert Path(task._request_overrides["log_dir"]).parent == runs.parent / "logs"
-        assert json.loads((run_dir / "owner.json").read_text()) == trainers.run_owner()
+        assert json.loads((run_dir / "owner.json").read_text()) == runs_lib.run_owner()
     finally:
-        trainers.end_run(str(run_dir))
+        runs_lib.end_run(str(run_dir))
     assert not run_dir.exists()
 
 
@@ -683,7 +683,7 @@ def test_a_run_of_another_pid_namespace_is_kept_while_its_heartbeat_lasts(tmp_pa
 
     studies, bundles = _studies_and_bundles(tmp_path)
     runs = bundles / "monailabel_app" / "model" / NAME_2D / "runs"
-    trainers = sys.modules[app_main.SpectraFlowTrainTask.__module__]
+    runs_lib = sys.modules["lib.runs"]  # (main.py imports its lib/ as "lib")
     # a server in a container: its PID means nothing here (no process 999999 here)
     elsewhere = {"host": socket.gethostname(), "pid_namespace": "pid:[1]", "pid": 999999}
     running = _run_folder(runs, 999999, 0, elsewhere)
@@ -694,15 +694,15 @@ def test_a_run_of_another_pid_namespace_is_kept_while_its_heartbeat_lasts(tmp_pa
     os.utime(stopped / "alive", (old, old))
     app = _app(bundles, studies, models=NAME_2D)
     assert running.is_dir() and not stopped.exists()
-    assert trainers.RUN_STALE_AFTER < 24 * 3600
+    assert runs_lib.RUN_STALE_AFTER < 24 * 3600
     run_dir = app._trainers[NAME_2D].new_run({})
-    trainers.end_run(run_dir)
+    runs_lib.end_run(run_dir)
     assert running.is_dir()
     os.utime(running / "alive", (old, old))
     app._trainers[NAME_2D].new_run({})  # (the heartbeat of a run that has stopped: removed before the next run)
     assert not running.exists()
-    for name in list(trainers._ACTIVE_RUNS):
-        trainers.end_run(str(runs / name))
+    for name in runs_lib.active_runs():
+        runs_lib.end_run(str(runs / name))
 
 
 def test_model_backups_are_bounded(tmp_path):

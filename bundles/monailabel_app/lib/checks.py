@@ -3,7 +3,7 @@
 - Images: the id of a datastore image, the file uploaded with this very request, or the image of the client's
   session. Any other string (a server-side path, absolute or with ``..``, existing or not) is answered exactly as an
   unknown id is (HTTP 404, :data:`UNKNOWN_IMAGE`), so that answers reveal nothing about the server's files.
-- Training: only the options of :data:`lib.trainers.TRAIN_OPTIONS`; anything else is answered with HTTP 422
+- Training: only the options of :data:`lib.options.TRAIN_OPTIONS`; anything else is answered with HTTP 422
   naming the option, before a training task is queued.
 - Datastore: every image and label id is a plain name (:func:`check_id`) and every label tag ``final``,
   ``original`` or a simple name (:func:`check_tag`): no path separator, ``..``, absolute path or empty name, so

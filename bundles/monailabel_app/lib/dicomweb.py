@@ -60,6 +60,7 @@ __all__ = [
     "RECENT_SECONDS",
     "CheckedDICOMWebDatastore",
     "SegSeries",
+    "open_dicomweb_datastore",
 ]
 
 logger = logging.getLogger(__name__)
@@ -504,3 +505,43 @@ def _load(path: str) -> Any:
     from monai.transforms import LoadImage
 
     return LoadImage(image_only=True)(path)
+
+
+def open_dicomweb_datastore(url: str, classes: Mapping[int, str], max_series: int) -> CheckedDICOMWebDatastore:
+    """The PACS at ``url`` as MONAI Label reaches it (its client, credentials and prefixes: the
+    ``MONAI_LABEL_DICOMWEB_*`` settings), served by :class:`CheckedDICOMWebDatastore`.
+
+    Args:
+        url: the DICOMweb root (``--studies``), without a trailing ``/``.
+        classes: ``{value: class name}`` of the served volume models (the SEG segments).
+        max_series: series without a label the cache keeps (``--conf dicomweb_cache_series``).
+    """
+    from dicomweb_client import DICOMwebClient
+    from monailabel.config import settings
+    from monailabel.datastore.dicom import DICOMwebClientX
+    from monailabel.interfaces import app as app_module
+
+    if "googleapis.com" in url:
+        client = DICOMwebClient(url=url, session=app_module.create_session_from_gcp_credentials())
+    else:
+        session = None
+        if settings.MONAI_LABEL_DICOMWEB_USERNAME and settings.MONAI_LABEL_DICOMWEB_PASSWORD:
+            session = app_module.create_session_from_user_pass(
+                settings.MONAI_LABEL_DICOMWEB_USERNAME, settings.MONAI_LABEL_DICOMWEB_PASSWORD
+            )
+        client = DICOMwebClientX(
+            url=url,
+            session=session,
+            qido_url_prefix=settings.MONAI_LABEL_QIDO_PREFIX,
+            wado_url_prefix=settings.MONAI_LABEL_WADO_PREFIX,
+            stow_url_prefix=settings.MONAI_LABEL_STOW_PREFIX,
+        )
+    cache = (settings.MONAI_LABEL_DICOMWEB_CACHE_PATH or "").strip() or None
+    return CheckedDICOMWebDatastore(
+        client,
+        search_filter=settings.MONAI_LABEL_DICOMWEB_SEARCH_FILTER,
+        classes=classes,
+        cache_path=cache,
+        fetch_by_frame=settings.MONAI_LABEL_DICOMWEB_FETCH_BY_FRAME,
+        max_series=max_series,
+    )

@@ -1,283 +1,61 @@
-"""Training task of the SpectraFlow MONAI Label app and the training options a request may set.
+"""Training task of the SpectraFlow MONAI Label app (docs/monailabel.md, "Requests over HTTP").
 
-MONAI Label's ``BundleTrainTask`` turns request values into bundle config overrides (``train#trainer#max_epochs``,
-``device``, ``tracking_uri``, ...), and MONAI's config parser evaluates a string that starts with ``$`` as Python and
-resolves ``@`` / ``%`` references and ``_target_`` objects. A request may therefore set only the options of
-:data:`TRAIN_OPTIONS`, each of a checked type and range; anything else is refused before the bundle is read.
+:class:`SpectraFlowTrainTask` is MONAI Label's ``BundleTrainTask`` running the bundle's ``configs/train.yaml`` whole
+(its ``run`` list, as MONAI Label's own ``monaibundle`` app runs it), in the server's copy of the bundle, on the
+datastore's image / label pairs, with what the app adds:
+
+- a request sets only the options of :data:`lib.options.TRAIN_OPTIONS` (``lib/options.py``);
+- every request is a new run in a folder of its own whose best model then serves (``lib/runs.py``);
+- fine-tuning a served model trains with the settings its record holds (:data:`RECORDED_SETTINGS`);
+- the datastore's pairs reach the bundle as its training reads them (volumes for a slice-wise bundle, label maps with
+  their foreground threshold for a 2D bundle), the validation pairs checked for foreground.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-import json
+import dataclasses
 import logging
-import math
 import os
-import re
-import shutil
-import socket
-import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
-from monai.bundle import ConfigParser
 from monailabel.tasks.train.bundle import BundleTrainTask
 from monailabel.utils.others.generic import device_map
 
 from spectraflow_monai.data.validation import check_foreground
 from spectraflow_monai.utils.bundles import bundle_config_files
-from spectraflow_monai.utils.precision import PRECISION_SETTINGS
 from spectraflow_monai.utils.run_record import read_model_settings
 from spectraflow_monai.utils.settings import ModelSettings, model_settings_path
 
 from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
-from .options import check_bool, check_device, check_gpus, config_syntax, first_item, show_value
-from .served import kept_backups, prune_backups, replace_served_model, replace_served_pair
+from .options import MODEL_FILENAME_RULE, PRECISION_CHOICES, check_train_options
+from .runs import end_run, open_run, remove_stale_runs, serve_run_model
+from .served import kept_backups
 
-__all__ = [
-    "KEPT_RUN_LOGS",
-    "MAX_EPOCHS",
-    "PRECISION_CHOICES",
-    "RECORDED_SETTINGS",
-    "RUN_HEARTBEAT",
-    "RUN_OWNER_FILE",
-    "RUN_STALE_AFTER",
-    "TRAIN_OPTIONS",
-    "WEIGHT_SETTINGS",
-    "SpectraFlowTrainTask",
-    "check_train_options",
-    "config_syntax",
-    "end_run",
-    "precision_setting",
-    "remove_stale_runs",
-    "run_owner",
-    "weight_settings",
-]
+__all__ = ["LABEL_SETUP", "RECORDED_SETTINGS", "SpectraFlowTrainTask"]
 
 logger = logging.getLogger(__name__)
 
-MAX_EPOCHS = 10000
-_MAX_TEXT = 200
-_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.pt")
-_NONE = (None, "", "None", "none")
-_RUNS = itertools.count()
-_ACTIVE_RUNS: dict[str, threading.Event] = {}  # run folders of this process that are training now -> stops its beat
-# a run folder: runs/<date>-<time>-<pid>-<n> (new_run)
-_RUN_NAME = re.compile(r"\d{8}-\d{6}-(\d+)-\d+")
-#: the record of who runs a run folder (host, PID namespace, PID), written when the run starts
-RUN_OWNER_FILE = "owner.json"
-#: seconds between two touches of a running run's heartbeat file (``runs/<id>/alive``)
-RUN_HEARTBEAT = 60.0
-#: a run folder of another host or PID namespace (whose PID cannot be checked here) is stopped when its heartbeat is
-#: older than this many seconds
-RUN_STALE_AFTER = 15 * 60.0
-_HEARTBEAT_FILE = "alive"
-#: log folders of earlier runs kept in the served copy's logs/ (older ones are removed when a run starts)
-KEPT_RUN_LOGS = 5
-#: the values of the bundles' ``precision`` setting
-PRECISION_CHOICES = PRECISION_SETTINGS
+#: the model settings that describe the labels (channels, classes): the bundle's data and label setup decide them for
+#: a run, and a served model whose record disagrees does not load strictly
+LABEL_SETUP = ("in_channels", "out_channels", "label_classes", "num_classes", "class_names")
 #: the model settings that fine-tuning a served model takes from its record (``models/model.json``) as bundle
-#: settings of the same names: its architecture and the preprocessing it was trained with (2D: size and
-#: normalisation; Synapse: CT window, label map, non-finite rule), whatever the bundle's ``train.yaml`` says
-RECORDED_SETTINGS = (
-    "architecture", "network_kwargs", "encoder_name", "encoder_kwargs", "fusion", "refine", "image_size",
-    "image_mean", "image_std", "hu_window", "label_map", "nonfinite", "nonfinite_value",
-)  # fmt: skip
-_show = show_value
-_first = first_item
-_bool = check_bool
-_device = check_device
-
-
-def _max_epochs(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_EPOCHS:
-        raise ValueError(f"must be an integer from 1 to {MAX_EPOCHS}")
-    return value
-
-
-def _val_split(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError("must be a number >= 0 and < 1")
-    if not 0.0 <= value < 1.0:
-        raise ValueError("must be a number >= 0 and < 1")
-    return float(value)
-
-
-def _tracking(value: Any) -> str:
-    if _first(value) not in _NONE:
-        raise ValueError("must be 'None': experiment tracking (MLflow) is not available in this app")
-    return "None"
-
-
-def _text(value: Any) -> None:
-    # accepted for MONAI Label clients that send every option back; unused, since tracking is always off
-    if value is not None and (not isinstance(value, str) or len(value) > _MAX_TEXT or config_syntax(value)):
-        raise ValueError(f"must be a plain string of at most {_MAX_TEXT} characters")
-    return None
-
-
-def _run_id(value: Any) -> None:
-    if value not in (*_NONE, "run"):
-        raise ValueError("must be 'run' (the bundle's training workflow)")
-    return None
-
-
-def _precision(value: Any) -> str:
-    value = _first(value)
-    if not isinstance(value, str) or value.strip().lower() not in PRECISION_CHOICES:
-        raise ValueError(f"must be one of {list(PRECISION_CHOICES)}")
-    return value.strip().lower()
-
-
-_MODEL_FILENAME_RULE = "must be the name of a .pt file in the bundle's models/ folder, such as 'model.pt'"
-
-
-def _model_filename(value: Any) -> str:
-    value = _first(value)
-    if value in _NONE:
-        return DEFAULT_WEIGHTS
-    if not isinstance(value, str) or not _FILE_NAME.fullmatch(value) or ".." in value:
-        raise ValueError(_MODEL_FILENAME_RULE)
-    return value
-
-
-def _local_rank(value: Any) -> None:
-    # added by MONAI Label's task subprocess (monailabel.interfaces.utils.app) to every queued training request
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1024:
-        raise ValueError("must be a process rank (an integer >= 0)")
-    return None
-
-
-# option -> (check returning the value to use, or None to leave the option out; what it means)
-TRAIN_OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "max_epochs": (_max_epochs, f"integer 1..{MAX_EPOCHS}: epochs to run (default 50)"),
-    "val_split": (_val_split, "number in [0, 1): fraction of the datastore pairs used for validation (default 0.2)"),
-    "device": (_device, "'cpu', 'cuda', 'cuda:<index>' or a GPU name (default 'cuda', 'cpu' without a GPU)"),
-    "pretrained": (_bool, "true/false: start from models/<model_filename> when it exists (default true)"),
-    "model_filename": (_model_filename, "a .pt file name in the bundle's models/ folder (default 'model.pt')"),
-    "multi_gpu": (_bool, "true/false: torchrun on the GPUs of 'gpus' when there are several (default true)"),
-    "force_multi_gpu": (_bool, "true/false: torchrun even with one GPU (default false)"),
-    "gpus": (check_gpus, "'all' or GPU indices such as '0,1' (default 'all')"),
-    "tracking": (_tracking, "'None' only (no MLflow)"),
-    "tracking_uri": (_text, "ignored (tracking is off)"),
-    "tracking_experiment_name": (_text, "ignored (tracking is off)"),
-    "tracking_run_name": (_text, "ignored (tracking is off)"),
-    "run_id": (_run_id, "'run' only"),
-    "precision": (_precision, "'auto', 'bf16', 'fp16' (CUDA) or 'fp32' (default: the app's --conf precision, "
-                  "else the bundle's 'auto')"),
-    # added by MONAI Label itself: its client sends client_id, its task subprocess adds local_rank
-    "client_id": (_text, "ignored (MONAI Label's client adds it)"),
-    "local_rank": (_local_rank, "ignored (MONAI Label's task subprocess adds it)"),
-}
-# options whose refusal does not repeat the value: a path is answered as an unknown name
-_QUIET = ("model_filename",)
-
-
-# app settings (--conf KEY VALUE) passed to every bundle's training as the bundle settings of the same name
-WEIGHT_SETTINGS = ("pretrained_weights", "encoder_init")
-
-
-def weight_settings(conf: dict[str, Any]) -> dict[str, str]:
-    """The encoder-weight settings of the app (``--conf pretrained_weights ...``, ``--conf encoder_init ...``) as
-    bundle config overrides for training; settings left out keep the bundle's values (``timm`` / ``auto``).
-
-    Args:
-        conf: the app settings.
-
-    Raises:
-        ValueError: ``encoder_init`` is not one of ``auto`` / ``stage1`` / ``pretrained`` / ``random``, or
-            ``pretrained_weights`` is not a plain string (``timm``, ``none`` or a file path on the server).
-    """
-    from spectraflow_monai.apps.encoder_init import ENCODER_INIT_CHOICES
-
-    settings: dict[str, str] = {}
-    for key in WEIGHT_SETTINGS:
-        value = conf.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, str) or not value.strip() or len(value) > 4096 or config_syntax(value):
-            raise ValueError(f"--conf {key} must be a plain, non-empty string, got {_show(value)}.")
-        value = value.strip()
-        if key == "encoder_init" and value.lower() not in ENCODER_INIT_CHOICES:
-            raise ValueError(f"--conf encoder_init must be one of {list(ENCODER_INIT_CHOICES)}, got {_show(value)}.")
-        settings[key] = value.lower() if key == "encoder_init" or value.lower() in ("timm", "none") else value
-    return settings
-
-
-def precision_setting(conf: dict[str, Any]) -> dict[str, str]:
-    """The app's ``--conf precision`` (``auto`` | ``bf16`` | ``fp16`` | ``fp32``) as the bundle config override
-    ``{"precision": ...}`` of inference and training; ``{}`` when it is not set (the bundles' ``auto``).
-
-    Raises:
-        ValueError: a value that is not one of :data:`PRECISION_CHOICES`, named with the value.
-    """
-    value = conf.get("precision")
-    if value is None:
-        return {}
-    try:
-        return {"precision": _precision(value)}
-    except ValueError as e:
-        raise ValueError(f"--conf precision {e}, got {_show(value)}.") from None
-
-
-def check_train_options(request: dict[str, Any], bundle_path: str | None = None) -> dict[str, Any]:
-    """The training request as ``BundleTrainTask`` may use it, or ValueError naming the first refused option.
-
-    Args:
-        request: ``model`` (the bundle name), ``bundle_path`` (added by MONAI Label; must be the bundle's folder)
-            and options of :data:`TRAIN_OPTIONS`.
-        bundle_path: the folder of the bundle being trained; ``None`` refuses any ``bundle_path`` in the request.
-            Default ``None``.
-
-    Returns:
-        a new request with the checked values (options that are unused or at their default left out).
-
-    Raises:
-        ValueError: an option that is not in :data:`TRAIN_OPTIONS` (bundle config ids such as
-            ``train#trainer#max_epochs`` included), a value of the wrong type or out of range, or a string that the
-            bundle config parser would evaluate (``$``, ``@``, ``%``, ``_target_``, ...).
-    """
-    if not isinstance(request, dict):
-        raise ValueError(f"the training request must be a JSON object, got {type(request).__name__}.")
-    checked: dict[str, Any] = {}
-    for key, value in request.items():
-        if not isinstance(key, str):
-            raise ValueError(f"train option {_show(key)} is not a name.")
-        if isinstance(value, str) and config_syntax(value):
-            raise ValueError(
-                f"train option {key!r}: {_show(value)} would be evaluated by the bundle config parser "
-                "(it starts with $, @ or % or holds _target_, #, ::); only plain values are accepted."
-            )
-        if key == "model":
-            if not isinstance(value, str):
-                raise ValueError(f"train option 'model' must be a bundle name, got {_show(value)}.")
-            checked[key] = value
-        elif key == "bundle_path":
-            if bundle_path is None or not isinstance(value, str) or os.path.realpath(value) != os.path.realpath(
-                bundle_path
-            ):
-                raise ValueError("train option 'bundle_path' is set by the server and cannot be chosen.")
-        elif key in TRAIN_OPTIONS:
-            check, _ = TRAIN_OPTIONS[key]
-            try:
-                value = check(value)
-            except ValueError as e:
-                shown = "" if key in _QUIET else f", got {_show(value)}"
-                raise ValueError(f"train option {key!r} {e}{shown}.") from None
-            if value is not None:
-                checked[key] = value
-        else:
-            raise ValueError(
-                f"train option {_show(key)} is not accepted; a request may set only {sorted(TRAIN_OPTIONS)} "
-                "(bundle settings are server settings: --conf overrides)."
-            )
-    return checked
+#: settings of the same names: every field of :class:`~spectraflow_monai.utils.settings.ModelSettings` but the label
+#: setup, i.e. its architecture and the preprocessing it was trained with (2D: size and normalisation; Synapse: CT
+#: window, label map, non-finite rule), whatever the bundle's ``train.yaml`` says
+RECORDED_SETTINGS = tuple(f.name for f in dataclasses.fields(ModelSettings) if f.name not in LABEL_SETUP)
 
 
 class SpectraFlowTrainTask(BundleTrainTask):
     """``BundleTrainTask`` with bundle config overrides (MONAI Label's own data/epochs/device settings win) and a
-    request that may set only the options of :data:`TRAIN_OPTIONS`.
+    request that may set only the options of :data:`lib.options.TRAIN_OPTIONS`.
+
+    Of ``BundleTrainTask``'s methods it overrides the public ``__call__``, ``config`` and ``run_single_gpu``, and two
+    private ones that MONAI Label 0.8.5 offers no public hook for: ``_update_overrides`` (its own extension point,
+    "allow derived class to update further overrides", the one place that both the single-process and the
+    ``torchrun`` run read after it) and ``_load_checkpoint`` (called unconditionally from ``__call__``; its version
+    fails for ``pretrained`` false and for the bundles' ``'@id'`` handler references). The bundle's config is read
+    by ``BundleTrainTask`` itself; the app's overrides are applied to it after (no ``_load_bundle_config``).
 
     Args:
         path: bundle folder.
@@ -292,6 +70,11 @@ class SpectraFlowTrainTask(BundleTrainTask):
         self.kept_backups = kept_backups(conf or {})
         kwargs.setdefault("load_strict", True)
         super().__init__(path, conf, **kwargs)
+        if self.is_valid():
+            # the bundle's configs/train.yaml is the whole Stage-2 run (checked as the bundle's commands check it)
+            self.config_files = [str(f) for f in bundle_config_files(path, [os.path.basename(self.bundle_config_path)])]
+            if self.overrides:
+                self.bundle_config.update(self.overrides)
         remove_stale_runs(path)  # the folders of runs that a stop or a kill ended before their clean-up
         self.volume_input = has_volume_format(path)
         self._train_handlers = (
@@ -305,7 +88,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
         checked = check_train_options(request, getattr(self, "bundle_path", None))
         name = checked.get("model_filename", DEFAULT_WEIGHTS)
         if name != DEFAULT_WEIGHTS and name not in weight_files(self.bundle_path):
-            raise ValueError(f"train option 'model_filename' {_MODEL_FILENAME_RULE}.")
+            raise ValueError(f"train option 'model_filename' {MODEL_FILENAME_RULE}.")
         precision = checked.get("precision", self.overrides.get("precision", "auto"))
         if precision == "fp16" and not _uses_cuda(checked.get("device")):
             source = "train option 'precision'" if "precision" in checked else "the server's --conf precision"
@@ -317,14 +100,14 @@ class SpectraFlowTrainTask(BundleTrainTask):
 
     def __call__(self, request: dict[str, Any], datastore: Any) -> Any:
         """One training request: a new run on the datastore's current labels (:meth:`new_run`), whose best model
-        then replaces the served ``models/model.pt`` (:meth:`promote`)."""
+        then replaces the served ``models/model.pt`` (:func:`lib.runs.serve_run_model`)."""
         request = self.check_request(request)
         # the request's precision becomes the bundle setting of this run (over the app's --conf precision)
         self._request_overrides = {"precision": request["precision"]} if "precision" in request else {}
         run_dir = self.new_run(request)
         try:
             result = super().__call__(request, datastore)
-            self.promote(run_dir)
+            serve_run_model(run_dir, self.bundle_path, self.kept_backups)
         finally:
             self._request_overrides = {}
             end_run(run_dir)
@@ -334,7 +117,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
         """Prepare a new run: its own folder ``runs/<time>-<pid>-<n>/`` for the resumable checkpoints and the best
         model, nothing resumed (an earlier request's run, its optimizer, early stopping and best score are never
         continued), and the bundle's own training handlers (MONAI Label inserts its checkpoint loader into them). The
-        folder records its owner and gets a heartbeat (:func:`remove_stale_runs`) until :func:`end_run`.
+        folder records its owner and gets a heartbeat until :func:`lib.runs.end_run` (:func:`lib.runs.open_run`).
 
         Returns:
             the run folder.
@@ -343,13 +126,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
         start = os.path.join("models", request.get("model_filename", DEFAULT_WEIGHTS))
         fine_tuning = request.get("pretrained", True) and os.path.isfile(os.path.join(self.bundle_path, start))
         recorded = self.recorded_settings(os.path.join(self.bundle_path, start)) if fine_tuning else {}
-        remove_stale_runs(self.bundle_path)
-        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_RUNS)}"
-        run_dir = os.path.join(self.bundle_path, "runs", run_id)
-        log_dir = os.path.join(self.bundle_path, "logs", run_id)
-        _prune_logs(os.path.dirname(log_dir), KEPT_RUN_LOGS - 1)
-        os.makedirs(run_dir)
-        _start_run(run_dir)
+        run_id, run_dir, log_dir = open_run(self.bundle_path)
         self._request_overrides.update(
             {
                 "stage2_dir": os.path.join(run_dir, "checkpoints"),  # a new folder: nothing to resume
@@ -398,34 +175,10 @@ class SpectraFlowTrainTask(BundleTrainTask):
                 )
         return values
 
-    def promote(self, run_dir: str) -> None:
-        """Replace the served ``models/model.pt`` with the best model of the run in ``run_dir`` (atomically: the
-        inference task reloads it at its next request), its settings record ``model.json`` first (inference reads
-        the model's normalisation and size from it).
-
-        Raises:
-            RuntimeError: the run saved no model (no validation pair, or no finite validation score); the served
-                model is kept.
-        """
-        name = os.path.basename(self.bundle_path)
-        best = os.path.join(run_dir, DEFAULT_WEIGHTS)
-        if not os.path.isfile(best):
-            raise RuntimeError(
-                f"{name}: training run {os.path.basename(run_dir)} saved no model (it needs validation pairs: "
-                "val_split > 0 and enough labelled images); the served model is unchanged."
-            )
-        served = os.path.join(self.bundle_path, "models", DEFAULT_WEIGHTS)
-        record = model_settings_path(best)
-        if os.path.isfile(record):  # the settings the model was trained with (model.json), with the model's digest
-            replaced = replace_served_pair(best, record, served)
-        else:
-            replaced = replace_served_model(best, served)
-        prune_backups(os.path.dirname(served), self.kept_backups)
-        kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
-        logger.info(
-            f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
-            f"{kept if replaced else ''}"
-        )
+    def split(self, pairs: list[dict[str, Any]], val_split: float) -> tuple[list[dict[str, Any]], Any]:
+        """MONAI Label's split of ``pairs`` into training and validation pairs (``val_split`` of them validate), as
+        a run of this task makes it (``BundleTrainTask``'s own partition, unshuffled)."""
+        return self._partition_datalist(pairs, {"val_split": val_split})
 
     def config(self) -> dict[str, Any]:
         options = super().config()
@@ -449,18 +202,9 @@ class SpectraFlowTrainTask(BundleTrainTask):
             **overrides,
         )
 
-    def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
-        # the bundle's configs/train.yaml is the whole Stage-2 run (checked as the bundle's commands check it)
-        self.config_files = [str(f) for f in bundle_config_files(path, [os.path.basename(config)])]
-        parser = ConfigParser()
-        parser.read_config(self.config_files)
-        parser.config.update({self.const.key_bundle_root(): path})  # as MONAI Label's own version
-        if self.overrides:
-            parser.update(self.overrides)
-        return parser
-
     def _load_checkpoint(self, model_pytorch: str, pretrained: bool, train_handlers: list) -> None:
-        # MONAI Label's version expects every handler to be a dict (the bundles also list '@id' references) and
+        # private, kept: BundleTrainTask.__call__ calls it whatever the request, and MONAI Label 0.8.5 has no public
+        # hook for it; its version expects every handler to be a dict (the bundles also list '@id' references) and
         # fails for pretrained=False; fine-tuning starts from models/<model_filename> when it exists
         if not pretrained or not os.path.isfile(model_pytorch):
             return
@@ -497,6 +241,8 @@ class SpectraFlowTrainTask(BundleTrainTask):
         return [dict(d, label_threshold=1) for d in datalist]
 
     def _update_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        # private, kept: BundleTrainTask's own hook for derived classes (MONAI Label 0.8.5 has no public one), the
+        # last step before both the single-process run (run_single_gpu) and the torchrun config file
         for key, value in self.overrides.items():
             overrides.setdefault(key, value)
         overrides.update(getattr(self, "_request_overrides", {}))
@@ -524,150 +270,6 @@ def _uses_cuda(device: str | None) -> bool:
     device = device or "cuda"
     device = device_map().get(device, device)
     return str(device).startswith("cuda") and torch.cuda.is_available()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:  # not Linux: one namespace
-        return ""
-
-
-def _boot_id() -> str:
-    # differs between hosts (and boots) whose host names or namespace numbers agree
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def run_owner(pid: int | None = None) -> dict[str, Any]:
-    """Who runs a run folder: this host (its name and boot id), this PID namespace and ``pid`` (default: this
-    process)."""
-    return {
-        "host": socket.gethostname(),
-        "boot_id": _boot_id(),
-        "pid_namespace": _pid_namespace(),
-        "pid": os.getpid() if pid is None else pid,
-    }
-
-
-def _last_activity(path: str) -> float:
-    """The newest modification time of run folder ``path``, its entries and theirs (checkpoints are written there)."""
-    newest = os.path.getmtime(path)
-    for entry in os.scandir(path):
-        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-        if entry.is_dir(follow_symlinks=False):
-            for inner in os.scandir(entry.path):
-                newest = max(newest, inner.stat(follow_symlinks=False).st_mtime)
-    return newest
-
-
-def _beat(path: str, stop: threading.Event) -> None:
-    while True:
-        try:
-            os.utime(path)
-        except OSError:  # the folder is gone: the run has ended
-            return
-        if stop.wait(RUN_HEARTBEAT):
-            return
-
-
-def _start_run(run_dir: str) -> None:
-    """Record this process as the owner of ``run_dir`` and touch its heartbeat file every :data:`RUN_HEARTBEAT`
-    seconds until :func:`end_run`."""
-    with open(os.path.join(run_dir, RUN_OWNER_FILE), "w") as f:
-        json.dump(run_owner(), f)
-    heartbeat = os.path.join(run_dir, _HEARTBEAT_FILE)
-    open(heartbeat, "w").close()
-    stop = threading.Event()
-    _ACTIVE_RUNS[os.path.basename(run_dir)] = stop
-    threading.Thread(target=_beat, args=(heartbeat, stop), name="spectraflow-run-heartbeat", daemon=True).start()
-
-
-def end_run(run_dir: str) -> None:
-    """End the run of ``run_dir``: its heartbeat stops and its folder is removed (a run is never continued by a later
-    request: its checkpoints go, whether it ended well or not)."""
-    stop = _ACTIVE_RUNS.pop(os.path.basename(run_dir), None)
-    if stop is not None:
-        stop.set()
-    shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _stopped(path: str, name: str, pid: int) -> bool:
-    """Whether the run of folder ``path`` has stopped. Its process is checked where it can be (this host and PID
-    namespace); a run of another host or PID namespace (a container, a server on shared storage), or of a folder
-    without an owner record, has stopped when its heartbeat (else the newest file of the folder) is older than
-    :data:`RUN_STALE_AFTER` seconds."""
-    try:
-        with open(os.path.join(path, RUN_OWNER_FILE)) as f:
-            owner = json.load(f)
-    except (OSError, ValueError):
-        owner = None
-    heartbeat = os.path.join(path, _HEARTBEAT_FILE)
-    try:
-        last = os.path.getmtime(heartbeat) if os.path.isfile(heartbeat) else _last_activity(path)
-    except OSError:  # (removed meanwhile, or unreadable: left as it is)
-        return False
-    silent = time.time() - last > RUN_STALE_AFTER
-    here = run_owner(pid)
-    if isinstance(owner, dict) and all(owner.get(k) == v for k, v in here.items()):
-        if pid == os.getpid():
-            return name not in _ACTIVE_RUNS
-        return not _pid_alive(pid) or silent  # (a live PID with a silent heartbeat: the PID was reused)
-    return silent
-
-
-def remove_stale_runs(bundle_path: str) -> list[str]:
-    """Remove the run folders (``runs/<date>-<time>-<pid>-<n>``) of the served copy whose run has stopped.
-
-    A run removes its folder when it ends (:func:`end_run`); a run stopped by ``DELETE /train`` or a server kill
-    cannot, so the server removes them at its start and before each new run. A folder whose run may still go on is
-    kept: its process runs (this host and PID namespace, as its ``owner.json`` says), or, for a run of another host or
-    PID namespace, its heartbeat is younger than :data:`RUN_STALE_AFTER` seconds (:func:`_stopped`).
-
-    Args:
-        bundle_path: the served copy of a bundle.
-
-    Returns:
-        the names of the removed folders.
-    """
-    runs = os.path.join(bundle_path, "runs")
-    if not os.path.isdir(runs):
-        return []
-    removed = []
-    for name in sorted(os.listdir(runs)):
-        path = os.path.join(runs, name)
-        match = _RUN_NAME.fullmatch(name)
-        if not os.path.isdir(path) or os.path.islink(path) or match is None:
-            continue
-        if not _stopped(path, name, int(match.group(1))):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(name)
-    if removed:
-        logger.info(f"+++ {os.path.basename(bundle_path)}: removed {len(removed)} folder(s) of stopped runs: {removed}")
-    return removed
-
-
-def _prune_logs(logs: str, keep: int) -> None:
-    """Keep the newest ``keep`` run log folders of ``logs`` (named as the runs, so their names sort by time)."""
-    if not os.path.isdir(logs):
-        return
-    folders = sorted(n for n in os.listdir(logs) if _RUN_NAME.fullmatch(n) and os.path.isdir(os.path.join(logs, n)))
-    for name in folders[: max(0, len(folders) - keep)]:
-        shutil.rmtree(os.path.join(logs, name), ignore_errors=True)
 
 
 def _image_id(path: str) -> str:
