@@ -93,7 +93,8 @@ def open_run(bundle_path: str) -> tuple[str, str, str]:
 def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> bool:
     """Serve the best model of the run in ``run_dir`` as the served copy's ``models/model.pt``, its record
     ``model.json`` first (each atomically: the inference task reloads the pair at its next request; the replaced
-    pair is kept as ``*.previous``), then prune the model backups of ``models/`` to ``kept_backups``.
+    pair is kept as ``*.previous``), then prune the model backups of ``models/`` to ``kept_backups``. The training
+    task logs it.
 
     Args:
         run_dir: the run's folder (:func:`open_run`), holding its best model ``model.pt``.
@@ -121,11 +122,6 @@ def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> bool:
     else:
         replaced = replace_served_model(best, served)
     prune_backups(os.path.dirname(served), kept_backups)
-    kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
-    logger.info(
-        f"+++ {name}: the best model of training run {os.path.basename(run_dir)} now serves as models/model.pt"
-        f"{kept if replaced else ''}"
-    )
     return replaced
 
 

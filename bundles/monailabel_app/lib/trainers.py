@@ -107,7 +107,12 @@ class SpectraFlowTrainTask(BundleTrainTask):
         run_dir = self.new_run(request)
         try:
             result = super().__call__(request, datastore)
-            serve_run_model(run_dir, self.bundle_path, self.kept_backups)
+            replaced = serve_run_model(run_dir, self.bundle_path, self.kept_backups)
+            kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
+            logger.info(
+                f"+++ {os.path.basename(self.bundle_path)}: the best model of training run {os.path.basename(run_dir)} "
+                f"now serves as models/model.pt{kept if replaced else ''}"
+            )
         finally:
             self._request_overrides = {}
             end_run(run_dir)
