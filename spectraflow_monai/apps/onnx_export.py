@@ -2,7 +2,9 @@
 
 From a bundle folder, ``python -m spectraflow_monai export-onnx`` reads ``models/model.pt`` and the model settings
 recorded beside it (``models/model.json``: encoder, image size, decoder, classes), builds the network as inference
-does (:func:`~spectraflow_monai.apps.workflow.recorded_network`), loads the weights and writes ``models/model.onnx``
+does (:func:`~spectraflow_monai.apps.workflow.recorded_network`: SpectraFlowNet, UNet or U-Net++, whichever the
+record's ``architecture`` names; one whose registry entry has no export is refused in one line), loads the weights
+and writes ``models/model.onnx``
 with :func:`~spectraflow_monai.networks.export.export_onnx` (a free batch axis; checked with onnxruntime at batch 1
 and 3). The file carries the SHA-256 of ``model.pt`` and of ``model.json``
 (:func:`~spectraflow_monai.networks.export.export_digests`), so that ``configs/inference_onnx.yaml`` layered on
@@ -54,7 +56,9 @@ def export_model_file(
     Raises:
         FileNotFoundError: ``model_file`` does not exist.
         SettingError: no model settings recorded beside ``model_file``, a record written for another model file or
-            edited, or weights that do not fit the recorded network.
+            edited, weights that do not fit the recorded network, an architecture without an export
+            (:attr:`~spectraflow_monai.utils.architectures.Architecture.export`), or ``int8_encoder`` for a network
+            without an encoder.
         ValueError: ``model_file`` is not a weights file, or the check fails.
     """
     import torch  # here, so that `spectraflow export-onnx --help` answers without importing torch or MONAI
@@ -75,6 +79,12 @@ def export_model_file(
             "training); the network cannot be built without them."
         )
     record = ModelRecord(model_file)  # the record must be model_file's (check_model_digest)
+    entry = record.settings.architecture_entry
+    if entry.export is not None:
+        raise SettingError(f"{model_file}: architecture {entry.name!r} has no ONNX export: {entry.export}")
+    if int8_encoder and not entry.has_encoder:
+        raise SettingError(f"--int8-encoder quantises the ViT encoder; {model_file} is a {entry.name!r} model, which "
+                           "has none: export it without --int8-encoder.")  # fmt: skip
     digests = export_digests(model_file)
     network = recorded_network(record, record.out_channels)
     try:
@@ -90,7 +100,7 @@ def export_model_file(
         raise weights_mismatch(model_file, err) from err
     output = Path(output) if output is not None else Path(os.path.splitext(model_file)[0] + ".onnx")
     return export_onnx(
-        network, output, image_size=record.image_size, in_channels=network.in_channels, atol=atol,
+        network, output, image_size=record.image_size, in_channels=record.in_channels, atol=atol,
         int8_encoder=int8_encoder, metadata=digests,
     )  # fmt: skip
 

@@ -171,7 +171,8 @@ def export_onnx(
     int8_encoder: bool = False,
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
-    """Export ``network`` (e.g. ``SpectraFlowNet``) to ONNX at a fixed image size, and check it with onnxruntime.
+    """Export ``network`` (``SpectraFlowNet``, MONAI's ``UNet``, ``UNetPlusPlus``, ...) to ONNX at a fixed image size,
+    and check it with onnxruntime.
 
     A copy of the network in ``eval`` mode with :func:`set_real_dft` (no complex tensor) and
     :func:`set_batch_free_conv` (no batch-sized group count) is exported with ``torch.onnx.export(..., dynamo=True)``
@@ -188,7 +189,8 @@ def export_onnx(
         network: the network; it is not modified.
         path: the ``.onnx`` file written.
         image_size: ``H`` (= ``W``) or ``(H, W)``, multiples of the patch size. Defaults to 224.
-        in_channels: input channels. Defaults to ``network.in_channels`` (or 3).
+        in_channels: input channels. Defaults to ``network.in_channels`` (a network without that attribute, such as
+            ``UNetPlusPlus``, needs it given).
         batch_size: None for a free batch axis, or the one batch size the model takes (>= 1). Defaults to None.
         verify: run the check with onnxruntime (skipped with a log line where it is not installed). Defaults to True.
         atol: the largest absolute difference of the logits the check accepts. Defaults to 1e-4.
@@ -202,8 +204,9 @@ def export_onnx(
         the path written.
 
     Raises:
-        ValueError: ``batch_size`` or ``verify_batch_sizes`` not positive integers, or the exported model's logits
-            differ from the network's by more than ``atol``.
+        ValueError: ``batch_size`` or ``verify_batch_sizes`` not positive integers, ``in_channels`` not given for a
+            network without an ``in_channels`` attribute, or the exported model's logits differ from the network's by
+            more than ``atol``.
         ImportError: the ``onnx`` extra is not installed.
     """
     import copy
@@ -216,12 +219,15 @@ def export_onnx(
     checked = [batch_size] if batch_size is not None else list(verify_batch_sizes)
     if not checked or not all(positive(b) for b in checked):
         raise ValueError(f"verify_batch_sizes must be positive integers, got {verify_batch_sizes!r}.")
+    if in_channels is None and not isinstance(getattr(network, "in_channels", None), int):
+        raise ValueError(f"in_channels must be given for a {type(network).__name__}: it has no in_channels attribute "
+                         "(spectraflow export-onnx gives the model record's).")  # fmt: skip
     try:
         import onnxscript  # noqa: F401  (the dynamo exporter's translator)
     except ImportError as err:
         raise ImportError(f"the ONNX export needs onnx and onnxscript: {ONNX_EXTRA_HINT}.") from err
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    channels = int(in_channels if in_channels is not None else getattr(network, "in_channels", 3))
+    channels = int(in_channels if in_channels is not None else network.in_channels)
     model = set_batch_free_conv(set_real_dft(copy.deepcopy(network).eval()))
     device = next(network.parameters()).device
     # a free axis is traced at batch 2: torch.export specialises an example size of 1

@@ -115,6 +115,50 @@ def test_recorded_network_follows_the_record(tmp_path):
         ModelRecord(model, given={"fusion": "daf", "refine": None})  # None: not given
 
 
+TINY_NETWORKS = {  # a small model of every registered architecture, at a size its rule takes
+    "spectraflow": {"image_size": 28, "encoder_kwargs": {"depth": 2}},
+    "unet": {"image_size": 32, "network_kwargs": {"channels": [4, 8, 16], "strides": [2, 2]}},
+    "unetpp": {"image_size": 32, "network_kwargs": {"features": [4, 4, 8, 8, 8, 4]}},
+}
+
+
+def test_every_registered_architecture_has_a_tiny_network_here():
+    from spectraflow_monai.utils.architectures import ARCHITECTURES
+
+    assert set(TINY_NETWORKS) == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("name", sorted(TINY_NETWORKS))
+def test_recorded_network_builds_the_registered_class(name):
+    from spectraflow_monai.apps.workflow import network_class
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    settings = ModelSettings(architecture=name, out_channels=2, **TINY_NETWORKS[name])
+    # Stage-2's trainable_blocks: SpectraFlow's encoder blocks; a network without an encoder trains all of it
+    net = recorded_network(settings, trainable_blocks=1)
+    assert type(net) is network_class(settings.architecture_entry)
+    size = settings.image_size
+    assert net.eval()(torch.zeros(1, 3, size, size)).shape == (1, 2, size, size)
+
+
+def test_recorded_network_builds_a_new_entry_and_names_kwargs_its_class_refuses(monkeypatch):
+    from monai.networks.nets import BasicUNet
+
+    from spectraflow_monai.utils.architectures import ARCHITECTURES, Architecture, pooling_multiple
+    from spectraflow_monai.utils.settings import ModelSettings
+
+    entry = Architecture(name="basicunet", network_class="monai.networks.nets.BasicUNet", description="BasicUNet",
+                         fixed_arguments={"spatial_dims": 2}, size_multiple=pooling_multiple(4))  # fmt: skip
+    monkeypatch.setitem(ARCHITECTURES, "basicunet", entry)
+    settings = ModelSettings(architecture="basicunet", network_kwargs={"features": [4, 4, 8, 8, 16, 4]}, image_size=32)
+    assert isinstance(recorded_network(settings), BasicUNet)
+    with pytest.raises(SettingError) as exc:
+        recorded_network(settings.replace(network_kwargs={"features": [4, 4, 8, 8, 16, 4], "widths": 3}))
+    line = str(exc.value)
+    assert "\n" not in line and "do not fit monai.networks.nets.BasicUNet (architecture 'basicunet')" in line
+    assert "'widths'" in line
+
+
 class _Engine:
     def __init__(self):
         self.calls = []

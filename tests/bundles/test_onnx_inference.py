@@ -21,6 +21,13 @@ pytest.importorskip("onnxscript")
 pytest.importorskip("onnxruntime")
 
 TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"
+#: a tiny model of every registered architecture (the 2D bundle trains each: train.yaml, configs/*_baseline.yaml)
+TINY = {
+    "spectraflow": {"image_size": 28, "encoder_kwargs": {"depth": 2}},
+    "unet": {"image_size": 32, "network_kwargs": {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 1,
+                                                  "norm": "batch"}},
+    "unetpp": {"image_size": 32, "network_kwargs": {"features": [4, 4, 8, 8, 8, 4], "deep_supervision": True}},
+}  # fmt: skip
 
 
 def _lone_copy(bundle: str, tmp_path: Path) -> Path:
@@ -29,10 +36,12 @@ def _lone_copy(bundle: str, tmp_path: Path) -> Path:
     return target
 
 
-def _write_model(folder: Path, out_channels: int, num_classes: int | None, seed: int = 0) -> Path:
+def _write_model(
+    folder: Path, out_channels: int, num_classes: int | None, seed: int = 0, architecture: str = "spectraflow"
+) -> Path:
     """models/model.pt (a state dict, as training saves it) with model.json beside it, written after it (its digest):
-    a 28 px, 2-block network whose decoder is moved away from its initialisation, so that the masks depend on every
-    part of it."""
+    a tiny network of ``architecture`` (:data:`TINY`; SpectraFlow: 28 px, 2 blocks) whose decoder (a baseline: every
+    weight) is moved away from its initialisation, so that the masks depend on every part of it."""
     from spectraflow_monai.apps.workflow import recorded_network
     from spectraflow_monai.utils.run_record import ModelRecord, write_model_settings
     from spectraflow_monai.utils.settings import ModelSettings
@@ -41,14 +50,15 @@ def _write_model(folder: Path, out_channels: int, num_classes: int | None, seed:
     model.parent.mkdir(parents=True, exist_ok=True)
     # a Synapse model carries its CT preprocessing, as its training records it
     ct = {} if num_classes is None else {"hu_window": [-125.0, 275.0], "nonfinite": "error"}
-    settings = ModelSettings(image_size=28, encoder_kwargs={"depth": 2}, out_channels=out_channels,
+    settings = ModelSettings(architecture=architecture, **TINY[architecture], out_channels=out_channels,
                              num_classes=num_classes, image_mean=[0.5, 0.4, 0.3], image_std=[0.25, 0.2, 0.3],
                              **ct)  # fmt: skip
     torch.manual_seed(seed)
     network = recorded_network(ModelRecord(model, defaults=settings.to_dict()), out_channels)
     with torch.no_grad():
-        for p in network.decoder.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+        moved, scale = (network.decoder, 0.05) if architecture == "spectraflow" else (network, 0.3)
+        for p in moved.parameters():
+            p.add_(scale * torch.randn_like(p))
     torch.save(network.state_dict(), model)
     write_model_settings(model, settings)
     return model
@@ -86,12 +96,25 @@ def _read(path: Path) -> np.ndarray:
     return np.asarray(nib.load(path).dataobj)
 
 
-@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
-def test_onnx_inference_writes_the_pytorch_masks(bundle, tmp_path):
+def test_every_registered_architecture_is_exported_here():
+    from spectraflow_monai.utils.architectures import ARCHITECTURES
+
+    assert set(TINY) == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize(
+    "bundle, architecture",
+    [(TWO_D, "spectraflow"), (SYNAPSE, "spectraflow"), (TWO_D, "unet"), (TWO_D, "unetpp")],
+)
+def test_onnx_inference_writes_the_pytorch_masks(bundle, architecture, tmp_path):
+    """``export-onnx`` then ``inference_onnx.yaml`` write the masks of ``inference.yaml`` at fp32, for a model of each
+    architecture the bundles train (SpectraFlowNet; the 2D bundle's UNet and U-Net++ baselines, the U-Net++ with deep
+    supervision: its final head)."""
     from spectraflow_monai.cli import main
 
     folder = _lone_copy(bundle, tmp_path)
-    model = _write_model(folder, 1 if bundle == TWO_D else 9, None if bundle == TWO_D else 9)
+    model = _write_model(folder, 1 if bundle == TWO_D else 9, None if bundle == TWO_D else 9,
+                         architecture=architecture)  # fmt: skip
     inputs = _images(tmp_path / "images") if bundle == TWO_D else _volumes(tmp_path / "ct")
     common = {"bundle_root": str(folder), "input_dir": str(inputs), "device": "$torch.device('cpu')"}
     if bundle == SYNAPSE:
@@ -117,7 +140,7 @@ def test_onnx_inference_writes_the_pytorch_masks(bundle, tmp_path):
         np.testing.assert_array_equal(_read(tmp_path / "onnx" / name), mask)
         values |= set(np.unique(mask).tolist())
     assert len(values) > 1  # not a constant mask: the comparison sees the network's output
-    if bundle == SYNAPSE:
+    if bundle == SYNAPSE or architecture != "spectraflow":
         return
     # the model trained again (a new model.pt and model.json) beside the old model.onnx: refused in one line
     _write_model(folder, 1, None, seed=1)
@@ -192,3 +215,25 @@ def test_export_onnx_command_errors_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export-onnx", "--model", str(tmp_path / "model.pt")])
     assert "no model settings recorded beside it" in capsys.readouterr().err
+
+
+def test_export_onnx_refuses_in_one_line_what_an_architecture_does_not_export(tmp_path, capsys, monkeypatch):
+    """An architecture whose registry entry has no export, and ``--int8-encoder`` for a network without an encoder,
+    stop the command in one line before anything is written."""
+    import dataclasses
+
+    from spectraflow_monai.cli import main
+    from spectraflow_monai.utils import architectures
+
+    model = _write_model(tmp_path, 1, None, architecture="unet")
+    with pytest.raises(SystemExit) as exc:
+        main(["export-onnx", "--model", str(model), "--int8-encoder"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "is a 'unet' model, which has none" in err[0]
+    entry = dataclasses.replace(architectures.ARCHITECTURES["unet"], export="its graph has no ONNX form.")
+    monkeypatch.setitem(architectures.ARCHITECTURES, "unet", entry)
+    with pytest.raises(SystemExit):
+        main(["export-onnx", "--model", str(model)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "architecture 'unet' has no ONNX export: its graph has no ONNX form." in err[0]
+    assert not (tmp_path / "models" / "model.onnx").exists()

@@ -145,6 +145,16 @@ def test_onnx_export_arguments(kwargs, message, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_onnx_export_of_a_network_without_in_channels_needs_them_given(tmp_path):
+    """U-Net++ (MONAI's BasicUNetPlusPlus) has no ``in_channels`` attribute: the channels are given (export-onnx
+    gives the record's), never guessed."""
+    from spectraflow_monai.networks.export import export_onnx
+
+    with pytest.raises(ValueError, match="in_channels must be given for a Sequential"):
+        export_onnx(torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3)), tmp_path / "x.onnx", image_size=8)
+    assert not list(tmp_path.iterdir())
+
+
 def test_onnx_network_arguments(tmp_path):
     pytest.importorskip("onnxruntime")
     from spectraflow_monai.networks.export import OnnxNetwork
