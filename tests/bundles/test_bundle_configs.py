@@ -196,3 +196,16 @@ def test_each_train_yaml_holds_values_data_transforms_and_references():
         assert sum(bool(forward.match(ln)) for ln in text.splitlines()) <= 10, bundle
     shared = set(_code_lines(texts[TWO_D])) & set(_code_lines(texts[SYNAPSE]))
     assert len(shared) <= 150, len(shared)
+
+
+@pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
+@pytest.mark.parametrize("config", ["evaluate.yaml", "inference.yaml"])
+def test_serving_configs_read_the_record_as_one_object(bundle, config):
+    """Evaluation and inference take the model's pipeline from ``models/model.json`` whole
+    (``ModelPipeline.from_record``): no id per recorded field (``'$@model_record.<field>'``), no gather-back check of
+    the transforms' values (``check_model_settings``), and every preprocessing step is the pipeline's."""
+    text = (BUNDLES / bundle / "configs" / config).read_text()
+    assert "$@model_record." not in text and "check_model_settings" not in text
+    assert "spectraflow_monai.apps.pipelines.ModelPipeline.from_record" in text
+    for transform in ("NormalizeIntensityd", "Resized", "CTWindowd", "RepeatChanneld"):
+        assert f"_target_: {transform}" not in text, transform
