@@ -5,7 +5,8 @@ training, so that a missing Stage-1 export, a missing file or an unreachable hub
 - ``pretrained_weights``, where Stage-1 (and a Stage-2 run without Stage-1) starts: ``"timm"``, a local DINOv2
   checkpoint file, or ``"none"`` (random initialisation);
 - ``encoder_init``, where Stage-2 starts: ``"auto"`` (the default: the Stage-1 export when there is one, else
-  ``pretrained_weights``; :func:`resolve_encoder_start` logs which, and the run record holds it), ``"stage1"`` (this
+  ``pretrained_weights``, a warning naming the paper's "no Stage-1" row; :func:`resolve_encoder_start`; the run
+  record and ``models/model.json`` hold which), ``"stage1"`` (this
   bundle's Stage-1 export; an error naming the file when it is absent), ``"pretrained"`` (``pretrained_weights``:
   the paper's "no Stage-1" row) or ``"random"``.
 
@@ -28,10 +29,12 @@ from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.run_record import check_model_digest, check_model_settings
 from spectraflow_monai.utils.settings import ENCODER_INITS
 
-__all__ = ["ENCODER_INIT_CHOICES", "initialize_encoder", "resolve_encoder_init", "resolve_encoder_start"]
+__all__ = ["ENCODER_INIT_CHOICES", "NO_STAGE1_ROW", "initialize_encoder", "resolve_encoder_init", "resolve_encoder_start"]
 
 #: values of the Stage-2 setting ``encoder_init``
 ENCODER_INIT_CHOICES = ENCODER_INITS
+#: the paper's row that a Stage-2 run from ``pretrained_weights`` trains (Table 2, Fig. 4: no Stage-1)
+NO_STAGE1_ROW = "no Stage-1"
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ def _choice(encoder_init: Any) -> str:
 def resolve_encoder_start(encoder_init: str, stage1_export: str | os.PathLike | None) -> str:
     """Where Stage-2's encoder starts, as one of ``"stage1"``, ``"pretrained"``, ``"random"``: ``encoder_init``
     itself, or for ``"auto"`` the Stage-1 export when it is a file, else ``"pretrained"`` (``pretrained_weights``),
-    logged. The bundles' ``encoder_start`` (recorded in the run record, loaded by ``encoder_initialization``).
+    with a WARNING naming the paper's row that then trains (:data:`NO_STAGE1_ROW`). The bundles' ``encoder_start`` (recorded in the run record, loaded by ``encoder_initialization``).
 
     Raises:
         SettingError: an unknown ``encoder_init``, naming the value.
@@ -58,9 +61,10 @@ def resolve_encoder_start(encoder_init: str, stage1_export: str | os.PathLike | 
     if export is not None and Path(export).expanduser().is_file():
         logger.info(f"encoder_init auto: Stage-2 starts from the Stage-1 export {export}.")
         return "stage1"
-    logger.info(
-        f"encoder_init auto: no Stage-1 export at {export!r}: Stage-2 starts from pretrained_weights (run Stage-1 "
-        "first to start from its export)."
+    logger.warning(
+        f"encoder_init auto: no Stage-1 export at {export!r}: Stage-2 starts from pretrained_weights, which trains "
+        f"the paper's {NO_STAGE1_ROW!r} row (Table 2), not SpectraFlow's two stages; run Stage-1 first to start from "
+        "its export, or give --encoder_init stage1 to require it (--encoder_init pretrained to choose this row)."
     )
     return "pretrained"
 

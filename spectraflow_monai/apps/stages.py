@@ -73,10 +73,12 @@ from spectraflow_monai.losses import DiceBCEBoundaryLoss, DispersiveLoss, MAELos
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder, MeanFlowHead
 from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.transforms import MixedDomainCollate, RandMixedDomainBatchd
-from spectraflow_monai.utils.checkpoint import resume_checkpoint
+from spectraflow_monai.networks.weights import normalize_weights_source
+from spectraflow_monai.utils.checkpoint import RestartDecision, resume_checkpoint
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.precision import AutocastInferer, Precision, resolve_precision
-from spectraflow_monai.utils.run_record import record_finished, record_run
+from spectraflow_monai.utils.fingerprint import file_digest
+from spectraflow_monai.utils.run_record import RecordedModel, record_components, record_finished, record_run
 from spectraflow_monai.utils.settings import DataSettings, ModelSettings, RunSettings, Stage1Settings, Stage2Settings
 
 __all__ = [
@@ -220,6 +222,8 @@ class Stage2ValidationHandlers(_HandlerGroup):
         model: the run's :class:`~spectraflow_monai.utils.settings.ModelSettings`.
         run: the run's :class:`~spectraflow_monai.utils.settings.RunSettings` (``model_path``,
             ``early_stop_patience``, ``log_dir``).
+        encoder_start: where the encoder started (:attr:`Stage2Program.encoder_origin`), recorded in ``model.json``
+            beside the settings; None: a network without an encoder, nothing recorded. Defaults to None.
     """
 
     def __init__(
@@ -229,6 +233,7 @@ class Stage2ValidationHandlers(_HandlerGroup):
         settings: Stage2Settings,
         model: ModelSettings,
         run: RunSettings,
+        encoder_start: dict[str, Any] | None = None,
     ) -> None:
         score = stopping_fn_from_metric(KEY_METRIC)
         self.lr_scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -244,7 +249,7 @@ class Stage2ValidationHandlers(_HandlerGroup):
             save_dict={"model": network},
             save_key_metric=True,
             key_metric_filename=os.path.basename(run.model_path),
-            model_settings=model,
+            model_settings=RecordedModel(model, encoder_start),
         )
         self.handlers = [
             RunStatsHandler(iteration_log=False, epoch_log=False),
@@ -326,7 +331,9 @@ class Stage2Program:
 
     def validation_handlers(self, network: nn.Module, optimizer: torch.optim.Optimizer) -> Stage2ValidationHandlers:
         """The evaluator's handlers (:class:`Stage2ValidationHandlers`)."""
-        return Stage2ValidationHandlers(network, optimizer, self.settings, self.model, self.run_settings)
+        return Stage2ValidationHandlers(
+            network, optimizer, self.settings, self.model, self.run_settings, encoder_start=self.encoder_origin
+        )
 
     @property
     def amp(self) -> bool:
@@ -339,11 +346,32 @@ class Stage2Program:
         return self.precision.amp_kwargs
 
     @functools.cached_property
-    def encoder_start(self) -> str:
+    def encoder_start(self) -> str | None:
         """Where the encoder starts: ``encoder_init`` resolved once, when the run first asks (its record), as
         ``"stage1"``, ``"pretrained"`` or ``"random"`` (``auto``: the Stage-1 export when it exists, else
-        ``pretrained_weights``, logged; :func:`~spectraflow_monai.apps.encoder_init.resolve_encoder_start`)."""
+        ``pretrained_weights``, with a warning naming the paper's row it then trains;
+        :func:`~spectraflow_monai.apps.encoder_init.resolve_encoder_start`); None for a network without an encoder
+        (the baselines: :attr:`~spectraflow_monai.utils.settings.ModelSettings.has_encoder`)."""
+        if not self.model.has_encoder:
+            return None
         return resolve_encoder_start(self.settings.encoder_init, self.run_settings.stage1_encoder)
+
+    @functools.cached_property
+    def encoder_origin(self) -> dict[str, Any] | None:
+        """Where the encoder starts, as ``models/model.json`` records it (``encoder_start``): :attr:`encoder_start`
+        as ``start``, the ``encoder_init`` setting, the ``weights`` (the Stage-1 export, ``"timm"``, a file, or None:
+        random initialisation) and the SHA-256 of a weights file (``weights_sha256``); None for a network without an
+        encoder (nothing recorded)."""
+        start = self.encoder_start
+        if start is None:
+            return None
+        weights = {"stage1": self.run_settings.stage1_encoder, "random": None}.get(
+            start, normalize_weights_source(self.settings.pretrained_weights) if start == "pretrained" else None
+        )
+        origin = {"start": start, "encoder_init": self.settings.encoder_init, "weights": weights}
+        if weights not in (None, "timm") and os.path.isfile(weights):
+            origin["weights_sha256"] = file_digest(weights)
+        return origin
 
     def initialize_encoder(self, network: nn.Module) -> str | None:
         """Load the encoder's starting weights (:attr:`encoder_start`: ``pretrained_weights`` or the Stage-1 export;
@@ -366,12 +394,13 @@ class Stage2Program:
 
     def record(self, train: Sequence[dict], val: Sequence[dict], data_source: Any, max_epochs: int) -> dict:
         """Write the run record (``<stage2_dir>/run_record.json``): the settings objects whole, the data's
-        fingerprints and where the encoder starts (:attr:`encoder_start`); a restart that would continue an
-        unfinished run recorded with other settings or data stops here, naming each difference, and a finished run
-        with no epoch left to train is replaced by a new one (:func:`~spectraflow_monai.utils.run_record.record_run`;
-        ``train`` and ``val`` are what the datasets read). The run settings and ``max_epochs`` are recorded, not
-        compared."""
-        return record_run(
+        fingerprints and where the encoder starts (:attr:`encoder_start`; none for a network without an encoder); a
+        restart that would continue an unfinished run recorded with other settings or data stops here, naming each
+        difference, and a finished run with no epoch left to train is replaced by a new one
+        (:func:`~spectraflow_monai.utils.run_record.record_run`; ``train`` and ``val`` are what the datasets read).
+        The run settings and ``max_epochs`` are recorded, not compared. The restart decision taken here
+        (:attr:`restart`) is the one training follows (:meth:`train`)."""
+        self.restart = record_run(
             self.run_settings.stage2_dir,
             settings=self.settings,
             data_settings=self.data,
@@ -384,41 +413,51 @@ class Stage2Program:
             precision=self.precision,
             resume=self.run_settings.resume,
             not_compared={**self.run_settings.to_dict(), "max_epochs": max_epochs},
-            resolved={"encoder_start": self.encoder_start},
+            resolved=None if self.encoder_start is None else {"encoder_start": self.encoder_start},
             max_epochs=max_epochs,
         )
+        return self.restart.record
 
     def train(self, trainer: Engine, validation: Stage2ValidationHandlers, preprocessing: Compose) -> None:
-        """Train, resumably (:func:`run_stage2` with the run's folders, ``resume`` and device)."""
+        """Train, resumably: the optimizer the trainer holds recorded whole in the run record (a continued run must
+        hold the one it recorded; :func:`~spectraflow_monai.utils.run_record.record_components`), then
+        :func:`run_stage2` following the restart decision of :meth:`record`, with the run's folders and device.
+
+        Raises:
+            SettingError: the run record was not written first (``run_record`` before ``train#run`` in ``run``).
+        """
+        restart = getattr(self, "restart", None)
+        if restart is None:
+            raise SettingError("Stage-2 trains after its run record decides how it starts: list '@run_record' before "
+                               "'@train#run' in the config's `run`.")  # fmt: skip
+        record_components(restart, optimizer=trainer.optimizer)
         r = self.run_settings
-        run_stage2(trainer, validation, preprocessing, r.stage2_dir, r.model_path, r.resume, r.stage2_checkpoints_kept,
-                   self.device)  # fmt: skip
+        run_stage2(trainer, validation, preprocessing, restart, r.model_path, r.stage2_checkpoints_kept, self.device)
 
 
 def run_stage2(
     trainer: Engine,
     validation: Stage2ValidationHandlers,
     preprocessing: Compose,
-    run_dir: str | os.PathLike,
+    restart: RestartDecision,
     model_path: str | os.PathLike,
-    resume: bool | str = True,
     checkpoints_kept: int = 2,
     device: str | torch.device | None = None,
 ) -> None:
     """The ``run`` of Stage-2: a resumable checkpoint in ``run_dir`` at the end of every epoch (after validation)
     holding everything a restart needs to continue exactly (network, optimizer, learning-rate plateau, early
-    stopping, the best model's score, the gradient scaler, the augmentation's random state, the epoch), the resume
-    decision (:func:`~spectraflow_monai.utils.checkpoint.resume_checkpoint`: the newest checkpoint with ``resume``
-    true; else the earlier checkpoints and ``model_path`` kept aside as ``*.bak-<time>``), then training; at its end
-    the run record notes the last epoch (:func:`~spectraflow_monai.utils.run_record.record_finished`).
+    stopping, the best model's score, the gradient scaler, the augmentation's random state, the epoch), the restart
+    decision followed (:func:`~spectraflow_monai.utils.checkpoint.resume_checkpoint`: its checkpoint, or a new run
+    with ``model_path`` kept aside as ``*.bak-<time>``), then training; at its end the run record notes the last
+    epoch (:func:`~spectraflow_monai.utils.run_record.record_finished`).
 
     Args:
         trainer: the Stage-2 ``SupervisedTrainer`` (its ``network`` and ``optimizer`` are checkpointed).
         validation: the evaluator's :class:`Stage2ValidationHandlers`.
         preprocessing: the training transforms (their random state is checkpointed).
-        run_dir: the checkpoint folder (``models/stage2``).
+        restart: the run's restart decision (:func:`~spectraflow_monai.utils.run_record.record_run`), of its
+            checkpoint folder (``models/stage2``).
         model_path: the best model's file, never overwritten by a new run.
-        resume: continue from the newest checkpoint. Defaults to True.
         checkpoints_kept: checkpoints kept while the run goes on. Defaults to 2.
         device: where a checkpoint's tensors are loaded. Defaults to None.
     """
@@ -433,9 +472,8 @@ def run_stage2(
         "trainer": trainer,
     }
     _checkpoint_loader_state(trainer, checkpoint)
-    saver = SafeCheckpointSaver(
-        save_dir=os.fspath(run_dir), save_dict=checkpoint, save_interval=1, n_saved=checkpoints_kept
-    )
+    run_dir = restart.run_dir
+    saver = SafeCheckpointSaver(save_dir=run_dir, save_dict=checkpoint, save_interval=1, n_saved=checkpoints_kept)
     # the record notes the end (its last epoch; early stopping or max_epochs): a later start trains a new run
     # unless this one is given more epochs (record_run)
     trainer.add_event_handler(
@@ -445,7 +483,7 @@ def run_stage2(
         trainer,
         saver,
         checkpoint=checkpoint,
-        resume_path=resume_checkpoint(run_dir, resume=resume, protect=[model_path]),
+        resume_path=resume_checkpoint(restart, protect=[model_path]),
         early_stop=validation.early_stop,
         map_location=device,
     )
@@ -652,7 +690,8 @@ class Stage1Program:
         """The run folder and determinism, the run record (a restart of a different run stops here) and nothing
         else: no weight is loaded and no data is read before it."""
         prepare_run(self.data.data_seed, folders=[self.run_dir], image_size=self.model.image_size)
-        record_run(
+        #: the restart decision (continue / new run; a different run stops here) that training follows
+        self.restart = record_run(
             self.run_dir,
             settings=self.settings,
             data_settings=self.data,
@@ -663,6 +702,7 @@ class Stage1Program:
             seed=self.data.data_seed,
             precision=self.precision,
             resume=self.run_settings.resume,
+            resume_from=self.run_settings.resume_from,
             not_compared=self.run_settings.to_dict(),
         )
 
@@ -726,9 +766,8 @@ class Stage1Program:
             n_saved=self.run_settings.stage1_checkpoints_kept,
             prune_on_completion=self.prune_on_completion,
         )
-        resume_path = resume_checkpoint(
-            self.run_dir, resume=self.run_settings.resume, resume_from=self.run_settings.resume_from, protect=[self.export_path]
-        )
+        record_components(self.restart, optimizer=self.optimizer)
+        resume_path = resume_checkpoint(self.restart, protect=[self.export_path])
         start_training(
             self.trainer, saver, checkpoint=self.checkpoint, resume_path=resume_path, map_location=self.device
         )

@@ -21,10 +21,9 @@ import torch
 from monai.data import CacheDataset
 from monai.utils import ensure_tuple
 
-__all__ = ["CACHE_DEVICES", "DeviceCache", "DeviceCacheLoader", "resolve_cache_device", "single_thread_worker_init"]
+from spectraflow_monai.utils.settings import CACHE_DEVICES  # the values of the ``cache_device`` setting
 
-#: the values of the ``cache_device`` setting
-CACHE_DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+__all__ = ["CACHE_DEVICES", "DeviceCache", "DeviceCacheLoader", "resolve_cache_device", "single_thread_worker_init"]
 
 logger = logging.getLogger(__name__)
 

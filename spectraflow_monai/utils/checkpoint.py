@@ -5,12 +5,14 @@ Stage-1 encoder export, Chen et al., "SpectraFlow", Sec. "Implementation Details
 :func:`atomic_torch_save`: the object is serialised to a temporary file in the destination folder, flushed to disk
 and moved over the destination with ``os.replace``, so an interrupted run never leaves a truncated file behind and
 readers see either the old or the new file. :func:`check_finite_state` refuses to let a non-finite tensor reach a
-checkpoint, and :func:`resume_checkpoint` decides, at the start of a run, whether it continues from the run
-folder's latest checkpoint or starts over (setting earlier results aside).
+checkpoint, and :func:`resume_checkpoint` follows the run's one :class:`RestartDecision` (taken with its run record,
+:func:`spectraflow_monai.utils.run_record.decide_restart`): continue from a checkpoint, or start a new run with the
+earlier results set aside.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,15 +29,18 @@ import torch
 import torch.distributed as dist
 
 from spectraflow_monai.utils.distributed import process_rank
-from spectraflow_monai.utils.errors import SettingError, TrainingError
+from spectraflow_monai.utils.errors import TrainingError
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
-from spectraflow_monai.utils.settings import as_bool, model_settings_path
+from spectraflow_monai.utils.settings import model_settings_path
 
 __all__ = [
+    "CONTINUE",
+    "NEW",
     "RECORD_FILE",
     "SET_ASIDE_KEPT",
     "SET_ASIDE_LEDGER",
     "NonFiniteStateError",
+    "RestartDecision",
     "atomic_torch_save",
     "check_finite_state",
     "cpu_state_dict",
@@ -50,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 _EPOCH_FILE = re.compile(r"^checkpoint_epoch=(\d+)\.pt$")
 _FINAL_FILE = "checkpoint_final.pt"
+#: the two ways a run starts (:class:`RestartDecision`): it continues from a checkpoint, or a new run starts
+CONTINUE = "continue"
+NEW = "new"
 #: name of the run record in a run's checkpoint folder (:func:`spectraflow_monai.utils.run_record.record_run`)
 RECORD_FILE = "run_record.json"
 #: how many earlier versions of one file or run folder :func:`set_aside` keeps (``<name>.bak-<time>``); older ones
@@ -469,53 +477,84 @@ def _prune(
     return sorted(removed)
 
 
-def resume_checkpoint(
-    checkpoint_dir: str | os.PathLike,
-    resume: bool | str = True,
-    resume_from: str | os.PathLike | None = None,
-    protect: Sequence[str | os.PathLike] = (),
-) -> str | None:
-    """Decide at the start of a run where it continues from, and keep earlier results from being overwritten.
+@dataclasses.dataclass(frozen=True)
+class RestartDecision:
+    """What a run does at its start, decided once (:func:`~spectraflow_monai.utils.run_record.decide_restart`) and
+    followed by everything that touches its folder: the run record (:func:`~spectraflow_monai.utils.run_record.
+    record_run` writes it and keeps the earlier run aside) and the checkpoint loader (:func:`resume_checkpoint`).
+    The third way, refusing to continue a run of other settings, is a :class:`~spectraflow_monai.utils.errors.SettingError` instead of a decision.
 
-    - ``resume_from`` (an explicit checkpoint file) is returned as it is;
-    - else, with ``resume`` true, the newest checkpoint of ``checkpoint_dir`` (:func:`latest_checkpoint`) is
-      returned: the run continues from it (model, optimizer, schedules, early stopping, best metric, epoch, RNG);
-    - else (``resume`` false, or no checkpoint to continue from) the run starts over: the checkpoints of
-      ``checkpoint_dir`` are renamed to ``<name>.bak-<timestamp>`` and every existing file of ``protect``
-      (``models/model.pt``, the best model of an earlier run) is copied to ``<name>.bak-<timestamp>``, with a
+    Args:
+        run_dir: the run's checkpoint folder.
+        action: :data:`CONTINUE` (from ``checkpoint``) or :data:`NEW` (a new run; an earlier one is kept aside).
+        checkpoint: the checkpoint the run continues from (``action`` continue), else None.
+        reason: why, in words (logged).
+        set_aside_earlier: whether an earlier run in ``run_dir`` (its checkpoints and record) is kept aside
+            (``new``; ``continue`` from an explicit checkpoint outside the folder's own run). Defaults to False.
+        stamp: the time of the decision, the ``.bak-<stamp>`` of everything it keeps aside. Defaults to now.
+        record: the run record written with it (:func:`~spectraflow_monai.utils.run_record.record_run`), or None.
+
+    Raises:
+        ValueError: an unknown ``action``, or ``continue`` without a ``checkpoint``.
+    """
+
+    run_dir: str
+    action: str
+    checkpoint: str | None = None
+    reason: str = ""
+    set_aside_earlier: bool = False
+    stamp: str = dataclasses.field(default_factory=lambda: time.strftime("%Y%m%d-%H%M%S"))
+    record: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.action not in (CONTINUE, NEW):
+            raise ValueError(f"action must be {CONTINUE!r} or {NEW!r}, got {self.action!r}.")
+        if (self.action == CONTINUE) != (self.checkpoint is not None):
+            raise ValueError(f"checkpoint must be given with action {CONTINUE!r} only, got {self.checkpoint!r}.")
+        object.__setattr__(self, "run_dir", os.fspath(self.run_dir))
+        if self.checkpoint is not None:
+            object.__setattr__(self, "checkpoint", os.fspath(self.checkpoint))
+
+    @property
+    def continues(self) -> bool:
+        """Whether the run continues from :attr:`checkpoint`."""
+        return self.action == CONTINUE
+
+
+def resume_checkpoint(decision: RestartDecision, protect: Sequence[str | os.PathLike] = ()) -> str | None:
+    """Follow the restart ``decision`` (:func:`~spectraflow_monai.utils.run_record.decide_restart`, taken once at
+    the start of the run, when its record is written): where the run continues from, or ``None`` for a new run.
+
+    - ``continue``: the decision's checkpoint is returned; the run continues from it (model, optimizer, schedules,
+      early stopping, best metric, epoch, RNG);
+    - ``new``: checkpoints still in the run folder are renamed to ``<name>.bak-<stamp>`` (the run record's writer
+      has usually kept the earlier run aside already) and every existing file of ``protect`` (``models/model.pt``,
+      the best model of an earlier run, with its record beside it) is copied to ``<name>.bak-<stamp>``, with a
       warning, so that the new run never replaces them silently while a fine-tuning run can still read
       ``model.pt``; ``None`` is returned.
 
     In a distributed run only rank 0 renames files; every rank returns the same answer.
 
     Args:
-        checkpoint_dir: the run's folder of resumable checkpoints.
-        resume: continue from ``checkpoint_dir`` when it holds a checkpoint (``true``/``false``, also as text).
-        resume_from: an explicit checkpoint file to continue from, or ``None``.
-        protect: files of an earlier run to keep aside when starting over.
+        decision: the run's :class:`RestartDecision`.
+        protect: files of an earlier run to keep aside when starting a new run.
 
     Raises:
-        SettingError: ``resume`` is not a boolean, or ``resume_from`` is not an existing file.
+        ValueError: ``decision`` is not a :class:`RestartDecision`.
     """
-    resume = as_bool(resume, "resume")
-    if resume_from:
-        if not os.path.isfile(resume_from):
-            raise SettingError(f"resume_from: {os.fspath(resume_from)!r} is not an existing checkpoint file.")
-        logger.warning(f"resuming from the checkpoint '{resume_from}' (resume_from).")
-        return os.fspath(resume_from)
-    latest = latest_checkpoint(checkpoint_dir) if resume else None
-    if latest is not None:
-        logger.warning(f"resuming from '{latest}' (the newest checkpoint of this run; --resume false starts over).")
-        return os.fspath(latest)
+    if not isinstance(decision, RestartDecision):
+        raise ValueError(f"decision must be a RestartDecision (run_record.decide_restart), got {decision!r}.")
+    if decision.continues:
+        logger.warning(f"resuming from '{decision.checkpoint}' ({decision.reason or 'the restart decision'}).")
+        return decision.checkpoint
     if process_rank() == 0:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        folder = Path(os.fspath(checkpoint_dir))
+        folder = Path(decision.run_dir)
         if latest_checkpoint(folder) is not None:
-            set_aside(folder, stamp)
+            set_aside(folder, decision.stamp)
         for path in protect:  # with the settings written beside a model file (model.pt -> model.json)
             for file in (os.fspath(path), model_settings_path(path)):
                 if os.path.isfile(file):
-                    set_aside(file, stamp, copy=True)
+                    set_aside(file, decision.stamp, copy=True)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return None

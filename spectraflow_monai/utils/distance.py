@@ -26,11 +26,10 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["DISTANCE_BACKENDS", "euclidean_distance_transform", "signed_distance_map", "squared_distance_transform"]
+# the ``distance_backend`` choices of the Stage-2 boundary term (:class:`~spectraflow_monai.losses.DiceBCEBoundaryLoss`)
+from spectraflow_monai.utils.settings import DISTANCE_BACKENDS
 
-#: the ``distance_backend`` choices of the Stage-2 boundary term
-#: (:class:`~spectraflow_monai.losses.DiceBCEBoundaryLoss`)
-DISTANCE_BACKENDS: tuple[str, ...] = ("auto", "torch", "cucim", "scipy")
+__all__ = ["DISTANCE_BACKENDS", "euclidean_distance_transform", "signed_distance_map", "squared_distance_transform"]
 
 #: default bound on the elements of one chunk of the (lines, n, n) reduction: 2^26 float32 values = 256 MiB
 DEFAULT_MAX_ELEMENTS = 2**26

@@ -6,13 +6,17 @@ with two small JSON files:
 - ``run_record.json`` in a run's checkpoint folder (``models/stage1/``, ``models/stage2/``), written when the run
   starts (:func:`record_run`): the resolved settings, the model settings, the data source with a fingerprint of each
   datalist (file names relative to their common folder, file contents, the other entry fields), the label setup, the
-  seed, the precision and the package version. A restart in the same folder whose record differs stops before any
-  training, naming each differing setting and the two ways forward (``--resume false`` starts over in that folder,
-  keeping the earlier files aside; or a new ``--bundle_root``);
+  seed, the precision and the package version, and the components the run trains with as they were built
+  (:func:`record_components`: the optimizer the trainer holds, class and hyper-parameters). How a run starts is
+  decided once (:func:`decide_restart`: continue, new run, or refuse) and both the record and the checkpoint loader
+  follow that decision. A restart in the same folder whose record differs stops before any training, naming each
+  differing setting and the two ways forward (``--resume false`` starts over in that folder, keeping the earlier
+  files aside; or a new ``--bundle_root``);
 - ``<model>.json`` beside a model file (``models/model.json`` beside ``model.pt``, ``models/encoder_stage1.json``
   beside the Stage-1 export), written with the file itself (:func:`write_model_settings`): the model settings that
   built it, with two digests that tie the record to its model: ``model_sha256``, the SHA-256 of the model file's
-  bytes, and ``settings_sha256``, the SHA-256 of the recorded settings (:func:`settings_digest`). Evaluation and
+  bytes, and ``settings_sha256``, the SHA-256 of the recorded settings (:func:`settings_digest`); and, for a network
+  with an encoder, ``encoder_start``: where its encoder started (:class:`RecordedModel`). Evaluation and
   inference read them (:class:`ModelRecord`): a user gives data, output and device; a model setting given on the
   command line that contradicts the record is an error naming both values. A record whose settings were edited, or
   that was written for another model file (a retrained ``model.pt`` beside an old ``model.json``), is refused in one
@@ -31,6 +35,7 @@ Label's ``/train``) always trains.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -46,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from spectraflow_monai.utils.architectures import architecture
-from spectraflow_monai.utils.checkpoint import RECORD_FILE, latest_checkpoint, set_aside
+from spectraflow_monai.utils.checkpoint import CONTINUE, NEW, RECORD_FILE, RestartDecision, latest_checkpoint, set_aside
 from spectraflow_monai.utils.distributed import process_rank
 from spectraflow_monai.utils.errors import DataError, SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
@@ -57,7 +62,6 @@ from spectraflow_monai.utils.settings import (
     IMAGENET_STD,
     ModelSettings,
     SettingsObject,
-    as_bool,
     model_settings_path,
     settings_dict,
 )
@@ -68,13 +72,17 @@ __all__ = [
     "RECORD_FORMAT",
     "SETTINGS_DIGEST_KEY",
     "ModelRecord",
+    "RecordedModel",
     "check_model_digest",
     "check_model_settings",
+    "component_record",
     "data_fingerprint",
+    "decide_restart",
     "file_digest",
     "model_exports",
     "model_settings_path",
     "read_model_settings",
+    "record_components",
     "record_finished",
     "record_run",
     "set_exports_aside",
@@ -91,7 +99,7 @@ RECORD_FORMAT = 2
 # settings an earlier record derives from others (out_channels: num_classes), never reported as missing
 _DERIVED = ("out_channels",)
 # the parts of a record that must agree for a restart to continue the run
-_COMPARED = ("settings", "model", "data", "label_setup", "seed", "precision")
+_COMPARED = ("settings", "model", "components", "data", "label_setup", "seed", "precision")
 #: the key of a model record (``model.json``) holding the SHA-256 of its model file's bytes (:func:`file_digest`)
 MODEL_DIGEST_KEY = "model_sha256"
 #: the key of a model record holding the SHA-256 of its own model settings (:func:`settings_digest`)
@@ -162,14 +170,16 @@ def _differences(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, A
 
 
 def _added_later(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """The settings and model fields of ``new`` that the earlier record ``old`` (of the same format) does not hold:
-    fields added to the settings objects since it was written (e.g. ``model.architecture``)."""
+    """The settings and model fields and the components of ``new`` that the earlier record ``old`` (of the same
+    format) does not hold: fields added to the settings objects since it was written (e.g. ``model.architecture``),
+    the optimizer of a record written before components were recorded."""
+    parts = {part: old.get(part, {} if part == "components" else None) for part in ("settings", "model", "components")}
     return [
         f"{part}.{key}"
-        for part in ("settings", "model")
-        if isinstance(old.get(part), Mapping) and isinstance(new.get(part), Mapping)
+        for part, held in parts.items()
+        if isinstance(held, Mapping) and isinstance(new.get(part), Mapping)
         for key in new[part]
-        if key not in old[part]
+        if key not in held
     ]
 
 
@@ -183,6 +193,166 @@ def _read_json(path: str) -> dict | None:
         raise SettingError(f"run record {path!r} cannot be read ({exc}); move it away to start over.") from exc
 
 
+def _optimizer_record(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An optimizer as the run record holds it: its class path, its defaults (the constructor's hyper-parameters)
+    and each parameter group's size with the hyper-parameters in which it differs from them (e.g. the kernel-L2
+    groups' ``weight_decay``)."""
+    defaults = _plain(dict(optimizer.defaults))
+    groups = []
+    for group in optimizer.param_groups:
+        own = {k: _plain(v) for k, v in group.items() if k != "params" and _plain(v) != defaults.get(k, "<not set>")}
+        groups.append({"parameters": sum(int(p.numel()) for p in group["params"]), **own})
+    kind = type(optimizer)
+    return {"class": f"{kind.__module__}.{kind.__qualname__}", "defaults": defaults, "param_groups": groups}
+
+
+def component_record(component: Any) -> Any:
+    """What the run record holds of a component a run trains with (``components`` of :func:`record_run`): an
+    optimizer whole, as it was built (:class:`torch.optim.Optimizer`: class path, defaults and parameter groups), so
+    that a config that replaces one (``train#optimizer: {_target_: torch.optim.Adam, ...}``) is recorded as what ran;
+    any other object by its class path and public attributes."""
+    if isinstance(component, torch.optim.Optimizer):
+        return _optimizer_record(component)
+    return _plain(component)
+
+
+def _check_earlier_format(old: Mapping[str, Any], path: str) -> None:
+    if old.get("format") != RECORD_FORMAT:
+        raise SettingError(
+            f"{path} was written by spectraflow_monai {old.get('spectraflow_monai', '(unknown)')} in an earlier "
+            f"record format: continue that run with that version, or start over here with --resume false."
+        )
+
+
+def _record_differences(old: Mapping[str, Any], record: Mapping[str, Any], path: str) -> list[tuple[str, Any, Any]]:
+    """The compared parts of ``record`` that differ from the earlier ``old``; a settings or model field or a
+    component that ``old`` was written without is named in a warning and not compared."""
+    later = _added_later(old, record)
+    if later:
+        logger.warning(f"{path} was written before {', '.join(later)} were recorded: continuing without comparing them.")
+    return [
+        d
+        for part in _COMPARED
+        if part in record  # components given later (record_components) are compared then
+        for d in _differences(old.get(part, {} if part == "components" else None), record[part], part)
+        if d[0] not in later
+    ]
+
+
+def _mixed_runs(folder: str, what: str, diffs: list[tuple[str, Any, Any]]) -> SettingError:
+    """The refusal of a restart that would continue a run of ``what``, naming each difference and the ways forward."""
+    lines = "\n".join(f"  - {name}: recorded {a!r}, now {b!r}" for name, a, b in diffs)
+    return SettingError(
+        f"{folder} holds a run with {what} ({RECORD_FILE}); continuing it would mix two runs:\n{lines}\nNothing was "
+        "trained. Either\n  - start over in this folder: --resume false (the earlier checkpoints, the record and the "
+        "model files are kept aside as *.bak-<time>), or\n  - train into a new folder: --bundle_root <another folder>."
+    )
+
+
+def decide_restart(
+    run_dir: str | os.PathLike,
+    record: Mapping[str, Any] | None = None,
+    resume: bool = True,
+    resume_from: str | os.PathLike | None = None,
+    max_epochs: int | None = None,
+) -> RestartDecision:
+    """The one decision of how a run starts in ``run_dir``: continue, start a new run, or refuse. The run record's
+    writer (:func:`record_run`) and the checkpoint loader
+    (:func:`~spectraflow_monai.utils.checkpoint.resume_checkpoint`) both follow it, whatever their order.
+
+    - ``resume`` true and a checkpoint in ``run_dir``: the run continues from the newest checkpoint when the record
+      already there agrees with ``record`` on the settings, the model, the components (the optimizer), the data
+      fingerprints, the label setup, the seed and the precision; a difference refuses (a :class:`SettingError`
+      listing each, recorded value and value now, and the two ways forward). A checkpoint without a record (a run of
+      an earlier version) is continued with a warning, and so is a record without a field added since.
+    - a run whose record says it finished (:func:`record_finished`) is continued only when it agrees and
+      ``max_epochs`` leaves epochs to train (it ended at ``max_epochs``, not by early stopping); otherwise a new run
+      starts, with a warning naming why (a finished run of other settings is replaced, never refused).
+    - ``resume`` false, or nothing to continue: a new run (the earlier one is kept aside by those who follow).
+    - ``resume_from`` (Stage-1's explicit checkpoint file): the run continues from it; the run folder's own run is
+      compared as above when ``resume`` is true and it holds a checkpoint, else kept aside (refused when
+      ``resume_from`` lies inside the folder that would move).
+
+    It only reads: nothing is moved or written (every process of a distributed run decides alike).
+
+    Args:
+        run_dir: the run's checkpoint folder.
+        record: the record of the run that starts (:func:`record_run` builds it), compared with the one in
+            ``run_dir``; None: not compared. Defaults to None.
+        resume: the run settings' ``resume``, a ``bool`` (:class:`~spectraflow_monai.utils.settings.RunSettings`
+            makes it one). Defaults to True.
+        resume_from: an explicit checkpoint file to continue from, or None. Defaults to None.
+        max_epochs: the epochs the run trains to, for a finished run's decision; None: a finished run that agrees
+            is continued (a stage whose epochs are not known here). Defaults to None.
+
+    Returns:
+        the :class:`~spectraflow_monai.utils.checkpoint.RestartDecision`.
+
+    Raises:
+        SettingError: the restart would continue a run of other settings or data, or of an earlier record format;
+            ``resume_from`` is not a file, or lies in the folder that a new run keeps aside.
+        ValueError: ``resume`` is not a bool, ``max_epochs`` not a positive int.
+    """
+    if not isinstance(resume, bool):
+        raise ValueError(f"resume must be a bool (RunSettings reads a command line's text), got {resume!r}.")
+    if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1):
+        raise SettingError(f"max_epochs must be a positive int, got {max_epochs!r}.")
+    folder = os.fspath(run_dir)
+    path = os.path.join(folder, RECORD_FILE)
+    old = _read_json(path)
+    latest = latest_checkpoint(folder)
+    resume_from = os.fspath(resume_from) if resume_from not in (None, "") else None
+    if resume_from is not None and not os.path.isfile(resume_from):
+        raise SettingError(f"resume_from: {resume_from!r} is not an existing checkpoint file.")
+    continuing = resume and latest is not None
+    reason = "the newest checkpoint of this run; --resume false starts over"
+    finished = (old or {}).get("finished") if continuing and resume_from is None else None
+    no_epoch_left = finished and max_epochs is not None and finished.get("epoch", 0) >= max_epochs
+    if finished and (finished.get("stopped_early") or no_epoch_left):
+        continuing = False  # nothing left to train: a new run
+        why = "stopped early" if finished.get("stopped_early") else f"trained its {finished.get('epoch')} epochs"
+        reason = f"a finished run ({why})"
+        logger.warning(
+            f"{folder} holds a finished run ({why}): a new run starts and the finished one is kept aside (a higher "
+            "--max_epochs continues a run that ended at its max_epochs)."
+        )
+    if continuing and old is None:
+        logger.warning(f"{folder} holds checkpoints but no {RECORD_FILE} (an earlier version): continuing unchecked.")
+    elif continuing and record is not None:
+        _check_earlier_format(old, path)
+        diffs = _record_differences(old, record, path)
+        if diffs and finished:  # a finished run with other settings or data: nothing of it to continue
+            continuing = False
+            reason = "a finished run with other settings or data"
+            logger.warning(
+                f"{folder} holds a finished run with other settings or data ({', '.join(d[0] for d in diffs)}): a new "
+                "run starts and the finished one is kept aside."
+            )
+        elif diffs:
+            raise _mixed_runs(folder, "other settings", diffs)
+        elif old.get("spectraflow_monai") != record.get("spectraflow_monai"):
+            logger.warning(
+                f"continuing a run recorded by spectraflow_monai {old.get('spectraflow_monai')} with "
+                f"{record.get('spectraflow_monai')}."
+            )
+    earlier = not continuing and (latest is not None or old is not None)
+    if resume_from is not None:
+        inside = os.path.commonpath([os.path.abspath(resume_from), os.path.abspath(folder)]) == os.path.abspath(folder)
+        if earlier and latest is not None and inside:
+            raise SettingError(
+                f"resume_from: {resume_from!r} lies in {folder}, which this start keeps aside as a new run "
+                "(--resume false, or a finished run): give --resume true, or a checkpoint outside that folder."
+            )
+        return RestartDecision(folder, CONTINUE, resume_from, "resume_from", set_aside_earlier=earlier)
+    if continuing:
+        return RestartDecision(folder, CONTINUE, os.fspath(latest), reason)
+    if not resume:
+        reason = "--resume false"
+    elif latest is None and reason.startswith("the newest"):
+        reason = "nothing to continue"
+    return RestartDecision(folder, NEW, None, reason, set_aside_earlier=earlier)
+
+
 def record_run(
     run_dir: str | os.PathLike,
     settings: Mapping[str, Any],
@@ -193,24 +363,21 @@ def record_run(
     label_setup: Any = None,
     seed: Any = None,
     precision: Any = None,
-    resume: bool | str = True,
+    resume: bool = True,
     not_compared: Mapping[str, Any] | None = None,
     resolved: Mapping[str, Any] | None = None,
     max_epochs: int | None = None,
-) -> dict[str, Any]:
-    """Write the record of the run that starts in ``run_dir``; stop when it would continue a different run.
+    components: Mapping[str, Any] | None = None,
+    resume_from: str | os.PathLike | None = None,
+) -> RestartDecision:
+    """Decide how the run that starts in ``run_dir`` starts (:func:`decide_restart`: continue, new run, or refuse
+    before anything is written) and write its record.
 
-    With ``resume`` true and a checkpoint in ``run_dir`` (the run would continue from it), the record already there
-    must agree on ``settings``, ``model``, the data fingerprints, the label setup, the seed and the precision;
-    otherwise a :class:`SettingError` lists every difference (recorded value, value now) and says how to go on. A
-    checkpoint without a record (a run of an earlier version) is continued with a warning, and so is a record without
-    a settings or model field added since it was written (that field is not compared).
-
-    A run whose record says it finished (:func:`record_finished`) is continued only when it agrees and ``max_epochs``
-    leaves epochs to train (it ended at ``max_epochs``, not by early stopping): otherwise a new run starts, with a
-    warning naming why. Starting over keeps the earlier run aside (:func:`~spectraflow_monai.utils.checkpoint.
-    set_aside`): the whole folder (``<run_dir>.bak-<time>``, its checkpoints and record), or without checkpoints the
-    earlier record (``run_record.json.bak-<time>``).
+    A new run keeps the earlier one aside (:func:`~spectraflow_monai.utils.checkpoint.set_aside`): the whole folder
+    (``<run_dir>.bak-<time>``, its checkpoints and record), or without checkpoints the earlier record
+    (``run_record.json.bak-<time>``). The decision returned is what the checkpoint loader follows
+    (:func:`~spectraflow_monai.utils.checkpoint.resume_checkpoint`), so that the record and the checkpoints never
+    tell two stories.
 
     Args:
         run_dir: the run's checkpoint folder (``models/stage2``, ``models/stage1``).
@@ -225,24 +392,26 @@ def record_run(
         label_setup: what the labels are (recorded by ``repr``). Defaults to None.
         seed: the data / determinism seed. Defaults to None.
         precision: the resolved precision. Defaults to None.
-        resume: the bundle's ``resume`` setting. Defaults to True.
+        resume: the run settings' ``resume`` (a bool). Defaults to True.
         not_compared: settings recorded but free to change between restarts (``max_epochs``, ``num_workers``, the
             device). Defaults to None.
         resolved: what the settings resolved to when the run started (Stage-2's ``encoder_start``: where
             ``encoder_init: auto`` started the encoder), recorded and compared under ``settings.resolved``.
             Defaults to None.
-        max_epochs: the epochs the run trains to, for a finished run's decision; None: a finished run that agrees
-            is continued (a stage whose epochs are not known here, e.g. Stage-1). Defaults to None.
+        max_epochs: the epochs the run trains to, for a finished run's decision (:func:`decide_restart`). Defaults
+            to None.
+        components: ``{name: object}`` of the components the run trains with, recorded whole and compared under
+            ``components`` (:func:`component_record`: the optimizer that was built, its class and
+            hyper-parameters). Defaults to None: recorded once they are built (:func:`record_components`); a
+            continued run keeps those of its record until then.
+        resume_from: an explicit checkpoint to continue from (Stage-1's). Defaults to None.
 
     Returns:
-        the record written.
+        the :class:`~spectraflow_monai.utils.checkpoint.RestartDecision`, with the record written (``.record``).
 
     Raises:
-        SettingError: the record differs from the unfinished run this restart would continue.
+        SettingError: see :func:`decide_restart`.
     """
-    resume = as_bool(resume, "resume")
-    if max_epochs is not None and (isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1):
-        raise SettingError(f"max_epochs must be a positive int, got {max_epochs!r}.")
     settings = {**_plain(settings), **({} if data_settings is None else {"data": _plain(data_settings)})}
     if resolved:
         settings["resolved"] = _plain(dict(resolved))
@@ -251,6 +420,7 @@ def record_run(
     record = {
         "settings": settings,
         "model": _plain(model if model is not None else {}),
+        **({} if components is None else {"components": {str(k): component_record(v) for k, v in components.items()}}),
         "data": {str(k): data_fingerprint(v) for k, v in (data or {}).items()},
         "data_source": _plain(data_source),
         "label_setup": _plain(label_setup),
@@ -260,63 +430,55 @@ def record_run(
         "format": RECORD_FORMAT,
         "spectraflow_monai": _version(),
     }
-    old = _read_json(path)
-    continuing = resume and latest_checkpoint(folder) is not None
-    finished = (old or {}).get("finished") if continuing else None
-    no_epoch_left = finished and max_epochs is not None and finished.get("epoch", 0) >= max_epochs
-    if finished and (finished.get("stopped_early") or no_epoch_left):
-        continuing = False  # nothing left to train: a new run
-        why = "stopped early" if finished.get("stopped_early") else f"trained its {finished.get('epoch')} epochs"
-        logger.warning(
-            f"{folder} holds a finished run ({why}): a new run starts and the finished one is kept aside (a higher "
-            "--max_epochs continues a run that ended at its max_epochs)."
-        )
-    if continuing and old is None:
-        logger.warning(f"{folder} holds checkpoints but no {RECORD_FILE} (an earlier version): continuing unchecked.")
-    elif continuing and old.get("format") != RECORD_FORMAT:
-        raise SettingError(
-            f"{path} was written by spectraflow_monai {old.get('spectraflow_monai', '(unknown)')} in an earlier "
-            f"record format: continue that run with that version, or start over here with --resume false."
-        )
-    elif continuing:
-        later = _added_later(old, record)
-        if later:
-            logger.warning(
-                f"{path} was written before {', '.join(later)} were recorded: continuing without comparing them."
-            )
-        diffs = [
-            d for part in _COMPARED for d in _differences(old.get(part), record[part], part) if d[0] not in later
-        ]
-        if diffs and finished:  # a finished run with other settings or data: nothing of it to continue
-            continuing = False
-            logger.warning(
-                f"{folder} holds a finished run with other settings or data ({', '.join(d[0] for d in diffs)}): a new "
-                "run starts and the finished one is kept aside."
-            )
-        elif diffs:
-            lines = "\n".join(f"  - {name}: recorded {a!r}, now {b!r}" for name, a, b in diffs)
-            raise SettingError(
-                f"{folder} holds a run with other settings ({RECORD_FILE}); continuing it would mix two runs:\n"
-                f"{lines}\nNothing was trained. Either\n"
-                "  - start over in this folder: --resume false (the earlier checkpoints, the record and the model "
-                "files are kept aside as *.bak-<time>), or\n"
-                "  - train into a new folder: --bundle_root <another folder>."
-            )
-        if continuing and old.get("spectraflow_monai") != record["spectraflow_monai"]:
-            logger.warning(
-                f"continuing a run recorded by spectraflow_monai {old.get('spectraflow_monai')} with "
-                f"{record['spectraflow_monai']}."
-            )
+    decision = decide_restart(folder, record, resume=resume, resume_from=resume_from, max_epochs=max_epochs)
+    if components is None:  # recorded when built (record_components); a continued run keeps those it holds
+        earlier = (_read_json(path) or {}).get("components") if decision.continues else None
+        record["components"] = dict(earlier or {})
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed:
+        dist.barrier()  # every process has decided before rank 0 moves anything
     if process_rank() == 0:
-        if not continuing and latest_checkpoint(folder) is not None:  # resume false: the earlier run, record included
-            set_aside(folder, time.strftime("%Y%m%d-%H%M%S"))
-        elif old is not None and not continuing:
-            set_aside(path, time.strftime("%Y%m%d-%H%M%S"))
+        if decision.set_aside_earlier and latest_checkpoint(folder) is not None:  # the earlier run, record included
+            set_aside(folder, decision.stamp)
+        elif decision.set_aside_earlier and os.path.isfile(path):
+            set_aside(path, decision.stamp)
         os.makedirs(folder, exist_ok=True)
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    if distributed:
+        dist.barrier()  # every process sees the folder as decided
+    logger.info(f"run record: {path} ({decision.action}: {decision.reason})")
+    return dataclasses.replace(decision, record=record)
+
+
+def record_components(decision: RestartDecision, **components: Any) -> dict[str, Any]:
+    """Record the components a run really trains with (``optimizer=trainer.optimizer``: the optimizer object the
+    trainer holds, whatever config built it) in the run record that ``decision`` wrote (:func:`record_run`), whole
+    (:func:`component_record`: class path, defaults, parameter groups). A run that continues must train with the
+    components its record holds: a difference stops it before any training, naming each (a component its record was
+    written without is added with a warning). Rank 0 writes; returns the record.
+
+    Raises:
+        SettingError: a continued run's component differs from its record; or the record is missing (the run record
+            is written first, :func:`record_run`).
+        ValueError: ``decision`` is not a :class:`~spectraflow_monai.utils.checkpoint.RestartDecision`.
+    """
+    if not isinstance(decision, RestartDecision):
+        raise ValueError(f"decision must be a RestartDecision (record_run), got {decision!r}.")
+    path = os.path.join(decision.run_dir, RECORD_FILE)
+    record = _read_json(path)
+    if record is None:
+        raise SettingError(f"{path} is missing: the run record is written before training (run_record in `run`).")
+    built = {str(k): component_record(v) for k, v in components.items()}
+    held = dict(record.get("components") or {})
+    if decision.continues:
+        diffs = _record_differences({"components": held}, {"components": {**held, **built}}, path)
+        if diffs:
+            raise _mixed_runs(decision.run_dir, "other components (the optimizer that was built)", diffs)
+    record["components"] = {**held, **built}
+    if process_rank() == 0:
+        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()  # every process decides on the same folder
-    logger.info(f"run record: {path}")
+        dist.barrier()
     return record
 
 
@@ -345,19 +507,43 @@ def _warn_once(record: str, what: str, message: str) -> None:
         logger.warning(message)
 
 
-def write_model_settings(model_file: str | os.PathLike, settings: ModelSettings | Mapping[str, Any]) -> str:
+@dataclasses.dataclass(frozen=True)
+class RecordedModel:
+    """What a model record (``model.json``) holds of a trained model: its settings and where its encoder started
+    (:func:`write_model_settings`). A model saver given one (``model_settings=RecordedModel(...)``) writes both.
+
+    Args:
+        settings: the :class:`~spectraflow_monai.utils.settings.ModelSettings` (or their mapping).
+        encoder_start: where the encoder started: ``{"start": "stage1" | "pretrained" | "random", "encoder_init":
+            the setting, "weights": the Stage-1 export, "timm", a file or None (random initialisation), and
+            "weights_sha256" of a file}``; None for a network without an encoder (the baselines): nothing recorded.
+            Defaults to None.
+    """
+
+    settings: Any
+    encoder_start: Mapping[str, Any] | None = None
+
+
+def write_model_settings(
+    model_file: str | os.PathLike, settings: ModelSettings | Mapping[str, Any] | RecordedModel
+) -> str:
     """Write the model settings (a :class:`~spectraflow_monai.utils.settings.ModelSettings`, whole) beside
     ``model_file`` (:func:`model_settings_path`), atomically; returns the path.
 
     The record holds the settings under ``model``, the model file's name, ``model_sha256`` (the SHA-256 of the model
     file's bytes, :func:`file_digest`) and ``settings_sha256`` (:func:`settings_digest` of ``model``), so that a
-    reader refuses a record beside another model file or one edited by hand (:func:`check_model_digest`). Write the
-    model file first: a record written while there is no model file holds no ``model_sha256`` (with a warning) and
-    its model file is then read unchecked.
+    reader refuses a record beside another model file or one edited by hand (:func:`check_model_digest`). Given a
+    :class:`RecordedModel`, it also holds ``encoder_start``: where the encoder started (the Stage-1 export,
+    pretrained weights and which, or random), beside the settings (not one of them: readers of the settings never
+    see it; :attr:`ModelRecord.encoder_start` reads it). Write the model file first: a record written while there
+    is no model file holds no ``model_sha256`` (with a warning) and its model file is then read unchecked.
     """
     path = model_settings_path(model_file)
-    model = _plain(settings)
+    start = settings.encoder_start if isinstance(settings, RecordedModel) else None
+    model = _plain(settings.settings if isinstance(settings, RecordedModel) else settings)
     content = {"model": model, "model_file": os.path.basename(os.fspath(model_file))}
+    if start is not None:
+        content["encoder_start"] = _plain(dict(start))
     if os.path.isfile(model_file):
         content[MODEL_DIGEST_KEY] = file_digest(model_file)
     else:
@@ -536,7 +722,11 @@ class ModelRecord:
         given: Mapping[str, Any] | None = None,
     ) -> None:
         self.model_file = os.fspath(model_file)
-        self.recorded = read_model_settings(self.model_file)
+        content = _model_record(self.model_file)
+        self.recorded = None if content is None else dict(content.get("model") or {})
+        #: where the model's encoder started (``encoder_start`` of the record: the Stage-1 export, pretrained
+        #: weights, random), None for a network without an encoder or a record written before it was recorded
+        self.encoder_start: dict[str, Any] | None = None if content is None else content.get("encoder_start")
         # the record must be this model file's; a model file that is not there is the config's weights check's error
         # (or the ONNX inference, which reads the record only)
         if self.recorded is not None and os.path.isfile(self.model_file):

@@ -26,9 +26,11 @@ from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
     "ARCHITECTURES",
+    "CACHE_DEVICES",
     "CORRUPTION_KINDS",
     "DATA_PATHS",
     "DataSettings",
+    "DISTANCE_BACKENDS",
     "ENCODER_FIELDS",
     "ENCODER_RECORD",
     "ENCODER_INITS",
@@ -93,6 +95,11 @@ DATA_PATHS: tuple[str, ...] = ("monai", "device")
 ENCODER_INITS: tuple[str, ...] = ("auto", "stage1", "pretrained", "random")
 #: the Stage-1 objective: the paper's Mixed-Domain MeanFlow, or the mixed-domain MAE of the Table 2 ablation
 STAGE1_OBJECTIVES: tuple[str, ...] = ("meanflow", "mae")
+#: where the device data path's cache lives (``cache_device``; :mod:`spectraflow_monai.data.device_cache`)
+CACHE_DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+#: where the boundary loss's signed distance maps are computed (``distance_backend``; :mod:`spectraflow_monai.utils.
+#: distance`)
+DISTANCE_BACKENDS: tuple[str, ...] = ("auto", "torch", "cucim", "scipy")
 
 
 def check_precision_setting(value: Any) -> str:
@@ -462,6 +469,26 @@ class Stage2Settings(SettingsObject):
         object.__setattr__(self, "pretrained_weights", str(self.pretrained_weights))
 
 
+def _path(name: str, value: Any) -> str:
+    """A folder or file setting as a ``str``: a non-empty text or path, else a :class:`SettingError` naming it."""
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value) != "":
+        return os.fspath(value)
+    raise SettingError(f"{name} must be a path, got {value!r}.")
+
+
+def _check_device(value: Any) -> None:
+    """``value`` names a torch device (a ``torch.device`` or a text such as ``cpu``, ``cuda:1``), else a
+    :class:`SettingError` naming it (torch is imported here, where a run's settings are built)."""
+    import torch
+
+    try:
+        if isinstance(value, bool) or not isinstance(value, (str, torch.device)):
+            raise TypeError
+        torch.device(value)
+    except (TypeError, RuntimeError, ValueError):
+        raise SettingError(f"device must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {value!r}.") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings(SettingsObject):
     """How and where a run executes, as opposed to what it computes: the device, data loading, logging, resuming,
@@ -477,14 +504,19 @@ class RunSettings(SettingsObject):
             restart compares. Defaults to ``"auto"``.
         num_workers: data loading processes. Defaults to 2.
         cache_rate: share of the data cached. Defaults to 1.0.
-        cache_device: with ``data_path: device``, where the cache lives: ``auto`` | ``cpu`` | ``cuda``.
+        cache_device: with ``data_path: device``, where the cache lives, one of :data:`CACHE_DEVICES`: ``auto`` |
+            ``cpu`` | ``cuda``. Defaults to ``"auto"``.
         progress_bar: show progress bars. Defaults to True.
         log_every: iterations between reads of the loss on the host (1: every iteration). Defaults to 1.
         resume: continue from the newest checkpoint of the run folder (false: start over, the earlier run set
-            aside). Defaults to True.
-        resume_from: Stage-1: an explicit checkpoint to continue from. Defaults to None.
-        dataset_dir: the data's folder (the data themselves are compared by their fingerprints). Defaults to None.
-        cache_dir: where the bundle caches data derived from them (the Synapse bundle's slice cache), or None.
+            aside); ``true`` / ``false``, also as a command line's text, made a ``bool`` here, once. The run record
+            and the checkpoint loader follow one decision of it
+            (:func:`~spectraflow_monai.utils.run_record.decide_restart`). Defaults to True.
+        resume_from: Stage-1: an explicit checkpoint file to continue from (an existing file), or None (an empty
+            text reads as None). Defaults to None.
+        dataset_dir: the data's folder (the data themselves are compared by their fingerprints), a path or None.
+            Defaults to None.
+        cache_dir: where the bundle caches data derived from them (the Synapse bundle's slice cache), a path or None.
         log_dir: TensorBoard and error logs. Defaults to ``"logs"``.
         model_path: Stage-2's best model (its :class:`ModelSettings` beside it, ``model.json``).
         stage1_encoder: the Stage-1 encoder export (Stage-2's start; its settings beside it).
@@ -496,8 +528,15 @@ class RunSettings(SettingsObject):
         stage1_epochs: Stage-1's epochs (a finished run given more trains on). Defaults to 300.
         stage1_checkpoint_interval: epochs between Stage-1 checkpoints. Defaults to 1.
         stage1_checkpoints_kept: Stage-1 checkpoints kept while it runs. Defaults to 2.
-        distance_backend: the boundary loss's signed distance maps: ``auto`` | ``torch`` | ``cucim`` | ``scipy`` (all
-            exact, equal within 1e-5). Defaults to ``"auto"``.
+        distance_backend: the boundary loss's signed distance maps, one of :data:`DISTANCE_BACKENDS`: ``auto`` |
+            ``torch`` | ``cucim`` | ``scipy`` (all exact, equal within 1e-5). Defaults to ``"auto"``.
+
+    Every field is checked here, where the object is built: ``device`` must name a torch device (a
+    ``torch.device`` or its name, e.g. ``cuda:1``).
+
+    Raises:
+        SettingError: (a ``ValueError``) a value out of its range or of the wrong kind, naming the setting and the
+            value.
     """
 
     bundle_root: Any = "."
@@ -527,7 +566,19 @@ class RunSettings(SettingsObject):
     distance_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        _check_device(self.device)
         check_precision_setting(self.precision)
+        _choice("cache_device", self.cache_device, CACHE_DEVICES)
+        _choice("distance_backend", self.distance_backend, DISTANCE_BACKENDS)
+        object.__setattr__(self, "resume", as_bool(self.resume, "resume"))
+        resume_from = self.resume_from if self.resume_from in (None, "") else _path("resume_from", self.resume_from)
+        resume_from = resume_from or None
+        if resume_from is not None and not os.path.isfile(resume_from):
+            raise SettingError(f"resume_from: {resume_from!r} is not an existing checkpoint file.")
+        object.__setattr__(self, "resume_from", resume_from)
+        for name in ("dataset_dir", "cache_dir"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _path(name, getattr(self, name)))
         _number("num_workers", self.num_workers, 0, integer=True)
         _number("cache_rate", self.cache_rate, 0.0, 1.0)
         object.__setattr__(self, "progress_bar", as_bool(self.progress_bar, "progress_bar"))
@@ -537,7 +588,7 @@ class RunSettings(SettingsObject):
         for name in ("early_stop_patience", "stage2_checkpoints_kept", "stage1_checkpoints_kept"):
             _number(name, getattr(self, name), 0, integer=True)
         for name in ("bundle_root", "log_dir", "model_path", "stage1_encoder", "stage1_dir", "stage2_dir"):
-            object.__setattr__(self, name, os.fspath(getattr(self, name)))
+            object.__setattr__(self, name, _path(name, getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON data (the device and folders by name)."""

@@ -4,6 +4,7 @@ reference-code reading (no norm, dropout 0.5, Keras L2 under Adam) builds and tr
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import monai.losses
@@ -12,6 +13,7 @@ import torch
 
 from spectraflow_monai.experiments.runner import ExperimentRunner
 from spectraflow_monai.utils.bundles import bundle_parser
+from spectraflow_monai.utils.checkpoint import RECORD_FILE
 
 TINY = {
     "dataset": "synthetic", "image_size": 112, "pretrained_weights": "none", "encoder_kwargs": {"depth": 2},
@@ -49,6 +51,15 @@ def test_deep_supervision_averages_the_heads_losses(tmp_path, monkeypatch, confi
         assert seen[0][1] == [0.25] * 4  # the heads' losses averaged
     # the literal reading trains with Adam and the L2 penalty on the kernels, the default with AdamW's decay
     assert set(map(str, steps)) == {str(("Adam", [2e-4, 0.0]) if config == LITERAL else ("AdamW", [1e-4]))}
+    # the run record names the optimizer that ran, whole; U-Net++ has no encoder: no encoder start recorded
+    models = runner.run_dir("ds") / "models"
+    record = json.loads((models / "stage2" / RECORD_FILE).read_text())
+    optimizer = record["components"]["optimizer"]
+    assert optimizer["class"] == ("torch.optim.adam.Adam" if config == LITERAL else "torch.optim.adamw.AdamW")
+    decay = [g.get("weight_decay", optimizer["defaults"]["weight_decay"]) for g in optimizer["param_groups"]]
+    assert decay == ([2e-4, 0.0] if config == LITERAL else [1e-4])
+    assert "resolved" not in record["settings"]
+    assert "encoder_start" not in json.loads((models / "model.json").read_text())
     scores = runner.evaluate("ds", configs, "clean", settings)  # the final head, one tensor
     assert 0.0 <= scores["mIoU"] <= scores["mDSC"] <= 1.0
     shutil.rmtree(tmp_path / "unetpp", ignore_errors=True)

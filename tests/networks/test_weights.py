@@ -250,6 +250,9 @@ def test_auto_starts_from_the_stage1_export_when_there_is_one(tmp_path, caplog):
     export = tmp_path / "models" / "encoder_stage1.pt"
     caplog.set_level(logging.INFO, logger="spectraflow_monai.apps.encoder_init")
     assert resolve_encoder_start("auto", export) == "pretrained" and "no Stage-1 export at" in caplog.text
+    # falling back is a visible choice: a WARNING naming the paper's row that now trains
+    fallback = [r for r in caplog.records if "no Stage-1 export at" in r.getMessage()]
+    assert fallback[0].levelno == logging.WARNING and "the paper's 'no Stage-1' row" in fallback[0].getMessage()
     assert resolve_encoder_init("auto", export, "none") is None  # pretrained_weights none: random weights
     net = _net(trainable_blocks="all")
     assert initialize_encoder(net, "AUTO", pretrained_weights="none", stage1_export=export) is None

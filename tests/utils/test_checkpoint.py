@@ -10,10 +10,13 @@ import torch
 
 from spectraflow_monai.utils import SettingError
 from spectraflow_monai.utils.checkpoint import (
+    CONTINUE,
+    NEW,
     RECORD_FILE,
     SET_ASIDE_KEPT,
     SET_ASIDE_LEDGER,
     NonFiniteStateError,
+    RestartDecision,
     check_finite_state,
     is_set_aside_name,
     latest_checkpoint,
@@ -21,6 +24,7 @@ from spectraflow_monai.utils.checkpoint import (
     resume_checkpoint,
     set_aside,
 )
+from spectraflow_monai.utils.run_record import decide_restart
 
 
 def test_check_finite_state_names_the_tensor():
@@ -50,30 +54,34 @@ def test_latest_checkpoint(tmp_path):
     assert latest_checkpoint(tmp_path).name == "checkpoint_final.pt"
 
 
-@pytest.mark.parametrize("resume", [True, "true", "True"])
-def test_resume_continues_from_the_newest_checkpoint(tmp_path, resume):
+def test_resume_continues_from_the_newest_checkpoint(tmp_path):
     ckpt = _touch(tmp_path / "stage2" / "checkpoint_epoch=3.pt")
     model = _touch(tmp_path / "model.pt")
-    assert resume_checkpoint(tmp_path / "stage2", resume, protect=[model]) == str(ckpt)
+    decision = decide_restart(tmp_path / "stage2", resume=True)
+    assert (decision.action, decision.checkpoint) == (CONTINUE, str(ckpt))
+    assert resume_checkpoint(decision, protect=[model]) == str(ckpt)
     assert model.is_file() and ckpt.is_file()
 
 
-@pytest.mark.parametrize("resume", [False, "false", 0])
-def test_starting_over_keeps_earlier_results_aside(tmp_path, resume, caplog):
+def test_starting_over_keeps_earlier_results_aside(tmp_path, caplog):
     _touch(tmp_path / "stage2" / "checkpoint_epoch=3.pt")
     model = _touch(tmp_path / "model.pt")
+    decision = decide_restart(tmp_path / "stage2", resume=False)
+    assert decision.action == NEW and decision.set_aside_earlier
     with caplog.at_level("WARNING"):
-        assert resume_checkpoint(tmp_path / "stage2", resume, protect=[model]) is None
+        assert resume_checkpoint(decision, protect=[model]) is None
     # the checkpoints move aside; model.pt is copied aside and stays readable (a fine-tune may start from it)
     assert model.is_file() and not (tmp_path / "stage2").exists()
     kept = sorted(p.name.split(".bak-")[0] for p in tmp_path.iterdir() if ".bak-" in p.name)
     assert kept == ["model.pt", "stage2"]
     assert "model.pt" in caplog.text and ".bak-" in caplog.text
+    # one decision, one time: everything it kept aside carries its stamp
+    assert {p.name.split(".bak-")[1] for p in tmp_path.iterdir() if ".bak-" in p.name} == {decision.stamp}
 
 
 def test_fresh_start_without_checkpoint_keeps_model_pt_aside(tmp_path):
     model = _touch(tmp_path / "model.pt")
-    assert resume_checkpoint(tmp_path / "stage2", True, protect=[model]) is None
+    assert resume_checkpoint(decide_restart(tmp_path / "stage2", resume=True), protect=[model]) is None
     names = sorted(p.name.split(".bak-")[0] + (".bak" if ".bak-" in p.name else "") for p in tmp_path.iterdir())
     assert names == [SET_ASIDE_LEDGER, "model.pt", "model.pt.bak"]
     assert model.read_bytes() == next(tmp_path.glob("model.pt.bak-*")).read_bytes()
@@ -81,14 +89,47 @@ def test_fresh_start_without_checkpoint_keeps_model_pt_aside(tmp_path):
 
 def test_explicit_resume_from(tmp_path):
     ckpt = _touch(tmp_path / "elsewhere.pt")
-    assert resume_checkpoint(tmp_path / "stage1", False, resume_from=ckpt) == str(ckpt)
+    decision = decide_restart(tmp_path / "stage1", resume=False, resume_from=ckpt)
+    assert resume_checkpoint(decision) == str(ckpt)
     with pytest.raises(SettingError, match="resume_from"):
-        resume_checkpoint(tmp_path / "stage1", True, resume_from=tmp_path / "missing.pt")
+        decide_restart(tmp_path / "stage1", resume=True, resume_from=tmp_path / "missing.pt")
+    # a checkpoint inside the folder that --resume false would move away: refused before anything moves
+    inside = _touch(tmp_path / "stage1" / "checkpoint_epoch=2.pt")
+    with pytest.raises(SettingError, match="lies in"):
+        decide_restart(tmp_path / "stage1", resume=False, resume_from=inside)
+    assert inside.is_file()
+    assert decide_restart(tmp_path / "stage1", resume=True, resume_from=inside).checkpoint == str(inside)
 
 
-def test_bad_resume_value():
-    with pytest.raises(SettingError, match="resume must be true or false, got 'maybe'"):
-        resume_checkpoint("unused", "maybe")
+@pytest.mark.parametrize(
+    "decision, error",
+    [
+        ("models/stage2", "decision must be a RestartDecision"),
+        (None, "decision must be a RestartDecision"),
+    ],
+)
+def test_resume_checkpoint_takes_a_decision(decision, error):
+    with pytest.raises(ValueError, match=error):
+        resume_checkpoint(decision)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"action": "refuse"}, "action must be 'continue' or 'new'"),
+        ({"action": CONTINUE}, "checkpoint must be given with action 'continue' only"),
+        ({"action": NEW, "checkpoint": "c.pt"}, "checkpoint must be given with action 'continue' only"),
+    ],
+)
+def test_restart_decision_checks_its_fields(kwargs, error):
+    with pytest.raises(ValueError, match=error):
+        RestartDecision("run", **kwargs)
+
+
+@pytest.mark.parametrize("resume", ["true", 1, None])
+def test_the_decision_takes_resume_as_run_settings_made_it(resume):
+    with pytest.raises(ValueError, match="resume must be a bool"):
+        decide_restart("unused", resume=resume)
 
 
 def test_what_is_set_aside_stays_bounded(tmp_path, caplog):

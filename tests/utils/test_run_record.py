@@ -11,17 +11,21 @@ import pytest
 import torch
 
 from spectraflow_monai.utils import SettingError
+from spectraflow_monai.utils.checkpoint import CONTINUE, NEW, resume_checkpoint
 from spectraflow_monai.utils.run_record import (
     RECORD_FILE,
     RECORD_FORMAT,
     ModelRecord,
+    RecordedModel,
     check_model_digest,
     check_model_settings,
     data_fingerprint,
+    decide_restart,
     file_digest,
     model_exports,
     model_settings_path,
     read_model_settings,
+    record_components,
     record_finished,
     record_run,
     set_exports_aside,
@@ -331,3 +335,115 @@ def test_weights_that_do_not_fit_the_record_are_named_in_one_line(tmp_path):
     assert "\n" not in message and str(tmp_path / "model.json") in message
     assert 'Missing key(s) in state_dict: "a"' in message
     assert "put the model.json its training wrote beside it, or re-train" in message
+
+
+def _finished_run(folder, ended=(3, 3)):
+    record_run(folder, {"learning_rate": 0.0001}, seed=0)
+    torch.save({}, folder / "checkpoint_epoch=3.pt")
+    record_finished(folder, *ended)
+
+
+# one decision (continue / new run / refuse), taken once and followed by the record and by the checkpoint loader
+@pytest.mark.parametrize(
+    "state, resume, max_epochs, action",
+    [
+        ("killed", True, 5, CONTINUE),  # a killed run (checkpoint, not finished): continues from its newest checkpoint
+        ("finished", True, 3, NEW),  # a finished run with no epoch left: a new run
+        ("finished", True, 5, CONTINUE),  # ended at its max_epochs, given more: trains on
+        ("killed", False, 5, NEW),  # resume false: a new run, the earlier one set aside
+        ("empty", True, 5, NEW),  # nothing to continue
+    ],
+)
+def test_one_restart_decision_is_followed_by_record_and_checkpoint_loader(tmp_path, state, resume, max_epochs,
+                                                                          action):  # fmt: skip
+    run = tmp_path / "run"
+    if state != "empty":
+        _finished_run(run) if state == "finished" else record_run(run, {"learning_rate": 0.0001}, seed=0)
+        torch.save({}, run / "checkpoint_epoch=3.pt")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    decided = decide_restart(run, None, resume=resume, max_epochs=max_epochs)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # deciding moves and writes nothing
+    decision = record_run(run, {"learning_rate": 0.0001}, seed=0, resume=resume, max_epochs=max_epochs)
+    assert decision.action == decided.action == action and decision.record["seed"] == 0
+    # the checkpoint loader follows the record's decision: the checkpoint it names, or none (a new run)
+    assert resume_checkpoint(decision) == (str(run / "checkpoint_epoch=3.pt") if action == CONTINUE else None)
+    assert (run / "checkpoint_epoch=3.pt").is_file() is (action == CONTINUE)
+    assert len(list(tmp_path.glob("run.bak-*"))) == (1 if action == NEW and state != "empty" else 0)
+
+
+def test_a_run_with_other_settings_is_refused_before_anything_moves(tmp_path):
+    run = tmp_path / "run"
+    record_run(run, {"learning_rate": 0.0001}, seed=0)
+    torch.save({}, run / "checkpoint_epoch=1.pt")
+    with pytest.raises(SettingError, match="seed: recorded 0, now 1"):
+        record_run(run, {"learning_rate": 0.0001}, seed=1)
+    assert (run / "checkpoint_epoch=1.pt").is_file() and not list(tmp_path.glob("run.bak-*"))
+    assert json.loads((run / RECORD_FILE).read_text())["seed"] == 0
+
+
+def _adam(lr=1e-3):
+    weight, bias = torch.nn.Parameter(torch.ones(3, 2)), torch.nn.Parameter(torch.zeros(3))
+    return torch.optim.Adam([{"params": [weight], "weight_decay": 2e-4}, {"params": [bias]}], lr=lr)
+
+
+def test_the_optimizer_that_was_built_is_recorded_whole(tmp_path):
+    """The record holds the optimizer object a run trains with (class, defaults, groups), whatever config built it;
+    a run that continues with another one stops before training."""
+    run = tmp_path / "run"
+    decision = record_run(run, Stage2Settings(), seed=0)
+    record = record_components(decision, optimizer=_adam())
+    optimizer = record["components"]["optimizer"]
+    assert optimizer["class"] == "torch.optim.adam.Adam" and optimizer["defaults"]["lr"] == 1e-3
+    assert optimizer["param_groups"] == [{"parameters": 6, "weight_decay": 2e-4}, {"parameters": 3}]
+    assert json.loads((run / RECORD_FILE).read_text())["components"] == record["components"]
+    torch.save({}, run / "checkpoint_epoch=1.pt")
+    decision = record_run(run, Stage2Settings(), seed=0)  # a restart: keeps the optimizer its record holds
+    assert decision.continues and decision.record["components"] == record["components"]
+    record_components(decision, optimizer=_adam())  # the same optimizer: continues
+    with pytest.raises(SettingError, match=r"components.optimizer.class: recorded 'torch.optim.adam.Adam', now "
+                                           r"'torch.optim.adamw.AdamW'"):  # fmt: skip
+        record_components(decision, optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))]))
+    with pytest.raises(SettingError, match=r"components.optimizer.defaults.lr: recorded 0.001, now 0.01"):
+        record_components(decision, optimizer=_adam(lr=1e-2))
+    with pytest.raises(ValueError, match="decision must be a RestartDecision"):
+        record_components(str(run), optimizer=_adam())
+
+
+def test_a_run_recorded_before_its_components_continues(tmp_path, caplog):
+    run = tmp_path / "run"
+    record_run(run, Stage2Settings(), seed=0)
+    torch.save({}, run / "checkpoint_epoch=1.pt")
+    decision = record_run(run, Stage2Settings(), seed=0)
+    record_components(decision, optimizer=_adam())
+    assert "components.optimizer" in caplog.text and decision.continues
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        {"start": "stage1", "encoder_init": "auto", "weights": "models/encoder_stage1.pt", "weights_sha256": "ab"},
+        {"start": "pretrained", "encoder_init": "pretrained", "weights": "timm"},
+        {"start": "random", "encoder_init": "random", "weights": None},
+        None,  # a network without an encoder: none recorded
+    ],
+)
+def test_model_json_records_where_the_encoder_started(tmp_path, start):
+    model = tmp_path / "model.pt"
+    torch.save({}, model)
+    unetpp = {"architecture": "unetpp", "encoder_name": None, "fusion": None, "refine": None, "image_size": 112}
+    settings = ModelSettings(**({} if start is not None else unetpp))
+    write_model_settings(model, RecordedModel(settings, start))
+    content = json.loads((tmp_path / "model.json").read_text())
+    assert content.get("encoder_start") == start and ("encoder_start" in content) is (start is not None)
+    record = ModelRecord(model)  # beside the settings, never one of them: the settings read back whole
+    assert record.encoder_start == start and record.settings == settings
+    assert read_model_settings(model) == settings.to_dict()
+    check_model_digest(model)
+
+
+def test_a_model_record_without_an_encoder_start_still_loads(tmp_path):
+    model = tmp_path / "model.pt"
+    torch.save({}, model)
+    write_model_settings(model, ModelSettings())  # as an earlier version wrote it
+    assert "encoder_start" not in json.loads((tmp_path / "model.json").read_text())
+    assert ModelRecord(model).encoder_start is None
