@@ -56,7 +56,15 @@ from spectraflow_monai.apps.workflow import (
     trainable_parameters,
     training_loader,
 )
-from spectraflow_monai.engines import MAEPretrainer, MeanFlowPretrainer
+from spectraflow_monai.engines import (
+    DispersiveConfig,
+    EMAConfig,
+    GradientConfig,
+    MAEConfig,
+    MAEPretrainer,
+    MeanFlowConfig,
+    MeanFlowPretrainer,
+)
 from spectraflow_monai.handlers import (
     EncoderExportHandler,
     EpochSummaryHandler,
@@ -645,25 +653,27 @@ class Stage1Program:
             variant=s.dispersive_variant, tau=s.dispersive_tau, normalize=s.dispersive_normalize
         )
         common = dict(
-            device=self.device, max_epochs=self.epochs, train_data_loader=loader, encoder=encoder, ema_encoder=ema,
-            optimizer=optimizer, dispersive_loss=dispersive, accumulation_steps=s.stage1_accumulation_steps,
-            ema_decay=s.ema_decay, train_handlers=handlers, precision=self.precision,
-            output_on_device=self.log_every > 1,
+            device=self.device, max_epochs=self.epochs, train_data_loader=loader, encoder=encoder,
+            optimizer=optimizer, ema=EMAConfig(decay=s.ema_decay, encoder=ema),
+            gradients=GradientConfig(accumulation_steps=s.stage1_accumulation_steps), train_handlers=handlers,
+            precision=self.precision, output_on_device=self.log_every > 1,
         )
         if s.stage1_objective == "mae":
             return MAEPretrainer(
                 decoder=head,
-                mae_loss=MAELoss(patch_size=encoder.patch_size, norm_pix_loss=s.mae_norm_pix_loss),
-                mask_ratio=s.mae_mask_ratio,
-                dispersive_weight=s.mae_dispersive_weight,
+                mae=MAEConfig(
+                    loss=MAELoss(patch_size=encoder.patch_size, norm_pix_loss=s.mae_norm_pix_loss),
+                    mask_ratio=s.mae_mask_ratio,
+                ),
+                dispersive=DispersiveConfig(weight=s.mae_dispersive_weight, loss=dispersive),
                 **common,
             )
         return MeanFlowPretrainer(
             head=head,
-            meanflow_loss=self.meanflow_loss(),
-            condition_on_domain=s.head_condition_on_domain,
-            dispersive_weight=s.dispersive_weight,
-            latent_norm=s.latent_norm,
+            meanflow=MeanFlowConfig(
+                loss=self.meanflow_loss(), latent_norm=s.latent_norm, condition_on_domain=s.head_condition_on_domain
+            ),
+            dispersive=DispersiveConfig(weight=s.dispersive_weight, loss=dispersive),
             **common,
         )
 

@@ -15,7 +15,7 @@ checkpoint dictionary are shared with :class:`~spectraflow_monai.engines.MeanFlo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from torch import nn
 from torch.optim.optimizer import Optimizer
 from torch.utils.data import DataLoader
 
+from spectraflow_monai.engines.config import DispersiveConfig, MAEConfig
 from spectraflow_monai.engines.stage1 import Stage1Trainer
 
 __all__ = ["MAEPretrainer", "encode_visible", "random_masking"]
@@ -133,14 +134,14 @@ class MAEPretrainer(Stage1Trainer):
     One iteration, on the Stage-1 batches of ``MeanFlowPretrainer`` (``image_key`` ``(B, 3, H, W)``, images or
     3-channel masks of a mixed-domain batch; the domain flag is read but not used):
 
-    1. :func:`random_masking` removes ``mask_ratio`` of the ``N = (H/p)·(W/p)`` patches of every sample (a different
-       random subset per sample, ``K = int(N·(1 - mask_ratio))`` visible);
+    1. :func:`random_masking` removes ``mae.mask_ratio`` of the ``N = (H/p)·(W/p)`` patches of every sample (a
+       different random subset per sample, ``K = int(N·(1 - mask_ratio))`` visible);
     2. :func:`encode_visible` runs the encoder on the prefix + visible tokens only;
     3. the decoder (:class:`~spectraflow_monai.networks.MAEDecoder`, held as ``head``) predicts the pixels of all
-       patches; ``L_MAE = mae_loss(pred, x, mask)`` scores the removed ones only
+       patches; ``L_MAE = mae.loss(pred, x, mask)`` scores the removed ones only
        (:class:`~spectraflow_monai.losses.MAELoss`, per-patch normalised targets by default);
     4. optionally ``+ λ·L_Disp`` on the mean of the visible tokens after the penultimate block (off by default:
-       ``dispersive_weight=0``);
+       ``DispersiveConfig(weight=0)``);
     5. backward, gradient accumulation, optimizer step, EMA update and multi-process gradient averaging exactly as
        in ``MeanFlowPretrainer`` (:class:`~spectraflow_monai.engines.stage1.Stage1Trainer`).
 
@@ -158,19 +159,18 @@ class MAEPretrainer(Stage1Trainer):
         decoder: the MAE decoder, ``decoder(tokens, ids_restore, grid_size, num_prefix_tokens)`` returning
             ``(B, N, p*p*C)``.
         optimizer: optimizer over the trainable parameters of encoder and decoder.
-        mae_loss: ``mae_loss(pred, images, mask)``. Defaults to ``MAELoss(patch_size=<encoder patch>,
-            check_mask=False)`` (the masking removes at least one patch of every sample; :func:`random_masking` refuses otherwise).
-        mask_ratio: fraction of patches removed per sample, in ``(0, 1)`` (MAE: 0.75). Not the mixed-domain ratio
-            of masks in a batch, which the data loader sets. Defaults to 0.75.
-        dispersive_loss: dispersive loss on the pooled visible tokens of the penultimate block (used when
-            ``dispersive_weight > 0``; defaults then to ``DispersiveLoss()``).
-        dispersive_weight: ``λ >= 0``. Defaults to 0 (plain MAE).
-        accumulation_steps: mini-batches per optimizer step, ``>= 1``. Defaults to 1.
-        kwargs: the other arguments of :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (``ema_decay``,
-            ``ema_encoder``, ``image_key``, ``domain_key``, ``epoch_length``, ``non_blocking``, ``prepare_batch``,
+        mae: the MAE objective (:class:`~spectraflow_monai.engines.config.MAEConfig`: the loss and ``mask_ratio``).
+            None: ``MAEConfig()`` (``mask_ratio`` 0.75; the loss ``MAELoss(patch_size=<encoder patch>,
+            check_mask=False)``: the masking removes at least one patch of every sample, :func:`random_masking`
+            refuses otherwise). Defaults to None.
+        dispersive: the dispersive term on the pooled visible tokens of the penultimate block
+            (:class:`~spectraflow_monai.engines.config.DispersiveConfig`; its loss defaults to ``DispersiveLoss()``
+            when ``weight > 0``). None: ``DispersiveConfig(weight=0)`` (plain MAE). Defaults to None.
+        kwargs: the other arguments of :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (``ema``,
+            ``gradients``, ``image_key``, ``domain_key``, ``epoch_length``, ``non_blocking``, ``prepare_batch``,
             ``iteration_update``, ``train_handlers``, ``amp``, ``event_names``, ``event_to_attr``, ``decollate``,
-            ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``, ``grad_bucket_mb``,
-            ``output_on_device``), passed by name.
+            ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``precision``, ``output_on_device``), passed by
+            name.
 
     Raises:
         ValueError: invalid arguments; at run time an image size whose patch grid leaves no visible or no removed
@@ -181,7 +181,7 @@ class MAEPretrainer(Stage1Trainer):
         encoder = DINOv2Encoder(pretrained="dinov2_vits14.pth", trainable_blocks="all")
         decoder = MAEDecoder(encoder.embed_dim, encoder.patch_size)
         opt = torch.optim.AdamW(encoder.trainable_parameters() + list(decoder.parameters()), lr=1e-5)
-        trainer = MAEPretrainer("cuda", 300, loader, encoder, decoder, opt, mask_ratio=0.75)
+        trainer = MAEPretrainer("cuda", 300, loader, encoder, decoder, opt, mae=MAEConfig(mask_ratio=0.75))
         EncoderExportHandler(path="models/encoder_stage1.pt").attach(trainer)
         trainer.run()
     """
@@ -194,15 +194,14 @@ class MAEPretrainer(Stage1Trainer):
         encoder: nn.Module,
         decoder: nn.Module,
         optimizer: Optimizer,
-        mae_loss: Callable | None = None,
-        mask_ratio: float = 0.75,
-        dispersive_loss: Callable | None = None,
-        dispersive_weight: float = 0.0,
-        accumulation_steps: int = 1,
+        mae: MAEConfig | None = None,
+        dispersive: DispersiveConfig | None = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(mask_ratio, bool) or not isinstance(mask_ratio, (int, float)) or not 0 < mask_ratio < 1:
-            raise ValueError(f"mask_ratio must be in (0, 1), got {mask_ratio!r}.")
+        mae = MAEConfig() if mae is None else mae
+        if not isinstance(mae, MAEConfig):
+            raise ValueError(f"mae must be MAEConfig or None, got {type(mae).__name__}.")
+        mae_loss = mae.loss
         if not isinstance(encoder, nn.Module):
             raise ValueError(f"encoder must be an nn.Module, got {type(encoder).__name__}.")
         vit = _vit(encoder)
@@ -213,25 +212,17 @@ class MAEPretrainer(Stage1Trainer):
             from spectraflow_monai.losses.mae import MAELoss
 
             mae_loss = MAELoss(patch_size=patch[0], check_mask=False)  # random_masking removes >= 1 patch per sample
-        if not callable(mae_loss):
-            raise ValueError(f"mae_loss must be callable, got {type(mae_loss).__name__}.")
         loss_patch = getattr(mae_loss, "patch_size", patch[0])
         if loss_patch != patch[0]:
-            raise ValueError(f"mae_loss.patch_size={loss_patch} differs from the encoder's patch size {patch[0]}.")
+            raise ValueError(
+                f"MAEConfig: loss.patch_size={loss_patch} differs from the encoder's patch size {patch[0]}."
+            )
+        dispersive = DispersiveConfig(weight=0.0) if dispersive is None else dispersive
         super().__init__(
-            device,
-            max_epochs,
-            train_data_loader,
-            encoder,
-            decoder,
-            optimizer,
-            dispersive_loss=dispersive_loss,
-            dispersive_weight=dispersive_weight,
-            accumulation_steps=accumulation_steps,
-            **kwargs,
+            device, max_epochs, train_data_loader, encoder, decoder, optimizer, dispersive=dispersive, **kwargs
         )
         self.mae_loss = mae_loss
-        self.mask_ratio = float(mask_ratio)
+        self.mask_ratio = float(mae.mask_ratio)
         self.patch_size = patch[0]
         self.num_prefix_tokens = int(getattr(vit, "num_prefix_tokens", 1))
 

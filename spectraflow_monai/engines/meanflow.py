@@ -16,7 +16,7 @@ non-affine normalisation of the latent. The encoder is written for Stage-2 by
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from torch import nn
 from torch.optim.optimizer import Optimizer
 from torch.utils.data import DataLoader
 
+from spectraflow_monai.engines.config import DispersiveConfig, MeanFlowConfig
 from spectraflow_monai.engines.stage1 import Stage1Trainer
 
 __all__ = ["MeanFlowPretrainer", "STAGE1_OUTPUT_KEYS", "normalize_latent"]
@@ -64,7 +65,7 @@ class MeanFlowPretrainer(Stage1Trainer):
        (``(B,)``, 0 image / 1 mask, e.g. from ``RandMixedDomaind``) are read from the batch by ``prepare_batch``
        (:class:`~spectraflow_monai.engines.utils.PrepareBatchMixedDomain`);
     2. ``feats = encoder(x)``; ``z0 = feats.final`` normalised per token by :func:`normalize_latent` when
-       ``latent_norm`` (so that it has the unit scale of the ``N(0, I)`` noise);
+       ``meanflow.latent_norm`` (so that it has the unit scale of the ``N(0, I)`` noise);
     3. ``L_MF = meanflow_loss(head, z0, domain=...)`` (the domain is passed when the head is domain-conditioned);
        the MeanFlow target is a stop-gradient JVP, so the gradient reaches the encoder through ``z_t`` only;
     4. ``L_Disp = dispersive_loss(feats.pooled)`` on the GAP of the penultimate block; ``L = L_MF + λ·L_Disp``;
@@ -76,7 +77,7 @@ class MeanFlowPretrainer(Stage1Trainer):
     ``output_on_device=True``), so that every term is logged by name:
 
     - ``meanflow_error``: the unweighted mean squared MeanFlow error (mean over samples and latent elements), the
-      headline curve: it falls as the head learns the average velocity (NaN when ``meanflow_loss`` has no
+      headline curve: it falls as the head learns the average velocity (NaN when the MeanFlow loss has no
       ``compute`` method);
     - ``loss_meanflow_weighted``: the adaptively weighted MeanFlow loss ``L / (L + c)^p`` that is optimised; with
       the weight's gradient stopped it sits close to 1 by construction (``p = 1``) and says little about progress;
@@ -107,22 +108,19 @@ class MeanFlowPretrainer(Stage1Trainer):
         head: the MeanFlow head ``head(z, t, s[, domain=...])``
             (:class:`spectraflow_monai.networks.nets.meanflow_head.MeanFlowHead`).
         optimizer: optimizer over the trainable parameters of encoder and head (paper: AdamW, lr 1e-5).
-        meanflow_loss: MeanFlow loss; its ``compute`` method (returning ``{"loss", "mse"}``) is used when present.
-            Defaults to ``MeanFlowLoss()``.
-        dispersive_loss: dispersive loss on ``feats.pooled``. Defaults to ``DispersiveLoss()``.
-        dispersive_weight: ``λ >= 0`` of eq. 4; 0 disables the dispersive term. Defaults to 0.4.
-        accumulation_steps: mini-batches per optimizer step, ``>= 1``. Defaults to 1.
-        latent_norm: normalise ``z0`` with :func:`normalize_latent` (an extension of eq. 1: the path mixes a unit-scale
-            latent with the unit-variance noise); False regresses the raw final token map, eq. 1 as printed (bundle
-            setting ``latent_norm``). Defaults to True.
-        condition_on_domain: pass the domain to the head. None: when ``head.num_domains > 0``. Defaults to None.
+        meanflow: the MeanFlow objective (:class:`~spectraflow_monai.engines.config.MeanFlowConfig`: the loss,
+            ``latent_norm``, ``condition_on_domain``). None: ``MeanFlowConfig()`` (``MeanFlowLoss()``, the latent
+            normalised, the domain passed when the head has ``num_domains > 0``). Defaults to None.
+        dispersive: the dispersive term on ``feats.pooled``
+            (:class:`~spectraflow_monai.engines.config.DispersiveConfig`). None: ``DispersiveConfig()``
+            (``λ = 0.4``, ``DispersiveLoss()``). Defaults to None.
         amp: mixed precision (see :class:`~spectraflow_monai.engines.stage1.Stage1Trainer`); the MeanFlow JVP always
             runs in float32. Defaults to False.
-        kwargs: the other arguments of :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (``ema_decay``
-            0.999, ``ema_encoder``, ``image_key`` ``"image"``, ``domain_key`` ``"domain"``, ``epoch_length``,
-            ``non_blocking``, ``prepare_batch``, ``iteration_update``, ``train_handlers``, ``event_names``,
-            ``event_to_attr``, ``decollate``, ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``, ``distributed``,
-            ``grad_bucket_mb``, ``output_on_device``), passed by name.
+        kwargs: the other arguments of :class:`~spectraflow_monai.engines.stage1.Stage1Trainer` (``ema``
+            ``EMAConfig()``, ``gradients``, ``image_key`` ``"image"``, ``domain_key`` ``"domain"``,
+            ``epoch_length``, ``non_blocking``, ``prepare_batch``, ``iteration_update``, ``train_handlers``,
+            ``event_names``, ``event_to_attr``, ``decollate``, ``optim_set_to_none``, ``to_kwargs``, ``amp_kwargs``,
+            ``precision``, ``output_on_device``), passed by name.
 
     Raises:
         ValueError: invalid arguments (named with their value); at run time a batch with fewer than 2 samples
@@ -133,7 +131,7 @@ class MeanFlowPretrainer(Stage1Trainer):
         encoder = DINOv2Encoder("vit_small_patch14_dinov2", pretrained="dinov2_vits14.pth", trainable_blocks="all")
         head = MeanFlowHead(in_channels=encoder.embed_dim)
         opt = torch.optim.AdamW(encoder.trainable_parameters() + list(head.parameters()), lr=1e-5)
-        trainer = MeanFlowPretrainer("cuda", 300, loader, encoder, head, opt, accumulation_steps=2)
+        trainer = MeanFlowPretrainer("cuda", 300, loader, encoder, head, opt, gradients=GradientConfig(2))
         lr = linear_lr_schedule(opt, total_steps=300 * len(loader))  # spectraflow_monai.optimizers
         for h in (LrScheduleHandler(lr, epoch_level=False), StatsHandler(output_transform=lambda o: o),
                   CheckpointSaver("ckpt", trainer.checkpoint_dict(lr), save_final=True, save_interval=10),
@@ -150,15 +148,15 @@ class MeanFlowPretrainer(Stage1Trainer):
         encoder: nn.Module,
         head: nn.Module,
         optimizer: Optimizer,
-        meanflow_loss: Callable | None = None,
-        dispersive_loss: Callable | None = None,
-        dispersive_weight: float = 0.4,
-        accumulation_steps: int = 1,
-        latent_norm: bool = True,
-        condition_on_domain: bool | None = None,
+        meanflow: MeanFlowConfig | None = None,
+        dispersive: DispersiveConfig | None = None,
         amp: bool = False,
         **kwargs: Any,
     ) -> None:
+        meanflow = MeanFlowConfig() if meanflow is None else meanflow
+        if not isinstance(meanflow, MeanFlowConfig):
+            raise ValueError(f"meanflow must be MeanFlowConfig or None, got {type(meanflow).__name__}.")
+        condition_on_domain, meanflow_loss = meanflow.condition_on_domain, meanflow.loss
         head_domains = getattr(head, "num_domains", 0) or 0
         if condition_on_domain is None:
             condition_on_domain = head_domains > 0
@@ -171,23 +169,11 @@ class MeanFlowPretrainer(Stage1Trainer):
             from spectraflow_monai.losses.meanflow import MeanFlowLoss
 
             meanflow_loss = MeanFlowLoss()
-        if not callable(meanflow_loss):
-            raise ValueError(f"meanflow_loss must be callable, got {type(meanflow_loss).__name__}.")
         super().__init__(
-            device,
-            max_epochs,
-            train_data_loader,
-            encoder,
-            head,
-            optimizer,
-            dispersive_loss=dispersive_loss,
-            dispersive_weight=dispersive_weight,
-            accumulation_steps=accumulation_steps,
-            amp=amp,
-            **kwargs,
+            device, max_epochs, train_data_loader, encoder, head, optimizer, dispersive=dispersive, amp=amp, **kwargs
         )
         self.meanflow_loss = meanflow_loss
-        self.latent_norm = bool(latent_norm)
+        self.latent_norm = meanflow.latent_norm
         self.condition_on_domain = bool(condition_on_domain)
 
     def _iteration(self, engine: MeanFlowPretrainer, batchdata: Any) -> dict[str, float]:

@@ -7,7 +7,6 @@ of the encoder. :class:`Stage1Trainer` holds all of it but the objective, which 
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -24,6 +23,7 @@ from torch import nn
 from torch.optim.optimizer import Optimizer
 from torch.utils.data import DataLoader
 
+from spectraflow_monai.engines.config import DispersiveConfig, EMAConfig, GradientConfig
 from spectraflow_monai.engines.utils import (
     PrepareBatchMixedDomain,
     accumulation_flags,
@@ -40,11 +40,15 @@ _PARALLEL_WRAPPERS = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 class Stage1Trainer(Trainer):
     """Base of the SpectraFlow Stage-1 trainers: an encoder and a head trained together, the encoder exported.
 
+    The arguments of a MONAI ``Trainer`` are taken one by one; the Stage-1 options come in three objects of
+    :mod:`spectraflow_monai.engines.config`: ``dispersive`` (:class:`DispersiveConfig`), ``ema``
+    (:class:`EMAConfig`) and ``gradients`` (:class:`GradientConfig`).
+
     Gradient accumulation: ``(L / accumulation_steps).backward()`` at every iteration; the optimizer steps (and the
     EMA follows) as :func:`~spectraflow_monai.engines.utils.accumulation_flags` says. Global batch =
     ``batch_size × accumulation_steps × world_size`` (the paper uses a global batch of 8).
 
-    EMA: with ``ema_decay`` an ignite ``EMAHandler(encoder, momentum=1 - ema_decay)`` is attached (before the
+    EMA: with ``ema`` an ignite ``EMAHandler(encoder, momentum=1 - ema.decay)`` is attached (before the
     ``train_handlers``, so that iteration-level checkpoints see the updated EMA) to ``ITERATION_COMPLETED`` filtered
     to the iterations where the optimizer stepped; ``engine.ema_encoder`` is the EMA model and
     ``engine.ema_handler`` the handler. At the first iteration of a fresh run (``state.iteration == 1``) the EMA
@@ -57,16 +61,17 @@ class Stage1Trainer(Trainer):
     scheduler / AMP grad scaler when used) so that training resumes exactly;
     :class:`~spectraflow_monai.handlers.EncoderExportHandler` writes the EMA encoder for Stage-2. In a bundle, a
     handler passed in ``train_handlers`` cannot reference the trainer (circular reference); pass a pre-built
-    ``ema_encoder`` module and reference that, or attach the saver after construction
+    EMA module (``EMAConfig(encoder=...)``) and reference that, or attach the saver after construction
     (``"$@saver.attach(@train#trainer)"``) with ``save_dict="$@train#trainer.checkpoint_dict(@lr)"``.
 
     Distributed training: ``torch.func.jvp`` (used by the MeanFlow target) cannot differentiate through a
     ``DistributedDataParallel`` wrapper, so the modules are NOT wrapped. Instead, when ``torch.distributed`` is
-    initialised with more than one process (or ``distributed=True``), at the first iteration of every ``run()``
-    (after all ``Events.STARTED`` handlers, e.g. checkpoint loading) the parameters and buffers of the encoder, the
-    head and the EMA encoder are broadcast from rank 0 (:func:`~spectraflow_monai.engines.utils.broadcast_modules`),
-    and before every optimizer step the gradients of all trainable parameters of encoder + head are averaged
-    (:func:`~spectraflow_monai.engines.utils.all_reduce_gradients`, buckets of ``grad_bucket_mb``), as DDP does.
+    initialised with more than one process (or ``GradientConfig(distributed=True)``), at the first iteration of
+    every ``run()`` (after all ``Events.STARTED`` handlers, e.g. checkpoint loading) the parameters and buffers of the
+    encoder, the head and the EMA encoder are broadcast from rank 0
+    (:func:`~spectraflow_monai.engines.utils.broadcast_modules`), and before every optimizer step the gradients of
+    all trainable parameters of encoder + head are averaged
+    (:func:`~spectraflow_monai.engines.utils.all_reduce_gradients`, buckets of ``bucket_mb``), as DDP does.
     Each process must see its own data shard (``DistributedSampler``) with the same number of iterations per epoch.
     The dispersive loss uses the in-process batch only, as in the single-GPU setting of the paper; so ``N``
     processes give the update of one process with ``accumulation_steps=N`` that sees the shards one after another.
@@ -81,14 +86,13 @@ class Stage1Trainer(Trainer):
             ``ema_encoder``.
         head: the module trained with the encoder and discarded afterwards (MeanFlow head, MAE decoder).
         optimizer: optimizer over the trainable parameters of encoder and head (paper: AdamW, lr 1e-5).
-        dispersive_loss: dispersive loss on the pooled penultimate-block features. Defaults to
-            ``DispersiveLoss()`` when ``dispersive_weight > 0``.
-        dispersive_weight: ``λ >= 0`` of eq. 4; 0 disables the dispersive term. Defaults to 0.4.
-        accumulation_steps: mini-batches per optimizer step, ``>= 1``. Defaults to 1.
-        ema_decay: EMA decay of the encoder in ``(0, 1)`` (paper: 0.999), or None to disable. Defaults to 0.999.
-        ema_encoder: optional module of the encoder's architecture that holds the EMA weights (its weights are
-            overwritten with the encoder's); lets other objects reference the EMA model before the trainer exists.
-            Defaults to None (a deep copy of ``encoder``).
+        dispersive: the dispersive term on the pooled penultimate-block features (:class:`DispersiveConfig`: ``λ``
+            and the loss). None: ``DispersiveConfig()`` (``λ = 0.4``, ``DispersiveLoss()``). Defaults to None.
+        ema: the EMA of the encoder (:class:`EMAConfig`: decay, optional pre-built EMA module), or None for no EMA.
+            Defaults to ``EMAConfig()`` (decay 0.999).
+        gradients: gradient accumulation and the multi-process all-reduce (:class:`GradientConfig`). None:
+            ``GradientConfig()`` (one mini-batch per step; all-reduce when a process group of > 1 is initialised).
+            Defaults to None.
         image_key: batch key of the input images. Defaults to ``"image"``.
         domain_key: batch key of the 0/1 domain flag (missing key: no domain). Defaults to ``"domain"``.
         epoch_length: iterations per epoch, default ``len(train_data_loader)``.
@@ -107,10 +111,6 @@ class Stage1Trainer(Trainer):
         optim_set_to_none: ``optimizer.zero_grad(set_to_none=...)``. Defaults to False.
         to_kwargs: extra arguments for ``Tensor.to`` when moving the batch (and for ``prepare_batch``).
         amp_kwargs: extra arguments for ``torch.autocast`` (e.g. ``{"dtype": torch.bfloat16}``).
-        distributed: all-reduce gradients across processes. None: when ``torch.distributed`` is initialised with
-            world size > 1 (checked at the start of every run); True: require an initialised process group.
-            Defaults to None.
-        grad_bucket_mb: size of the flat gradient buckets of the all-reduce, in MiB, > 0. Defaults to 25.
         precision: the run's resolved :class:`~spectraflow_monai.utils.precision.Precision`
             (:func:`~spectraflow_monai.utils.resolve_precision`); when given it decides autocast, its dtype and the
             gradient scaler (``amp`` and the ``dtype`` of ``amp_kwargs`` are not read). Defaults to None.
@@ -133,11 +133,9 @@ class Stage1Trainer(Trainer):
         encoder: nn.Module,
         head: nn.Module,
         optimizer: Optimizer,
-        dispersive_loss: Callable | None = None,
-        dispersive_weight: float = 0.4,
-        accumulation_steps: int = 1,
-        ema_decay: float | None = 0.999,
-        ema_encoder: nn.Module | None = None,
+        dispersive: DispersiveConfig | None = None,
+        ema: EMAConfig | None = EMAConfig(),
+        gradients: GradientConfig | None = None,
         image_key: str = "image",
         domain_key: str | None = "domain",
         epoch_length: int | None = None,
@@ -152,8 +150,6 @@ class Stage1Trainer(Trainer):
         optim_set_to_none: bool = False,
         to_kwargs: dict | None = None,
         amp_kwargs: dict | None = None,
-        distributed: bool | None = None,
-        grad_bucket_mb: float = 25.0,
         precision: Precision | None = None,
         output_on_device: bool = False,
     ) -> None:
@@ -173,26 +169,20 @@ class Stage1Trainer(Trainer):
                 )
         if not isinstance(optimizer, Optimizer):
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be a positive int, got {accumulation_steps!r}.")
-        if isinstance(dispersive_weight, bool) or not isinstance(dispersive_weight, (int, float)):
-            raise ValueError(f"dispersive_weight must be a number >= 0, got {dispersive_weight!r}.")
-        if not (math.isfinite(dispersive_weight) and dispersive_weight >= 0):
-            raise ValueError(f"dispersive_weight must be a finite number >= 0, got {dispersive_weight!r}.")
-        if ema_decay is not None and not (isinstance(ema_decay, (int, float)) and 0 < ema_decay < 1):
-            raise ValueError(f"ema_decay must be None or in (0, 1), got {ema_decay!r}.")
-        if ema_encoder is not None:
-            if ema_decay is None:
-                raise ValueError("ema_encoder was given but ema_decay is None; set ema_decay or drop ema_encoder.")
-            if not isinstance(ema_encoder, nn.Module) or ema_encoder is encoder:
-                raise ValueError("ema_encoder must be a separate nn.Module with the encoder's architecture.")
+        dispersive = DispersiveConfig() if dispersive is None else dispersive
+        gradients = GradientConfig() if gradients is None else gradients
+        configs = (("dispersive", dispersive, DispersiveConfig), ("ema", ema, EMAConfig))
+        for name, value, kind in (*configs, ("gradients", gradients, GradientConfig)):
+            if value is not None and not isinstance(value, kind):
+                raise ValueError(f"{name} must be {kind.__name__} or None, got {type(value).__name__}.")
+        ema_encoder = None if ema is None else ema.encoder
+        if ema_encoder is not None and ema_encoder is encoder:
+            raise ValueError("EMAConfig: encoder must be a separate nn.Module with the encoder's architecture.")
         batch_reader = PrepareBatchMixedDomain(image_key=image_key, domain_key=domain_key)
-        if distributed is not None and not isinstance(distributed, bool):
-            raise ValueError(f"distributed must be None, True or False, got {distributed!r}.")
-        if distributed and not dist.is_available():
-            raise ValueError("distributed=True but torch.distributed is not available in this build of torch.")
-        if not (isinstance(grad_bucket_mb, (int, float)) and grad_bucket_mb > 0):
-            raise ValueError(f"grad_bucket_mb must be > 0, got {grad_bucket_mb!r}.")
+        if gradients.distributed and not dist.is_available():
+            raise ValueError(
+                "GradientConfig: distributed=True but torch.distributed is not available in this build of torch."
+            )
         if prepare_batch is not None and not callable(prepare_batch):
             raise ValueError(f"prepare_batch must be callable or None, got {type(prepare_batch).__name__}.")
 
@@ -216,25 +206,24 @@ class Stage1Trainer(Trainer):
         for module in (encoder, head, ema_encoder):  # in place: the optimizer's parameters are these tensors
             if module is not None:
                 module.to(self.state.device)
-        if dispersive_loss is None and dispersive_weight > 0:
+        dispersive_loss = dispersive.loss
+        if dispersive_loss is None and dispersive.weight > 0:
             from spectraflow_monai.losses.dispersive import DispersiveLoss
 
             dispersive_loss = DispersiveLoss()
-        if dispersive_loss is not None and not callable(dispersive_loss):
-            raise ValueError(f"dispersive_loss must be callable, got {type(dispersive_loss).__name__}.")
 
         self.encoder = encoder
         self.head = head
         self.optimizer = optimizer
         self.dispersive_loss = dispersive_loss
-        self.dispersive_weight = float(dispersive_weight)
-        self.accumulation_steps = accumulation_steps
+        self.dispersive_weight = float(dispersive.weight)
+        self.accumulation_steps = int(gradients.accumulation_steps)
         self.image_key = image_key
         self.domain_key = domain_key
         self.batch_reader = batch_reader
         self.optim_set_to_none = optim_set_to_none
-        self.distributed_arg = distributed
-        self.grad_bucket_bytes = max(1, int(grad_bucket_mb * 2**20))
+        self.distributed_arg = gradients.distributed
+        self.grad_bucket_bytes = max(1, int(gradients.bucket_mb * 2**20))
         self.output_on_device = bool(output_on_device)
 
         # mixed precision: fp16 + GradScaler on CUDA, bf16 elsewhere (no scaler needed)
@@ -258,8 +247,8 @@ class Stage1Trainer(Trainer):
         self.add_event_handler(Events.STARTED, self._mark_run_started)
 
         self.ema_handler: EMAHandler | None = None
-        if ema_decay is not None:
-            self.ema_handler = EMAHandler(encoder, momentum=1.0 - float(ema_decay))
+        if ema is not None:
+            self.ema_handler = EMAHandler(encoder, momentum=1.0 - float(ema.decay))
             if ema_encoder is not None:
                 ema_encoder.load_state_dict(encoder.state_dict())
                 for p in ema_encoder.parameters():
@@ -276,7 +265,7 @@ class Stage1Trainer(Trainer):
 
     @property
     def ema_encoder(self) -> nn.Module | None:
-        """The EMA copy of the encoder (None when ``ema_decay=None``)."""
+        """The EMA copy of the encoder (None when ``ema=None``)."""
         return None if self.ema_handler is None else self.ema_handler.ema_model
 
     def checkpoint_dict(self, lr_scheduler: Any | None = None) -> dict[str, Any]:
@@ -322,8 +311,8 @@ class Stage1Trainer(Trainer):
         initialised = dist.is_available() and dist.is_initialized()
         if self.distributed_arg and not initialised:
             raise RuntimeError(
-                f"{type(self).__name__}(distributed=True) needs an initialised torch.distributed process group "
-                "(call torch.distributed.init_process_group before running)."
+                f"{type(self).__name__}(gradients=GradientConfig(distributed=True)) needs an initialised "
+                "torch.distributed process group (call torch.distributed.init_process_group before running)."
             )
         self.world_size = dist.get_world_size() if initialised else 1
         self.distributed = initialised and self.world_size > 1 and self.distributed_arg is not False
@@ -364,7 +353,7 @@ class Stage1Trainer(Trainer):
             raise ValueError(
                 f"the dispersive loss needs at least 2 samples per batch (in-batch negatives), got batch size "
                 f"{batch_size} at iteration {self.state.iteration}; use batch_size >= 2 (and drop_last=True), or "
-                "dispersive_weight=0."
+                "dispersive=DispersiveConfig(weight=0)."
             )
         should_zero_grad, should_step = accumulation_flags(
             self.state.iteration, self.accumulation_steps, self.state.epoch_length
@@ -385,7 +374,7 @@ class Stage1Trainer(Trainer):
             warnings.warn(
                 "the pooled penultimate-block features do not require gradient, so the dispersive loss "
                 "cannot change the encoder; make the penultimate block trainable "
-                "(DINOv2Encoder(trainable_blocks>=2 or 'all')) or set dispersive_weight=0.",
+                "(DINOv2Encoder(trainable_blocks>=2 or 'all')) or set DispersiveConfig(weight=0).",
                 stacklevel=3,
             )
             self._warned_no_disp_grad = True

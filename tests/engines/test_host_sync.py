@@ -18,7 +18,7 @@ import torch
 from ignite.engine import Events
 from monai.engines.utils import IterationEvents
 
-from spectraflow_monai.engines import MeanFlowPretrainer
+from spectraflow_monai.engines import DispersiveConfig, MeanFlowPretrainer
 from spectraflow_monai.handlers import EpochSummaryHandler, LossTermsHandler, StopOnNonFiniteLoss
 from spectraflow_monai.handlers.nonfinite import NonFiniteLossError
 from spectraflow_monai.losses import DiceBCEBoundaryLoss
@@ -98,7 +98,9 @@ def test_mae_iterations_do_not_read_back(monkeypatch):
     decoder = MAEDecoder(encoder.embed_dim, encoder.patch_size, hidden_size=16, num_layers=1, num_heads=2)
     opt = torch.optim.AdamW(encoder.trainable_parameters() + list(decoder.parameters()), lr=1e-4)
     data = [{"image": torch.randn(4, 3, 28, 28)} for _ in range(4)]
-    trainer = MAEPretrainer("cpu", 1, data, encoder, decoder, opt, dispersive_weight=0.4, output_on_device=True)
+    trainer = MAEPretrainer(
+        "cpu", 1, data, encoder, decoder, opt, dispersive=DispersiveConfig(weight=0.4), output_on_device=True
+    )
     StopOnNonFiniteLoss(every=4).attach(trainer)
     EpochSummaryHandler(title="Stage-1", quiet_engines=False).attach(trainer)
     per_iteration = _SyncCounter(monkeypatch).attach(trainer)

@@ -7,7 +7,14 @@ import torch
 from ignite.engine import Events
 from parameterized import parameterized
 
-from spectraflow_monai.engines import MAEPretrainer, encode_visible, random_masking
+from spectraflow_monai.engines import (
+    DispersiveConfig,
+    EMAConfig,
+    MAEConfig,
+    MAEPretrainer,
+    encode_visible,
+    random_masking,
+)
 from spectraflow_monai.handlers import EncoderExportHandler
 from spectraflow_monai.networks import DINOv2Encoder, MAEDecoder, SpectraFlowNet
 
@@ -100,7 +107,7 @@ def test_loss_falls_and_export_loads_into_stage2(tmp_path):
     path = tmp_path / "encoder_stage1.pt"
     handlers = [EncoderExportHandler(path=path)]
     data = _structured_data(30)
-    trainer = MAEPretrainer("cpu", 1, data, encoder, decoder, optimizer, ema_decay=0.5, train_handlers=handlers)
+    trainer = MAEPretrainer("cpu", 1, data, encoder, decoder, optimizer, ema=EMAConfig(0.5), train_handlers=handlers)
     losses: list[float] = []
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output["loss_mae"]))
     trainer.run()
@@ -125,7 +132,9 @@ def test_loss_falls_and_export_loads_into_stage2(tmp_path):
 def test_dispersive_term_optional():
     encoder, decoder = _modules()
     optimizer = torch.optim.AdamW(encoder.trainable_parameters() + list(decoder.parameters()), lr=1e-3)
-    trainer = MAEPretrainer("cpu", 1, _structured_data(1), encoder, decoder, optimizer, dispersive_weight=0.4)
+    trainer = MAEPretrainer(
+        "cpu", 1, _structured_data(1), encoder, decoder, optimizer, dispersive=DispersiveConfig(weight=0.4)
+    )
     trainer.run()
     out = trainer.state.output
     assert out["loss_dispersive"] != 0.0
@@ -135,14 +144,14 @@ def test_dispersive_term_optional():
 def test_invalid_trainer_arguments():
     encoder, decoder = _modules()
     optimizer = torch.optim.AdamW(decoder.parameters())
-    with pytest.raises(ValueError, match="mask_ratio"):
-        MAEPretrainer("cpu", 1, [], encoder, decoder, optimizer, mask_ratio=1.0)
+    with pytest.raises(ValueError, match="mae must be MAEConfig or None, got dict"):
+        MAEPretrainer("cpu", 1, [], encoder, decoder, optimizer, mae={"mask_ratio": 0.5})
     with pytest.raises(ValueError, match="encoder"):
         MAEPretrainer("cpu", 1, [], torch.nn.Linear(2, 2), decoder, optimizer)
     from spectraflow_monai.losses import MAELoss
 
-    with pytest.raises(ValueError, match="patch_size"):
-        MAEPretrainer("cpu", 1, [], encoder, decoder, optimizer, mae_loss=MAELoss(patch_size=16))
+    with pytest.raises(ValueError, match="MAEConfig: loss.patch_size=16 differs"):
+        MAEPretrainer("cpu", 1, [], encoder, decoder, optimizer, mae=MAEConfig(loss=MAELoss(patch_size=16)))
     # one 14x14 image is a single patch: nothing can be both visible and removed
     trainer = MAEPretrainer("cpu", 1, [{"image": torch.randn(2, 3, 14, 14)}], encoder, decoder, optimizer)
     with pytest.raises(ValueError, match="mask_ratio"):

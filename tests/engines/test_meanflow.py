@@ -16,7 +16,14 @@ from monai.data import DataLoader, Dataset
 from monai.handlers import CheckpointLoader, CheckpointSaver, LrScheduleHandler, StatsHandler
 from parameterized import parameterized
 
-from spectraflow_monai.engines import MeanFlowPretrainer, normalize_latent
+from spectraflow_monai.engines import (
+    DispersiveConfig,
+    EMAConfig,
+    GradientConfig,
+    MeanFlowConfig,
+    MeanFlowPretrainer,
+    normalize_latent,
+)
 from spectraflow_monai.optimizers import linear_lr_schedule
 from spectraflow_monai.networks.encoders.dinov2 import DINOv2Encoder
 from spectraflow_monai.networks.nets.meanflow_head import MeanFlowHead
@@ -90,7 +97,9 @@ class TestMeanFlowPretrainer:
         # dispersive term off: any encoder change comes from the MeanFlow prediction through z_t.
         encoder, head = _modules()
         enc0 = _params(encoder)
-        trainer = MeanFlowPretrainer("cpu", 1, _data(3), encoder, head, _optimizer(encoder, head), dispersive_weight=0)
+        trainer = MeanFlowPretrainer(
+            "cpu", 1, _data(3), encoder, head, _optimizer(encoder, head), dispersive=DispersiveConfig(weight=0)
+        )
         trainer.run()
         assert trainer.state.output["loss_dispersive"] == 0.0
         assert _max_diff(enc0, _params(encoder)) > 0
@@ -114,7 +123,7 @@ class TestMeanFlowPretrainer:
         steps = _count_steps(opt)
         changed = []
         trainer = MeanFlowPretrainer(
-            "cpu", 1, _data(n), encoder, head, opt, accumulation_steps=acc, epoch_length=epoch_length
+            "cpu", 1, _data(n), encoder, head, opt, gradients=GradientConfig(acc), epoch_length=epoch_length
         )
         last = [_params(head)]
 
@@ -143,7 +152,7 @@ class TestMeanFlowPretrainer:
             torch.nn.init.normal_(head.out_proj.weight, std=0.02)
             opt = torch.optim.SGD(encoder.trainable_parameters() + list(head.parameters()), lr=0.1)
             trainer = MeanFlowPretrainer(
-                "cpu", 1, batches, encoder, head, opt, dispersive_weight=0, accumulation_steps=acc
+                "cpu", 1, batches, encoder, head, opt, dispersive=DispersiveConfig(0), gradients=GradientConfig(acc)
             )
             gen = torch.Generator().manual_seed(11)
             noise = torch.randn(8, encoder.embed_dim, 2, 2, generator=gen)
@@ -209,9 +218,8 @@ class TestMeanFlowPretrainer:
         encoder, head = _modules()
         init = _params(encoder)
         live_after_step = []
-        trainer = MeanFlowPretrainer(
-            "cpu", 1, _data(4), encoder, head, _optimizer(encoder, head), ema_decay=0.9, accumulation_steps=2
-        )
+        opt, ema = _optimizer(encoder, head), EMAConfig(0.9)
+        trainer = MeanFlowPretrainer("cpu", 1, _data(4), encoder, head, opt, ema=ema, gradients=GradientConfig(2))
         trainer.add_event_handler(
             Events.ITERATION_COMPLETED,
             lambda e: live_after_step.append(_params(encoder)) if e.optimizer_stepped else None,
@@ -231,7 +239,7 @@ class TestMeanFlowPretrainer:
 
     def test_no_ema(self):
         encoder, head = _modules()
-        trainer = MeanFlowPretrainer("cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), ema_decay=None)
+        trainer = MeanFlowPretrainer("cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), ema=None)
         assert trainer.ema_encoder is None and "ema" not in trainer.checkpoint_dict()
         trainer.run()
 
@@ -240,7 +248,7 @@ class TestMeanFlowPretrainer:
             encoder, head = _modules(seed=0)
             opt = _optimizer(encoder, head)
             lr = linear_lr_schedule(opt, total_steps=6, start_lr=1e-3, end_lr=1e-4)
-            trainer = MeanFlowPretrainer("cpu", max_epochs, _data(3), encoder, head, opt, ema_decay=0.9)
+            trainer = MeanFlowPretrainer("cpu", max_epochs, _data(3), encoder, head, opt, ema=EMAConfig(0.9))
             # noise and times are drawn from the global RNG: seed it per epoch so that both runs see the same draws
             trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: torch.manual_seed(100 + e.state.epoch))
             LrScheduleHandler(lr, epoch_level=False, print_lr=False).attach(trainer)
@@ -323,9 +331,11 @@ class TestMeanFlowPretrainer:
         encoder, head = _modules()
         data = [{"image": torch.randn(1, 3, 28, 28)}]
         trainer = MeanFlowPretrainer("cpu", 1, data, encoder, head, _optimizer(encoder, head))
-        with pytest.raises(ValueError, match=r"batch size 1.*batch_size >= 2.*dispersive_weight=0"):
+        with pytest.raises(ValueError, match=r"batch size 1.*batch_size >= 2.*DispersiveConfig\(weight=0\)"):
             trainer.run()
-        trainer = MeanFlowPretrainer("cpu", 1, data, encoder, head, _optimizer(encoder, head), dispersive_weight=0)
+        trainer = MeanFlowPretrainer(
+            "cpu", 1, data, encoder, head, _optimizer(encoder, head), dispersive=DispersiveConfig(weight=0)
+        )
         trainer.run()  # fine without the dispersive term (and without a domain key)
         assert math.isfinite(trainer.state.output["loss"])
 
@@ -343,18 +353,18 @@ class TestMeanFlowPretrainer:
 
     @parameterized.expand(
         [
-            ({"accumulation_steps": 0}, "accumulation_steps.*0"),
-            ({"accumulation_steps": 1.5}, "accumulation_steps.*1.5"),
-            ({"dispersive_weight": -0.1}, "dispersive_weight.*-0.1"),
-            ({"dispersive_weight": float("nan")}, "dispersive_weight.*nan"),
-            ({"ema_decay": 1.0}, "ema_decay.*1.0"),
             ({"max_epochs": 0}, "max_epochs.*0"),
-            ({"grad_bucket_mb": 0}, "grad_bucket_mb.*0"),
-            ({"distributed": "yes"}, "distributed.*yes"),
+            ({"dispersive": 0.4}, "dispersive must be DispersiveConfig or None, got float"),
+            ({"ema": 0.999}, "ema must be EMAConfig or None, got float"),
+            ({"gradients": {"accumulation_steps": 2}}, "gradients must be GradientConfig or None, got dict"),
+            ({"meanflow": {"latent_norm": False}}, "meanflow must be MeanFlowConfig or None, got dict"),
+            ({"ema": "own encoder"}, "EMAConfig: encoder must be a separate nn.Module"),
         ]
     )
     def test_invalid_arguments(self, kwargs, match):
         encoder, head = _modules()
+        if kwargs.get("ema") == "own encoder":  # the EMA module must not be the trained encoder itself
+            kwargs = {"ema": EMAConfig(encoder=encoder)}
         args = {"max_epochs": 1, **kwargs}
         with pytest.raises(ValueError, match=match):
             MeanFlowPretrainer(
@@ -369,17 +379,22 @@ class TestMeanFlowPretrainer:
     def test_invalid_modules(self):
         encoder, head = _modules(num_domains=0)
         with pytest.raises(ValueError, match="condition_on_domain=True.*num_domains=0"):
-            MeanFlowPretrainer("cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), condition_on_domain=True)
+            MeanFlowPretrainer(
+                "cpu", 1, _data(1), encoder, head, _optimizer(encoder, head),
+                meanflow=MeanFlowConfig(condition_on_domain=True),
+            )  # fmt: skip
         with pytest.raises(ValueError, match="head must be the plain module, got DataParallel"):
             MeanFlowPretrainer("cpu", 1, _data(1), encoder, torch.nn.DataParallel(head), _optimizer(encoder, head))
-        with pytest.raises(RuntimeError, match="distributed=True.*needs an initialised"):
-            MeanFlowPretrainer("cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), distributed=True).run()
+        with pytest.raises(RuntimeError, match=r"GradientConfig\(distributed=True\)\) needs an initialised"):
+            MeanFlowPretrainer(
+                "cpu", 1, _data(1), encoder, head, _optimizer(encoder, head), gradients=GradientConfig(distributed=True)
+            ).run()
 
     def test_external_ema_encoder(self):
         encoder, head = _modules()
         ema_module = DINOv2Encoder(**ENC_KW)  # different random weights, overwritten with the encoder's
         trainer = MeanFlowPretrainer(
-            "cpu", 1, _data(2), encoder, head, _optimizer(encoder, head), ema_encoder=ema_module
+            "cpu", 1, _data(2), encoder, head, _optimizer(encoder, head), ema=EMAConfig(encoder=ema_module)
         )
         assert trainer.ema_encoder is ema_module
         assert _max_diff(_params(ema_module), _params(encoder)) == 0
@@ -404,7 +419,8 @@ class TestMeanFlowPretrainer:
         with torch.no_grad():
             raw = encoder(batch[0]["image"]).final
         trainer = MeanFlowPretrainer("cpu", 1, batch, encoder, head, _optimizer(encoder, head, lr=0.0),
-                                     meanflow_loss=Recording(), latent_norm=latent_norm, ema_decay=None)  # fmt: skip
+                                     meanflow=MeanFlowConfig(loss=Recording(), latent_norm=latent_norm),
+                                     ema=None)  # fmt: skip
         trainer.run()
         expected = normalize_latent(raw) if latent_norm else raw
         assert torch.allclose(seen[0], expected, atol=1e-5)
@@ -416,8 +432,8 @@ class TestMeanFlowPretrainer:
         encoder, head = _modules(num_domains=0)
         outputs = []
         trainer = MeanFlowPretrainer("cpu", 1, _data(3), encoder, head, _optimizer(encoder, head),
-                                     meanflow_loss=MeanFlowLoss(adaptive_p=0.0),
-                                     dispersive_loss=DispersiveLoss(normalize=None), latent_norm=False)  # fmt: skip
+                                     meanflow=MeanFlowConfig(loss=MeanFlowLoss(adaptive_p=0.0), latent_norm=False),
+                                     dispersive=DispersiveConfig(loss=DispersiveLoss(normalize=None)))  # fmt: skip
         trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(dict(e.state.output)))
         trainer.run()
         elements = encoder.embed_dim * 2 * 2  # 28 px / patch 14: a 2x2 token map per sample

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from spectraflow_monai.engines import MeanFlowPretrainer
+from spectraflow_monai.engines import EMAConfig, GradientConfig, MeanFlowPretrainer
 
 WORLD = 2
 N_ITER = 3
@@ -45,9 +45,8 @@ def _trainer(encoder, head, data, accumulation_steps: int) -> MeanFlowPretrainer
     from ignite.engine import Events
 
     opt = torch.optim.AdamW(encoder.trainable_parameters() + list(head.parameters()), lr=1e-3)
-    trainer = MeanFlowPretrainer(
-        "cpu", 1, data, encoder, head, opt, accumulation_steps=accumulation_steps, ema_decay=0.5, grad_bucket_mb=0.5
-    )
+    gradients = GradientConfig(accumulation_steps=accumulation_steps, bucket_mb=0.5)
+    trainer = MeanFlowPretrainer("cpu", 1, data, encoder, head, opt, ema=EMAConfig(0.5), gradients=gradients)
     trainer.add_event_handler(Events.ITERATION_STARTED, lambda e: torch.manual_seed(int(e.state.batch["seed"])))
     return trainer
 

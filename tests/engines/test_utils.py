@@ -9,7 +9,7 @@ from monai.data import MetaTensor
 from monai.engines.utils import PrepareBatch
 from parameterized import parameterized
 
-from spectraflow_monai.engines import MAEPretrainer, MeanFlowPretrainer
+from spectraflow_monai.engines import DispersiveConfig, MAEPretrainer, MeanFlowPretrainer
 from spectraflow_monai.engines.utils import (
     PrepareBatchMixedDomain,
     accumulation_flags,
@@ -83,7 +83,7 @@ def _meanflow(data, **kwargs):
     encoder = DINOv2Encoder(img_size=28, model_kwargs={"depth": 2}, trainable_blocks="all")
     head = MeanFlowHead(encoder.embed_dim, hidden_channels=16, num_blocks=1, num_heads=2)
     opt = torch.optim.SGD(encoder.trainable_parameters() + list(head.parameters()), lr=0.1)
-    return MeanFlowPretrainer("cpu", 1, data, encoder, head, opt, dispersive_weight=0, **kwargs)
+    return MeanFlowPretrainer("cpu", 1, data, encoder, head, opt, dispersive=DispersiveConfig(weight=0), **kwargs)
 
 
 def test_trainers_use_the_prepare_batch():
