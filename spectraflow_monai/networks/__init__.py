@@ -1,7 +1,7 @@
 """Networks of SpectraFlow: the DINOv2 encoder, the DAF/FDConv decoder blocks, the full segmentation network and
 the reading of encoder checkpoints (``weights``) and deployment exports (``export``)."""
 
-from .blocks import DirectAttentionalFusion, FDConv2d, RefinementBlock, SpectraFlowDecoder
+from .blocks import DirectAttentionalFusion, FDConv2d, FDConvConfig, RefinementBlock, SpectraFlowDecoder
 from .encoders import DINOv2Encoder, EncoderFeatures
 from .nets import MeanFlowHead, SpectraFlowNet, UNetPlusPlus
 
@@ -10,6 +10,7 @@ __all__: list[str] = [
     "DirectAttentionalFusion",
     "EncoderFeatures",
     "FDConv2d",
+    "FDConvConfig",
     "MeanFlowHead",
     "RefinementBlock",
     "SpectraFlowDecoder",

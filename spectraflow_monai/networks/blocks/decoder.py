@@ -33,7 +33,7 @@ class RefinementBlock(nn.Module):
             and ``"fdconv_cbam"``.
         norm: MONAI norm spec used after each convolution. Defaults to ``"batch"``.
         act: MONAI activation spec. Defaults to ``"relu"``.
-        fdconv_kwargs: extra keyword arguments for :class:`FDConv2d` (e.g. ``kernel_num``).
+        fdconv_kwargs: the options of :class:`FDConv2d`, the fields of :class:`FDConvConfig` (e.g. ``kernel_num``).
     """
 
     def __init__(
@@ -51,9 +51,10 @@ class RefinementBlock(nn.Module):
             raise ValueError(f"refine must be one of {REFINE_MODES}, got {refine!r}.")
         self.refine = refine
         if refine.startswith("fdconv"):
-            from spectraflow_monai.networks.blocks.fdconv import FDConv2d
+            from spectraflow_monai.networks.blocks.fdconv import FDConv2d, FDConvConfig
 
-            self.conv1: nn.Module = FDConv2d(channels, channels, kernel_size=3, padding=1, bias=False, **(fdconv_kwargs or {}))
+            config = FDConvConfig(**(fdconv_kwargs or {}))
+            self.conv1: nn.Module = FDConv2d(channels, channels, kernel_size=3, padding=1, bias=False, config=config)
         else:
             self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1, bias=False)
         self.norm1 = get_norm_layer(norm, spatial_dims=2, channels=channels)
@@ -104,7 +105,7 @@ class SpectraFlowDecoder(nn.Module):
         daf_reduction: bottleneck reduction of DAF. Defaults to 4.
         norm: MONAI norm spec of the decoder. Defaults to ``"batch"``.
         act: MONAI activation spec of the decoder. Defaults to ``"relu"``.
-        fdconv_kwargs: extra keyword arguments for :class:`FDConv2d`.
+        fdconv_kwargs: the options of :class:`FDConv2d`, the fields of :class:`FDConvConfig` (e.g. ``kernel_num``).
     """
 
     def __init__(

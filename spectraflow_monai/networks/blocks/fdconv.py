@@ -9,8 +9,10 @@ References:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -27,11 +29,85 @@ from spectraflow_monai.networks.blocks.frequency import (
 )
 from spectraflow_monai.networks.blocks.kernel_modulation import KernelSpatialModulationGlobal, KernelSpatialModulationLocal
 
-__all__ = ["FDConv2d"]
+__all__ = ["FDConv2d", "FDConvConfig"]
 
 _SUPPORTED_KERNEL_SIZES = (1, 3)
-_CONV_ARGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias")
-_CONV_ARGS += ("padding_mode", "device", "dtype")
+
+
+def _positive_number(value: Any) -> bool:
+    """A finite real number ``> 0`` (numpy's too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _int_at_least(value: Any, low: int) -> bool:
+    """An integer ``>= low`` (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+
+
+@dataclass(frozen=True)
+class FDConvConfig:
+    """The options of :class:`FDConv2d`'s frequency-dynamic part (its convolution geometry is ``nn.Conv2d``'s).
+
+    The defaults are the official FDConv's (``Linwei-Chen/FDConv``) as SpectraFlow uses it.
+
+    Args:
+        kernel_num: number of disjoint frequency bands of the Fourier disjoint weight, a positive int; must divide
+            the number of rfft bins ``Cout*k * (Cin*k // 2 + 1)`` of the layer (checked by the layer, when it is
+            dynamic). Defaults to 4.
+        reduction: kernel spatial modulation (KSM) trunk width ratio, width
+            ``max(int(Cin * reduction), min_attention_channels, 1)``; a finite number ``> 0``. Defaults to 0.0625.
+        min_attention_channels: minimum trunk width, a non-negative int; the layer is dynamic only when
+            ``min(in_channels, out_channels) > min_attention_channels``. Defaults to 16.
+        kernel_temperature: temperature of the kernel-number attention, ``> 0``. Defaults to 1.0.
+        temperature: temperature of the channel / filter / spatial attentions, ``> 0``; None uses
+            ``kernel_temperature``. Defaults to None.
+        use_ksm_local: whether to use the local (dense) kernel modulation. Defaults to True.
+        use_fbm: whether to use frequency band modulation (3x3 kernels only). Defaults to True.
+        fbm_k_list: strictly increasing positive FBM low-pass divisors (kept as a tuple of floats). Defaults to
+            ``(2, 4, 8)``.
+
+    Raises:
+        ValueError: a value of the wrong type or out of range, naming the argument and the value.
+
+    Example::
+
+        FDConv2d(64, 64, 3, config=FDConvConfig(kernel_num=2, use_fbm=False))
+    """
+
+    kernel_num: int = 4
+    reduction: float = 0.0625
+    min_attention_channels: int = 16
+    kernel_temperature: float = 1.0
+    temperature: float | None = None
+    use_ksm_local: bool = True
+    use_fbm: bool = True
+    fbm_k_list: Sequence[float] = (2.0, 4.0, 8.0)
+
+    def __post_init__(self) -> None:
+        if not _int_at_least(self.kernel_num, 1):
+            raise ValueError(f"FDConvConfig: kernel_num must be a positive int, got {self.kernel_num!r}.")
+        if not _positive_number(self.reduction):
+            raise ValueError(f"FDConvConfig: reduction must be a finite number > 0, got {self.reduction!r}.")
+        if not _int_at_least(self.min_attention_channels, 0):
+            raise ValueError(
+                f"FDConvConfig: min_attention_channels must be a non-negative int, got {self.min_attention_channels!r}."
+            )
+        if not _positive_number(self.kernel_temperature):
+            raise ValueError(
+                f"FDConvConfig: kernel_temperature must be a finite number > 0, got {self.kernel_temperature!r}."
+            )
+        if self.temperature is not None and not _positive_number(self.temperature):
+            raise ValueError(
+                f"FDConvConfig: temperature must be None or a finite number > 0, got {self.temperature!r}."
+            )
+        for name in ("use_ksm_local", "use_fbm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FDConvConfig: {name} must be True or False, got {getattr(self, name)!r}.")
+        try:
+            k_list = tuple(check_k_list(self.fbm_k_list))
+        except ValueError as err:
+            raise ValueError(f"FDConvConfig: {err}") from None
+        object.__setattr__(self, "fbm_k_list", k_list)  # a tuple: the object stays immutable and hashable
 
 
 class FDConv2d(nn.Conv2d):
@@ -60,9 +136,9 @@ class FDConv2d(nn.Conv2d):
     with autocast disabled around them. A state dict holding a plain ``weight`` (e.g. from an ``nn.Conv2d``) is
     converted to ``dft_weight`` on load.
 
-    If ``min(in_channels, out_channels) <= min_attention_channels`` (as in the official code) the layer has no dynamic
-    part (no KSM, no FBM) and behaves exactly as an ``nn.Conv2d`` whose weight is :meth:`static_weight`; the FDW
-    parametrisation is kept so the state dict and API are the same.
+    If ``min(in_channels, out_channels) <= config.min_attention_channels`` (as in the official code) the layer has no
+    dynamic part (no KSM, no FBM) and behaves exactly as an ``nn.Conv2d`` whose weight is :meth:`static_weight`; the
+    FDW parametrisation is kept so the state dict and API are the same.
 
     Deviations from the official implementation (``Linwei-Chen/FDConv``, ``FDConv_detection/mmdet_custom/FDConv.py``):
 
@@ -104,25 +180,21 @@ class FDConv2d(nn.Conv2d):
         groups: must be 1. Defaults to 1.
         bias: whether to add a learnable bias. Defaults to True.
         padding_mode: as ``nn.Conv2d``. Defaults to ``"zeros"``.
-        kernel_num: number of disjoint frequency bands; must divide the number of rfft bins
-            ``Cout*k * (Cin*k // 2 + 1)`` (checked only when the layer is dynamic). Defaults to 4.
-        reduction: KSM trunk width ratio, width ``max(int(Cin * reduction), min_attention_channels, 1)``.
-            Defaults to 0.0625.
-        min_attention_channels: minimum trunk width, and the layer is dynamic only when
-            ``min(in_channels, out_channels) > min_attention_channels``. Defaults to 16.
-        kernel_temperature: temperature of the kernel-number attention. Defaults to 1.0.
-        temperature: temperature of the channel/filter/spatial attentions; None uses ``kernel_temperature``.
-            Defaults to None.
-        use_ksm_local: whether to use the local (dense) kernel modulation. Defaults to True.
-        use_fbm: whether to use frequency band modulation (3x3 only). Defaults to True.
-        fbm_k_list: strictly increasing FBM low-pass divisors. Defaults to ``(2, 4, 8)``.
+        config: the options of the frequency-dynamic part (:class:`FDConvConfig`: ``kernel_num``, the KSM
+            ``reduction``, ``min_attention_channels`` and temperatures, ``use_ksm_local``, ``use_fbm``,
+            ``fbm_k_list``). None: ``FDConvConfig()``, the official defaults. Defaults to None.
         device: parameter device. Defaults to None.
         dtype: parameter dtype. Defaults to None.
+
+    Raises:
+        ValueError: an unsupported geometry, a ``config`` that is not an :class:`FDConvConfig`, or a ``kernel_num``
+            that does not divide the layer's rfft bins, each named with its value.
 
     Example::
 
         conv = nn.Conv2d(64, 64, 3, padding=1)
         fd = FDConv2d.from_conv2d(conv)  # fd(x) == conv(x) until trained
+        small = FDConv2d(64, 64, config=FDConvConfig(kernel_num=2, use_fbm=False))
     """
 
     def __init__(
@@ -136,14 +208,7 @@ class FDConv2d(nn.Conv2d):
         groups: int = 1,
         bias: bool = True,
         padding_mode: str = "zeros",
-        kernel_num: int = 4,
-        reduction: float = 0.0625,
-        min_attention_channels: int = 16,
-        kernel_temperature: float = 1.0,
-        temperature: float | None = None,
-        use_ksm_local: bool = True,
-        use_fbm: bool = True,
-        fbm_k_list: Sequence[float] = (2, 4, 8),
+        config: FDConvConfig | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -161,25 +226,14 @@ class FDConv2d(nn.Conv2d):
             raise ValueError(
                 f"groups must be 1 for FDConv2d (grouped/depth-wise kernels are not supported), got {groups!r}."
             )
-        if isinstance(kernel_num, bool) or not isinstance(kernel_num, int) or kernel_num < 1:
-            raise ValueError(f"kernel_num must be a positive int, got {kernel_num!r}.")
-        if not reduction > 0:
-            raise ValueError(f"reduction must be > 0, got {reduction!r}.")
-        if (
-            isinstance(min_attention_channels, bool)
-            or not isinstance(min_attention_channels, int)
-            or min_attention_channels < 0
-        ):
-            raise ValueError(f"min_attention_channels must be a non-negative int, got {min_attention_channels!r}.")
-        temperature = kernel_temperature if temperature is None else temperature
-        for name, value in (("kernel_temperature", kernel_temperature), ("temperature", temperature)):
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}.")
-        k_list = check_k_list(fbm_k_list)
+        config = FDConvConfig() if config is None else config
+        if not isinstance(config, FDConvConfig):
+            raise ValueError(f"config must be an FDConvConfig or None, got {type(config).__name__}.")
+        kernel_num = int(config.kernel_num)
         if padding is None:
             padding = tuple(d * (k // 2) for d in _pair(dilation))
 
-        dynamic = min(in_channels, out_channels) > min_attention_channels
+        dynamic = min(in_channels, out_channels) > config.min_attention_channels
         n_rows, n_cols = out_channels * k, in_channels * k
         n_bins = n_rows * (n_cols // 2 + 1)
         if dynamic and n_bins % kernel_num != 0:
@@ -202,6 +256,7 @@ class FDConv2d(nn.Conv2d):
             device=device,
             dtype=dtype,
         )
+        self.config = config
         self.kernel_num = kernel_num
         self.dynamic = dynamic
         self.dft_scale = float(max(min(in_channels, out_channels) // 2, 1))
@@ -225,15 +280,16 @@ class FDConv2d(nn.Conv2d):
             self.register_buffer("band_index", None, persistent=False)
             return
         self.register_buffer("band_index", self._band_index(n_rows, n_cols, kernel_num, device), persistent=False)
-        attention_channels = max(int(in_channels * reduction), min_attention_channels, 1)
+        attention_channels = max(int(in_channels * config.reduction), int(config.min_attention_channels), 1)
+        temperature = config.kernel_temperature if config.temperature is None else config.temperature
         factory = {"device": device, "dtype": dtype}
         self.ksm_global = KernelSpatialModulationGlobal(
-            in_channels, out_channels, k, kernel_num, attention_channels, temperature, kernel_temperature
+            in_channels, out_channels, k, kernel_num, attention_channels, temperature, config.kernel_temperature
         ).to(**factory)
-        if use_ksm_local:
+        if config.use_ksm_local:
             self.ksm_local = KernelSpatialModulationLocal(in_channels, out_channels, k).to(**factory)
-        if use_fbm and k == 3:
-            self.fbm = FrequencyBandModulation(in_channels, k_list).to(**factory)
+        if config.use_fbm and k == 3:
+            self.fbm = FrequencyBandModulation(in_channels, list(config.fbm_k_list)).to(**factory)
 
     # ----------------------------------------------------------------------------------------- FDW parametrisation
     @staticmethod
@@ -327,23 +383,21 @@ class FDConv2d(nn.Conv2d):
                 module.reset_parameters()
 
     @classmethod
-    def from_conv2d(cls, conv: nn.Conv2d, **kwargs) -> FDConv2d:
+    def from_conv2d(cls, conv: nn.Conv2d, config: FDConvConfig | None = None) -> FDConv2d:
         """Build an ``FDConv2d`` computing the same function as ``conv`` (FDW transform of its weight).
 
         Args:
             conv: a square 1x1 or 3x3 ``nn.Conv2d`` with ``groups=1`` (an ``FDConv2d`` is converted through its
                 :meth:`static_weight`). Geometry, bias, padding mode, device, dtype and train/eval mode are copied.
-            kwargs: FDConv options (``kernel_num``, ``reduction``, ``use_fbm``, ...), not the convolution geometry.
+            config: the FDConv options (:class:`FDConvConfig`); None: the official defaults. An ``FDConv2d``'s own
+                options are not copied. Defaults to None.
 
         Raises:
             TypeError: ``conv`` is not an ``nn.Conv2d``.
-            ValueError: ``kwargs`` repeats the geometry, or the geometry is not supported.
+            ValueError: the geometry is not supported, or ``config`` is not an :class:`FDConvConfig`.
         """
         if not isinstance(conv, nn.Conv2d):
             raise TypeError(f"conv must be an nn.Conv2d, got {type(conv).__name__}.")
-        clash = sorted(set(kwargs) & set(_CONV_ARGS))
-        if clash:
-            raise ValueError(f"from_conv2d takes {clash} from conv; pass only FDConv options in kwargs.")
         weight = conv.static_weight() if isinstance(conv, FDConv2d) else conv.weight
         module = cls(
             conv.in_channels,
@@ -357,7 +411,7 @@ class FDConv2d(nn.Conv2d):
             padding_mode=conv.padding_mode,
             device=weight.device,
             dtype=weight.dtype,
-            **kwargs,
+            config=config,
         )
         with torch.no_grad():
             module.dft_weight.copy_(module._weight_to_dft(weight))

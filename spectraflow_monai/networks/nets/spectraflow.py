@@ -51,7 +51,7 @@ class SpectraFlowNet(nn.Module):
         norm: MONAI norm spec of the decoder. Defaults to ``"batch"``.
         act: MONAI activation spec of the decoder. Defaults to ``"relu"``.
         encoder_kwargs: extra keyword arguments passed to ``timm.create_model`` (e.g. ``{"depth": 2}`` in tests).
-        fdconv_kwargs: extra keyword arguments for :class:`FDConv2d`.
+        fdconv_kwargs: the options of :class:`FDConv2d`, the fields of :class:`FDConvConfig` (e.g. ``kernel_num``).
 
     Example::
 

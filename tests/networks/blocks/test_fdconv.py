@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from parameterized import parameterized
 
 from spectraflow_monai.networks import FDConv2d as FDConv2dFromNetworks
-from spectraflow_monai.networks.blocks import FDConv2d
+from spectraflow_monai.networks.blocks import FDConv2d, FDConvConfig
 from spectraflow_monai.networks.blocks.frequency import FrequencyBandModulation
 from spectraflow_monai.networks.blocks.frequency import rfft2_frequency_order
 
@@ -169,7 +169,7 @@ class TestFDConv2dEquivalence(unittest.TestCase):
         source = FDConv2d(20, 24)  # default padding keeps the size
         self.assertEqual(source.padding, (1, 1))
         self.assertEqual(FDConv2d(20, 24, dilation=2).padding, (2, 2))
-        copy = FDConv2d.from_conv2d(source, kernel_num=2).eval()
+        copy = FDConv2d.from_conv2d(source, FDConvConfig(kernel_num=2)).eval()
         self.assertEqual(copy.kernel_num, 2)
         self.assertFalse(copy.training)
         x = torch.randn(1, 20, 6, 6)
@@ -193,7 +193,7 @@ class TestFourierDisjointWeight(unittest.TestCase):
         torch.manual_seed(2)
         cin, cout, k, kernel_num = 20, 24, 3, 4
         conv = nn.Conv2d(cin, cout, k, padding=1)
-        module = FDConv2d.from_conv2d(conv, kernel_num=kernel_num)
+        module = FDConv2d.from_conv2d(conv, FDConvConfig(kernel_num=kernel_num))
         names = dict(module.named_parameters())
         self.assertNotIn("weight", names)
         self.assertNotIn("weight", module.state_dict())
@@ -214,7 +214,7 @@ class TestFourierDisjointWeight(unittest.TestCase):
     @parameterized.expand([(24, 24, 3, 4), (32, 32, 3, 8), (36, 17, 1, 4), (32, 24, 3, 4)])
     def test_band_order_matches_official_sort(self, cout, cin, k, kernel_num):
         """Bands = official float32 radii sorted by torch.sort's default (not stable) order, ties included."""
-        module = FDConv2d(cin, cout, k, kernel_num=kernel_num)
+        module = FDConv2d(cin, cout, k, config=FDConvConfig(kernel_num=kernel_num))
         reference = _official_sorted_coords(cout * k, cin * k)
         self.assertTrue(torch.equal(rfft2_frequency_order(cout * k, cin * k), reference))
         self.assertTrue(torch.equal(module.band_index, torch.from_numpy(_np_band_ids(cout * k, cin * k, kernel_num))))
@@ -224,7 +224,7 @@ class TestFourierDisjointWeight(unittest.TestCase):
         torch.manual_seed(3)
         cin, cout, k = 20, 24, 3
         conv = nn.Conv2d(cin, cout, k, padding=1, bias=False)
-        module = FDConv2d.from_conv2d(conv, use_fbm=False, use_ksm_local=False)
+        module = FDConv2d.from_conv2d(conv, FDConvConfig(use_fbm=False, use_ksm_local=False))
         with torch.no_grad():
             module.ksm_global.kernel_fc.bias.copy_(torch.tensor([40.0, -40.0, -40.0, -40.0]))
         matrix = _np_kernel_to_matrix(conv.weight.detach().double().numpy())
@@ -257,7 +257,7 @@ class TestKernelSpatialModulation(unittest.TestCase):
         torch.manual_seed(5)
         cin, cout = 20, 24
         conv = nn.Conv2d(cin, cout, 3, padding=1)
-        module = FDConv2d.from_conv2d(conv, use_fbm=False, use_ksm_local=False, kernel_num=1)
+        module = FDConv2d.from_conv2d(conv, FDConvConfig(use_fbm=False, use_ksm_local=False, kernel_num=1))
         bc, bf, bs = torch.randn(cin), torch.randn(cout), torch.randn(9)
         with torch.no_grad():
             head = module.ksm_global
@@ -279,7 +279,7 @@ class TestKernelSpatialModulation(unittest.TestCase):
         torch.manual_seed(6)
         cin, cout, k = 20, 24, 3
         conv = nn.Conv2d(cin, cout, k, padding=1)
-        module = FDConv2d.from_conv2d(conv, use_fbm=False)
+        module = FDConv2d.from_conv2d(conv, FDConvConfig(use_fbm=False))
         local_conv = module.ksm_local.conv
         centre = local_conv.kernel_size[0] // 2
         taps = torch.randn(cout * k * k)
@@ -471,15 +471,9 @@ class TestFDConv2dArguments(unittest.TestCase):
             ({"groups": 2}, "groups"),
             ({"kernel_size": 5}, "kernel_size"),
             ({"kernel_size": (1, 3)}, "kernel_size"),
-            ({"kernel_num": 7}, r"kernel_num=7.*valid values.*\[1, 2, 3, 4, 6"),
-            ({"kernel_num": 0}, "kernel_num"),
+            ({"config": FDConvConfig(kernel_num=7)}, r"kernel_num=7.*valid values.*\[1, 2, 3, 4, 6"),
+            ({"config": {"kernel_num": 2}}, r"config must be an FDConvConfig or None, got dict"),
             ({"in_channels": 0}, "in_channels"),
-            ({"reduction": 0.0}, "reduction"),
-            ({"kernel_temperature": 0.0}, "kernel_temperature"),
-            ({"temperature": -1.0}, "temperature"),
-            ({"min_attention_channels": -1}, "min_attention_channels"),
-            ({"fbm_k_list": (4, 2)}, "fbm_k_list"),
-            ({"fbm_k_list": ()}, "fbm_k_list"),
         ]
     )
     def test_invalid_arguments(self, kwargs, message):
@@ -488,17 +482,70 @@ class TestFDConv2dArguments(unittest.TestCase):
             FDConv2d(**args)
 
     def test_kernel_num_not_checked_without_dynamic_part(self):
-        self.assertFalse(FDConv2d(8, 8, kernel_num=7).dynamic)
+        self.assertFalse(FDConv2d(8, 8, config=FDConvConfig(kernel_num=7)).dynamic)
 
     def test_invalid_inputs(self):
         with self.assertRaisesRegex(TypeError, "nn.Conv2d"):
             FDConv2d.from_conv2d(nn.Linear(3, 3))
-        with self.assertRaisesRegex(ValueError, "in_channels"):
+        with self.assertRaises(TypeError):  # the geometry comes from conv
             FDConv2d.from_conv2d(nn.Conv2d(20, 24, 3), in_channels=3)
+        with self.assertRaisesRegex(ValueError, "config must be an FDConvConfig"):
+            FDConv2d.from_conv2d(nn.Conv2d(20, 24, 3), {"kernel_num": 2})
         with self.assertRaisesRegex(ValueError, "groups"):
             FDConv2d.from_conv2d(nn.Conv2d(20, 24, 3, groups=4))
         with self.assertRaisesRegex(ValueError, "FDConv2d expects input"):
             FDConv2d(20, 24)(torch.randn(1, 3, 8, 8))
+
+
+
+class TestFDConvConfig(unittest.TestCase):
+    def test_defaults_are_the_official_ones(self):
+        config = FDConvConfig()
+        self.assertEqual((config.kernel_num, config.reduction, config.min_attention_channels), (4, 0.0625, 16))
+        self.assertEqual((config.kernel_temperature, config.temperature), (1.0, None))
+        self.assertEqual((config.use_ksm_local, config.use_fbm, config.fbm_k_list), (True, True, (2.0, 4.0, 8.0)))
+        self.assertEqual(FDConv2d(20, 24).config, config)
+
+    @parameterized.expand(
+        [
+            ({"kernel_num": 0}, r"kernel_num must be a positive int, got 0\."),
+            ({"kernel_num": 2.0}, r"kernel_num must be a positive int, got 2.0\."),
+            ({"kernel_num": True}, r"kernel_num must be a positive int, got True\."),
+            ({"reduction": 0.0}, r"reduction must be a finite number > 0, got 0.0\."),
+            ({"reduction": float("nan")}, r"reduction must be a finite number > 0, got nan\."),
+            ({"min_attention_channels": -1}, r"min_attention_channels must be a non-negative int, got -1\."),
+            ({"kernel_temperature": 0.0}, r"kernel_temperature must be a finite number > 0, got 0.0\."),
+            ({"temperature": -1.0}, r"temperature must be None or a finite number > 0, got -1.0\."),
+            ({"use_ksm_local": 1}, r"use_ksm_local must be True or False, got 1\."),
+            ({"use_fbm": "no"}, r"use_fbm must be True or False, got 'no'\."),
+            ({"fbm_k_list": (4, 2)}, r"fbm_k_list must be a non-empty, strictly increasing .*got \(4, 2\)\."),
+            ({"fbm_k_list": ()}, r"fbm_k_list must be a non-empty, strictly increasing .*got \(\)\."),
+            ({"fbm_k_list": ("a",)}, r"fbm_k_list must be a sequence of positive numbers, got \('a',\)\."),
+        ]
+    )
+    def test_bad_values_are_named(self, kwargs, message):
+        with self.assertRaisesRegex(ValueError, rf"^FDConvConfig: {message}$"):
+            FDConvConfig(**kwargs)
+
+    def test_frozen_hashable_and_numpy_values(self):
+        config = FDConvConfig(kernel_num=np.int64(2), fbm_k_list=[2, 4])
+        self.assertEqual(config.fbm_k_list, (2.0, 4.0))
+        self.assertEqual(hash(config), hash(FDConvConfig(kernel_num=2, fbm_k_list=(2.0, 4.0))))
+        with self.assertRaises(AttributeError):  # dataclasses.FrozenInstanceError
+            config.kernel_num = 8
+        self.assertEqual(FDConv2d(20, 24, config=config).kernel_num, 2)
+
+    def test_options_reach_the_layer_and_keep_the_state_dict_keys(self):
+        """The state dict keys of a default layer are the ones trained models hold; options only drop branches."""
+        keys = set(FDConv2d(20, 24).state_dict())
+        self.assertIn("dft_weight", keys)
+        self.assertTrue(any(k.startswith("fbm.") for k in keys) and any(k.startswith("ksm_local.") for k in keys))
+        config = FDConvConfig(use_fbm=False, use_ksm_local=False, temperature=2.0, kernel_temperature=0.5)
+        module = FDConv2d(20, 24, config=config)
+        self.assertIsNone(module.fbm)
+        self.assertIsNone(module.ksm_local)
+        self.assertEqual(module.ksm_global.kernel_temperature, 0.5)
+        self.assertEqual(set(module.state_dict()), {k for k in keys if not k.startswith(("fbm.", "ksm_local."))})
 
 
 if __name__ == "__main__":
