@@ -173,7 +173,7 @@ def part_agreement(args, bf16) -> None:
 
 # ---------------------------------------------------------------------------------------------------- (c) Stage-1
 def part_stage1(args, bf16) -> None:
-    from spectraflow_monai.engines import MeanFlowPretrainer
+    from spectraflow_monai.engines import DispersiveConfig, MeanFlowConfig, MeanFlowPretrainer
     from spectraflow_monai.losses import DispersiveLoss, MeanFlowLoss
     from spectraflow_monai.networks import DINOv2Encoder, MeanFlowHead
     from spectraflow_monai.utils import amp_kwargs
@@ -207,9 +207,11 @@ def part_stage1(args, bf16) -> None:
         opt = torch.optim.AdamW(enc.trainable_parameters() + list(head.parameters()), lr=1e-5, weight_decay=0.05)
         trainer = MeanFlowPretrainer(
             device=device, max_epochs=1, train_data_loader=[None], encoder=enc, head=head, optimizer=opt,
-            meanflow_loss=MeanFlowLoss(ratio_unequal=0.25),
-            dispersive_loss=DispersiveLoss(variant="infonce_l2", tau=0.5, normalize="dim"), dispersive_weight=0.4,
-            ema_decay=None, amp=precision.autocast, amp_kwargs=amp_kwargs(precision),
+            meanflow=MeanFlowConfig(loss=MeanFlowLoss(ratio_unequal=0.25)),
+            dispersive=DispersiveConfig(
+                weight=0.4, loss=DispersiveLoss(variant="infonce_l2", tau=0.5, normalize="dim")
+            ),
+            ema=None, amp=precision.autocast, amp_kwargs=amp_kwargs(precision),
         )  # fmt: skip
 
         def step(data):

@@ -90,7 +90,7 @@ class Stage1Step:
     (``num_domains=2``; the bundle's default ``head_condition_on_domain: false`` has no domain embedding)."""
 
     def __init__(self, size: int, device: torch.device, lr: float, ema: bool, precision=None) -> None:
-        from spectraflow_monai.engines import MeanFlowPretrainer
+        from spectraflow_monai.engines import DispersiveConfig, EMAConfig, MeanFlowConfig, MeanFlowPretrainer
         from spectraflow_monai.losses import DispersiveLoss, MeanFlowLoss
         from spectraflow_monai.networks import MeanFlowHead
 
@@ -108,10 +108,11 @@ class Stage1Step:
             encoder=encoder,
             head=head,
             optimizer=optimizer,
-            meanflow_loss=MeanFlowLoss(ratio_unequal=0.25),
-            dispersive_loss=DispersiveLoss(variant="infonce_l2", tau=0.5, normalize="dim"),
-            dispersive_weight=0.4,
-            ema_decay=0.999 if ema else None,
+            meanflow=MeanFlowConfig(loss=MeanFlowLoss(ratio_unequal=0.25)),
+            dispersive=DispersiveConfig(
+                weight=0.4, loss=DispersiveLoss(variant="infonce_l2", tau=0.5, normalize="dim")
+            ),
+            ema=EMAConfig(decay=0.999) if ema else None,
             # as the bundle's Stage-1 trainer: autocast of the precision setting (a grad scaler for float16)
             amp=bool(precision is not None and precision.autocast),
             amp_kwargs=precision.amp_kwargs if precision is not None else None,
