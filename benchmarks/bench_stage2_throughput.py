@@ -86,8 +86,6 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     }
     if "encoder_init" in parser:  # the encoder weights do not change the throughput: no file or download needed
         overrides.update({"encoder_init": "random", "pretrained_weights": None})
-    if model in BASELINE_CONFIGS and "encoder_initialization" in parser:  # no DINOv2 encoder to initialise
-        overrides["encoder_initialization"] = None
     for name in ("batch_size", "num_workers", "cache_rate", "image_size"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
