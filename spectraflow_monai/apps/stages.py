@@ -576,6 +576,9 @@ class Stage1Program:
         dispersive_loss: Any = None,
     ) -> None:
         _check_settings_objects(settings, Stage1Settings, model, data, run)
+        if not model.has_encoder:
+            raise SettingError(f"architecture {model.architecture!r} has no encoder: Stage-1 pretrains SpectraFlow's "
+                               "DINOv2 encoder (train_stage1.yaml with architecture spectraflow).")  # fmt: skip
         self.settings, self.model, self.data, self.run_settings = settings, model, data, run
         self.datalist, self.preprocessing, self.epochs = datalist, preprocessing, run.stage1_epochs
         self.device = torch.device(run.device)
