@@ -28,13 +28,15 @@ from monai.bundle.scripts import verify_metadata, verify_net_in_out
 from monai.utils import set_determinism
 
 from spectraflow_monai.apps.synapse import (
-    build_synapse_datalist,
+    extract_slices,
     generate_synthetic_ct,
+    synapse_datalist,
     synthetic_ct_volume,
 )
 from spectraflow_monai.data import DatasetError
 from spectraflow_monai.apps.synapse import PAPER_ORGAN_ORDER, SYNAPSE_ORGANS
 from spectraflow_monai.metrics import organ_metrics
+from tests.apps.synapse.sources import source_datalist, synapse_source
 from tests.bundles.helpers import (
     REPO,
     SCHEMA,
@@ -135,29 +137,27 @@ def test_datalists_of_both_layouts(trained, transunet_root, tmp_path):
     assert sorted({d["case"] for d in val}) == VAL_CASES and len(val) == len(VAL_CASES) * SHAPE[2]
     assert all(d["image"] == d["label"] and d["image"].startswith(str(cache)) for d in train)
     assert train[1]["image"] == str(cache / "case0005" / "case0005_slice001.npz") and train[1]["slice"] == 1
-    volumes = build_synapse_datalist("synthetic", root / "data", "test")
+    volumes = source_datalist("synthetic", str(root / "data"), "test")
     assert [(d["case"], Path(d["image"]).name, Path(d["label"]).name) for d in volumes] == [
         ("0001", "img0001.nii.gz", "label0001.nii.gz"),
         ("0002", "img0002.nii.gz", "label0002.nii.gz"),
     ]
     # TransUNet layout: train_npz slices listed as they are; test volumes (h5) cached as slices for validation
-    tu_train = build_synapse_datalist("transunet", transunet_root, "train", cases=TRAIN_CASES, slices=True)
+    tu_train = source_datalist("transunet", str(transunet_root), "train", cases=TRAIN_CASES, slices=True)
     assert len(tu_train) == len(TRAIN_CASES) * SHAPE[2]
     assert tu_train[0]["image"] == str(transunet_root / "train_npz" / "case0005_slice000.npz")
-    tu_test = build_synapse_datalist("transunet", transunet_root, "test", cases=TEST_CASES)
+    tu_test = source_datalist("transunet", str(transunet_root), "test", cases=TEST_CASES)
     assert [Path(d["image"]).name for d in tu_test] == ["case0001.npy.h5", "case0002.npy.h5"]
-    tu_slices = build_synapse_datalist(
-        "transunet", transunet_root, "test", cases=TEST_CASES, slices=True, cache_dir=tmp_path, progress=False
-    )
+    tu_slices = extract_slices(tu_test, tmp_path, progress=False)  # the slice cache at the native size
     assert len(tu_slices) == len(TEST_CASES) * SHAPE[2]
     with np.load(tu_slices[SHAPE[2] + 3]["image"]) as npz:  # case 0002, slice 3, native size
         image, label = synthetic_ct_volume(2, shape=SHAPE)
         np.testing.assert_allclose(npz["image"], np.clip((image[..., 3] + 125.0) / 400.0, 0, 1), atol=1e-6)
         np.testing.assert_array_equal(npz["label"], LUT[label[..., 3]])
     with pytest.raises(ValueError, match="train_npz"):
-        build_synapse_datalist("transunet", transunet_root, "train", cases=TRAIN_CASES)
+        source_datalist("transunet", str(transunet_root), "train", cases=TRAIN_CASES)
     with pytest.raises(ValueError, match="dataset must be one of"):
-        build_synapse_datalist("kvasir", root)
+        synapse_source("kvasir", str(root))
 
 
 @pytest.mark.parametrize("dataset", ["synthetic", "btcv", "transunet"])
@@ -176,7 +176,7 @@ def test_default_validation_cases_are_held_out_training_cases(dataset):
 def test_label_mapping_and_window_of_cached_slices(trained, tmp_path):
     root = trained["root"] / "data"
     # native size: the cached slices are exactly the windowed image and the mapped label (phantom affine is RAS+)
-    slices = build_synapse_datalist("synthetic", root, "train", cases=[6], slices=True, cache_dir=tmp_path)
+    slices = extract_slices(synapse_datalist(root, "train", layout="raw", cases=[6]), tmp_path, progress=False)
     image, label = synthetic_ct_volume(6, shape=SHAPE)
     assert set(np.unique(label)) >= {5, 9}  # distractors (esophagus, IVC) are there and must become background
     for k in (0, 7):
@@ -241,6 +241,28 @@ def test_stage2_logs(trained):
     stage1 = EventAccumulator(str(trained["root"] / "logs" / "stage1"))
     stage1.Reload()
     assert {"loss", "meanflow_error", "loss_meanflow_weighted", "loss_dispersive"} <= set(stage1.Tags()["scalars"])
+
+
+def test_the_run_records_the_data_options_once_and_refuses_an_earlier_record(trained, tmp_path):
+    """The run record holds the Synapse data options once (unmapped_labels, the case lists, the phantom's size) and
+    the CT preprocessing only in the model part; a restart over a record written when data_options also held the
+    CT preprocessing stops before training, naming those keys and the ways forward."""
+    record = json.loads((trained["root"] / "models" / "stage2" / "run_record.json").read_text())
+    options = record["settings"]["data"]["data_options"]
+    assert options == {"unmapped_labels": "error", "train_cases": None, "val_cases": [int(c) for c in VAL_CASES],
+                       "test_cases": None, "val_split": "val", "synthetic_size": SYNTHETIC}  # fmt: skip
+    assert record["model"]["hu_window"] == [-125.0, 275.0] and record["model"]["nonfinite"] == "error"
+    root = tmp_path / "bundle"
+    shutil.copytree(trained["root"], root, ignore=shutil.ignore_patterns("data"))
+    path = root / "models" / "stage2" / "run_record.json"
+    record.pop("finished", None)  # killed before its end: a restart continues it
+    options.update({"hu_window": [-125.0, 275.0], "nonfinite": "error", "nonfinite_value": None, "label_map": None})
+    path.write_text(json.dumps(record, indent=2))
+    with pytest.raises(Exception) as info:
+        _run(TRAIN, **{**trained["common"], "bundle_root": str(root)}, max_epochs=2, batch_size=6, val_batch_size=12)
+    text = _error_text(info.value)
+    assert "settings.data.data_options.hu_window: recorded [-125.0, 275.0], now '<not set>'" in text, text
+    assert "--resume false" in text, text
 
 
 # ---------------------------------------------------------------- 3. evaluation on whole volumes
@@ -442,10 +464,10 @@ def test_bad_raw_input_is_named(tmp_path, problem, match):
     cases = [5, 6, 9] if problem == "missing" else [5, 6]
     # the datalist of either split (volumes for evaluation, slices for training) stops with a message
     with pytest.raises(ValueError, match=match):
-        build_synapse_datalist("btcv", data, "train", cases=cases, slices=True, cache_dir=tmp_path / "c")
+        source_datalist("btcv", str(data), "train", cases=cases, slices=True, cache_dir=str(tmp_path / "c"))
     if problem in ("shape", "affine", "missing", "2d"):
         with pytest.raises(DatasetError, match=match):
-            build_synapse_datalist("btcv", data, "test", cases=cases)
+            source_datalist("btcv", str(data), "test", cases=cases)
     # and so does the bundle, before any training
     with pytest.raises(Exception) as info:
         _run(TRAIN, bundle_root=str(tmp_path / "b"), dataset="btcv", dataset_dir=str(data), train_cases=cases,

@@ -24,8 +24,9 @@ Two on-disk layouts are understood by :func:`~spectraflow_monai.apps.synapse.lay
 
 :func:`extract_slices` turns raw volumes (and TransUNet's test volumes) into a cache of TransUNet-like ``.npz``
 slices (read once, reused on later calls), loaded by :class:`spectraflow_monai.apps.synapse.LoadSynapseSliced`.
-:func:`build_synapse_datalist` is the entry point of the ``spectraflow_synapse_segmentation`` bundle (data set
-presets, the synthetic phantom generated on first use, volume checks, the slice cache).
+:class:`SynapseDataSource` is the data source of the ``spectraflow_synapse_segmentation`` bundle, built from the
+run's settings objects (:class:`SynapseDataOptions` in its data settings; the CT preprocessing in its model
+settings): data set presets, the synthetic phantom generated on first use, volume checks, the slice cache.
 
 One's own volumes may be NIfTI or NRRD files or folders holding one DICOM series each; labels NIfTI or NRRD files
 on their image's grid, 3D Slicer segmentations (``.seg.nrrd``) matched to ``class_names`` by segment name
@@ -36,16 +37,18 @@ the input's grid and, with ``output_format: dicom_seg``, a DICOM SEG of each DIC
 Modules, bottom to top (each imports only those below it): ``constants`` (protocol constants), ``readers`` (NIfTI /
 NRRD / DICOM / h5 readers, label mapping and checks), ``layouts`` (datalists of the two layouts), ``cache`` (the slice cache),
 ``transforms`` (CT window, label mapping, slice / h5 loading), ``phantom`` (the synthetic CT stand-in),
-``datalist`` (a Decathlon datalist JSON of one's own volumes), ``bundle`` (the bundle's entry points).
+``datalist`` (a Decathlon datalist JSON of one's own volumes), ``bundle`` (the bundle's entry points), ``source`` (the
+run's data source).
 """
 
 from spectraflow_monai._lazy import lazy_exports
 
 #: module -> the names it exports (imported when a name is first used: the command line stays light)
 _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
-    ".source": ("SynapseDataSource", "check_test_volumes"),
+    ".source": ("SynapseDataSource", "VolumeSlices", "check_test_volumes"),
     ".settings": (
-        "LAYOUTS", "OUTPUT_FORMATS", "all_class_names", "label_values", "SynapseDataOptions", "SynapseDataSettings", "check_own_data_settings", "prediction_values", "resolve_label_map", "synapse_class_names",
+        "LAYOUTS", "OUTPUT_FORMATS", "VAL_SPLITS", "all_class_names", "label_values", "SynapseDataOptions",
+        "prediction_values", "resolve_label_map", "synapse_class_names",
         "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
         "slice_nonfinite_value", "volume_spacing",
     ),
@@ -75,7 +78,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "decathlon_synapse_datalist", "synapse_inference_datalist", "volume_input_check",
     ),
     ".bundle": (
-        "VolumeSlices", "build_synapse_datalist", "synapse_split", "check_bundle_settings", "check_synapse_settings", "prediction_writer", "series_seg_writer", "volume_label_reader", "volume_output_name", "volume_loading",
+        "synapse_split", "check_inference_settings", "prediction_writer", "series_seg_writer", "volume_label_reader",
+        "volume_output_name", "volume_loading",
         "volume_metrics_handler", "volume_postprocessing",
     ),
 }

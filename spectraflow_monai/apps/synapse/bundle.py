@@ -1,18 +1,18 @@
-"""The Synapse bundle's data entry points: settings checked before any work, and one datalist call for every source.
+"""The Synapse bundle's entry points: one datalist call for every source, the serving settings no settings object
+holds, and the evaluation and inference components.
 
 SpectraFlow (Chen et al.) reports its 3D experiment on Synapse multi-organ CT with TransUNet's protocol
-(:mod:`spectraflow_monai.apps.synapse`: split, label map, readers, slice cache). :func:`build_synapse_datalist` is
-what the ``spectraflow_synapse_segmentation`` bundle calls: the BTCV / TransUNet layouts and the synthetic phantom
-as presets, or a user's Decathlon datalist JSON (:mod:`spectraflow_monai.apps.synapse.datalist`), all giving the same
-datalist contract. :func:`check_synapse_settings` runs first in the bundle's ``run``.
+(:mod:`spectraflow_monai.apps.synapse`: split, label map, readers, slice cache). :func:`synapse_split` is what the
+bundle's data source (:class:`~spectraflow_monai.apps.synapse.SynapseDataSource`) calls: the BTCV / TransUNet
+layouts and the synthetic phantom as presets, or a user's Decathlon datalist JSON
+(:mod:`spectraflow_monai.apps.synapse.datalist`), all giving the same datalist contract.
 
-Layering (no import circle): protocol, readers and cache (``synapse``) <- own-data datalists (``synapse_datalist``)
-<- these entry points.
+Layering (no import circle): protocol, readers and cache <- own-data datalists (``datalist``) <- these entry points
+<- the data source (``source``).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -30,7 +30,6 @@ from spectraflow_monai.apps.synapse.constants import (
     ORGAN_DISPLAY_NAMES,
     PAPER_ORGAN_ORDER,
     RAW_IMAGE,
-    SYNAPSE_BUNDLE_DATASETS,
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
     format_case_id,
@@ -42,30 +41,20 @@ from spectraflow_monai.apps.synapse.readers import check_volume_pair
 from spectraflow_monai.apps.synapse.settings import (
     LAYOUTS,
     OUTPUT_FORMATS,
-    SynapseDataSettings,
     all_class_names,
-    check_own_data_settings,
     label_values,
     resolve_label_map,
     volume_spacing,
 )
 from spectraflow_monai.apps.synapse.transforms import SaveDicomSegd
-from spectraflow_monai.data.label_map import identity_label_map
 from spectraflow_monai.data.validation import DatasetError
-from spectraflow_monai.data.volumes import volume_name
 from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
-from spectraflow_monai.transforms.finite import NONFINITE_MODES, check_nonfinite_args
 from spectraflow_monai.transforms.label import SaveLabelValuesd
-from spectraflow_monai.utils.bundles import bundle_values
 from spectraflow_monai.utils.errors import SettingError
-from spectraflow_monai.utils.settings import check_image_size
 
 __all__ = [
-    "VolumeSlices",
-    "build_synapse_datalist",
     "synapse_split",
-    "check_bundle_settings",
-    "check_synapse_settings",
+    "check_inference_settings",
     "prediction_writer",
     "series_seg_writer",
     "volume_label_reader",
@@ -80,73 +69,24 @@ logger = logging.getLogger(__name__)
 _RAW_IMAGE_NAME = re.compile(r"^img(\d+)\.nii(\.gz)?$")
 
 
-def check_synapse_settings(
-    image_size: Any = None,
-    dataset: Any = None,
-    num_classes: Any = None,
-    hu_window: Any = None,
-    nonfinite: Any = None,
-    nonfinite_value: Any = None,
-    sw_batch_size: Any = None,
-    output_format: Any = None,
-    **data_source: Any,
-) -> dict[str, Any]:
-    """Check the settings of the ``spectraflow_synapse_segmentation`` bundle before any work starts.
-
-    The bundle's configs call it first in their ``run`` (:func:`check_bundle_settings` reads the arguments from the
-    config by name), so that a wrong value stops the run before the phantom, the slice cache or the network is
-    built. Settings left at None are not checked.
+def check_inference_settings(sw_batch_size: Any = None, output_format: Any = None) -> dict[str, Any]:
+    """Check the serving settings of ``configs/evaluate.yaml`` and ``configs/inference.yaml`` that no settings object
+    holds, before any work starts (the data and model settings are checked where their objects are built:
+    :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`,
+    :class:`~spectraflow_monai.utils.settings.ModelSettings`,
+    :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`). Settings left at None are not checked.
 
     Args:
-        image_size: the network's input side: a positive int multiple of 14 (the DINOv2 patch size), e.g. 224.
-            Defaults to None (evaluation and inference: the record's).
-        dataset: one of :data:`SYNAPSE_BUNDLE_DATASETS`. Defaults to None.
-        num_classes: number of classes including background, an int >= 2 (9 for Synapse). Defaults to None.
-        hu_window: the HU window ``[a_min, a_max]``, two finite numbers with ``a_min < a_max``. Defaults to None.
-        nonfinite: ``"error"`` or ``"replace"`` (NaN / infinite voxels). Defaults to None.
-        nonfinite_value: the replacement value of ``nonfinite: replace``, a finite number. Defaults to None.
-        sw_batch_size: the slices per network call of evaluation and inference, a positive int. Defaults to None.
+        sw_batch_size: the slices per network call, a positive int. Defaults to None.
         output_format: what inference writes: one of :data:`OUTPUT_FORMATS`. Defaults to None.
-        data_source: the own-data settings ``data_list_file_path``, ``dataset_dir``, ``label_map``,
-            ``class_names``, ``unmapped_labels``, ``val_fraction``, ``data_fraction``, checked by
-            :func:`spectraflow_monai.apps.synapse.datalist.check_own_data_settings` (a JSON path that is no file, a
-            ``dataset_dir`` that is a file, a label map or class names that do not fit ``num_classes``, ...).
 
     Returns:
-        the checked settings, normalised (``image_size`` as an ``int``, ``hu_window`` as two floats, ...).
+        the checked settings given.
 
     Raises:
         SettingError: (a ``ValueError``) naming the setting and its value.
     """
     out: dict[str, Any] = {}
-    if image_size is not None:  # None: the model record's (evaluation, inference)
-        out["image_size"] = check_image_size(image_size, "image_size")
-    if dataset is not None:
-        if not isinstance(dataset, str) or dataset.lower() not in SYNAPSE_BUNDLE_DATASETS:
-            raise SettingError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
-        out["dataset"] = dataset.lower()
-    if num_classes is not None:
-        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
-            raise SettingError(f"num_classes must be an int >= 2 (9 for Synapse), got {num_classes!r}.")
-        out["num_classes"] = int(num_classes)
-    if hu_window is not None:
-        ok = isinstance(hu_window, Sequence) and not isinstance(hu_window, str) and len(hu_window) == 2
-        ok = ok and all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in hu_window)
-        if not ok or not all(np.isfinite(float(v)) for v in hu_window) or not hu_window[0] < hu_window[1]:
-            raise SettingError(
-                f"hu_window must be [a_min, a_max], finite numbers with a_min < a_max, got {hu_window!r}."
-            )
-        out["hu_window"] = [float(hu_window[0]), float(hu_window[1])]
-    if nonfinite is not None or nonfinite_value is not None:
-        mode = "error" if nonfinite is None else nonfinite
-        if not isinstance(mode, str) or mode not in NONFINITE_MODES:
-            raise SettingError(f"nonfinite must be one of {list(NONFINITE_MODES)}, got {nonfinite!r}.")
-        out["nonfinite"] = mode
-        if nonfinite_value is not None:
-            try:
-                out["nonfinite_value"] = check_nonfinite_args(mode, nonfinite_value, "nonfinite", "nonfinite_value")
-            except ValueError as e:
-                raise SettingError(str(e)) from e
     if sw_batch_size is not None:
         if isinstance(sw_batch_size, bool) or not isinstance(sw_batch_size, (int, np.integer)) or sw_batch_size < 1:
             raise SettingError(
@@ -155,9 +95,6 @@ def check_synapse_settings(
         out["sw_batch_size"] = int(sw_batch_size)
     if output_format is not None:
         out["output_format"] = _check_output_format(output_format)
-    if data_source:
-
-        out.update(check_own_data_settings(num_classes=num_classes, **data_source))
     return out
 
 
@@ -165,15 +102,6 @@ def _check_output_format(output_format: Any) -> str:
     if output_format not in OUTPUT_FORMATS:
         raise SettingError(f"output_format must be one of {list(OUTPUT_FORMATS)}, got {output_format!r}.")
     return output_format
-
-
-def check_bundle_settings() -> dict[str, Any]:
-    """:func:`check_synapse_settings` of the bundle config that MONAI is resolving, each argument the top-level value
-    of the same name (:func:`~spectraflow_monai.utils.bundles.bundle_values`): the bundle's ``check_settings``."""
-    names = [*inspect.signature(check_synapse_settings).parameters]
-    names += inspect.signature(check_own_data_settings).parameters
-    names = [name for name in names if name != "data_source"]
-    return check_synapse_settings(**bundle_values(names, "check_synapse_settings"))
 
 
 def _cases_on_disk(root: Path, split: str) -> list[str]:
@@ -216,91 +144,41 @@ def _generate_or_check_phantom(root: Path, generate: Mapping[str, Any]) -> None:
         )
 
 
-def build_synapse_datalist(
-    dataset: str,
-    root: str | os.PathLike,
+def synapse_split(
+    source: Any,
     split: str = "train",
     cases: Sequence[int | str] | None = None,
-    slices: bool = False,
-    cache_dir: str | os.PathLike | None = None,
-    spatial_size: Sequence[int] | None = None,
-    window: Sequence[float] = (-125.0, 275.0),
-    generate: Mapping[str, Any] | None = None,
-    progress: bool = True,
     exclude_cases: Sequence[int | str] | None = None,
-    nonfinite: str = "error",
-    nonfinite_value: float | None = None,
-    data_list_file_path: str | os.PathLike | None = None,
-    label_map: Mapping[int, int] | None = None,
-    num_classes: int | None = None,
-    unmapped_labels: str = "error",
-    val_fraction: float = 0.2,
-    fraction: float = 1.0,
-    seed: int = 0,
-    class_names: Sequence[str] | None = None,
+    slices: bool = False,
 ) -> list[dict[str, Any]]:
-    """One entry point for the ``spectraflow_synapse_segmentation`` bundle (SpectraFlow's Synapse experiment).
+    """One split of the run whose data source is ``source`` (a
+    :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`: the run's settings under the bundle's names).
 
     Data sets:
 
     - ``"btcv"``: the raw BTCV release (``RawData/Training/{img,label}``), the TransUNet 18 / 12 case split unless
-      ``cases`` is given, BTCV labels mapped 13 -> 8 (:data:`BTCV_TO_SYNAPSE`).
+      ``cases`` is given, BTCV labels mapped 13 -> 8 (:data:`BTCV_TO_SYNAPSE`) unless the model has a ``label_map``.
     - ``"transunet"``: TransUNet's preprocessed files (``train_npz/`` slices, ``test_vol_h5/`` volumes; h5py).
     - ``"synthetic"``: the phantom of :mod:`spectraflow_monai.apps.synapse.phantom` in the raw layout, written into
-      ``root`` on first use when ``generate`` is a mapping (the arguments of
-      :func:`~spectraflow_monai.apps.synapse.phantom.generate_synthetic_ct`; ``layout`` is always ``"raw"``); without
-      ``cases``, every case found on disk is used, split by TransUNet's lists.
-    - your own volumes: when ``data_list_file_path`` names a Decathlon-style datalist JSON, it is the source and
-      ``dataset`` is not used (logged): see :func:`spectraflow_monai.apps.synapse.datalist.decathlon_synapse_datalist`
-      (``root`` is the base of its relative paths, ``label_map`` defaults to the identity over ``num_classes``).
+      ``dataset_dir`` on first use with ``synthetic_size``; without ``cases``, every case found on disk is used,
+      split by TransUNet's lists.
+    - one's own volumes: a ``data_list_file_path`` is the source and ``dataset`` is not used (logged): see
+      :func:`spectraflow_monai.apps.synapse.datalist.decathlon_synapse_datalist`.
 
     Every source gives the same contract: volumes ``{"image", "label", "case"}`` or cached slices
     ``{"image", "label", "case", "slice"}``.
 
     Args:
-        dataset: ``"synthetic"``, ``"btcv"`` or ``"transunet"``.
-        root: the data set folder (with ``data_list_file_path``: the base of the JSON's relative paths; None or
-            ``""``: the JSON's folder).
-        split: ``"train"``, ``"val"`` (presets: the training list, normally restricted to ``cases``, the held-out
-            validation cases) or ``"test"``. Defaults to ``"train"``.
+        source: the run's data source.
+        split: ``"train"``, ``"val"`` (presets: training cases, normally the held-out ``val_cases``) or
+            ``"test"``. Defaults to ``"train"``.
         cases: case ids instead of the split's default ones. Defaults to None.
-        slices: False: one entry per volume (``{"image", "label", "case"}``; raw NIfTI pairs are checked from their
-            headers: 3D, same shape and affine); True: one entry per axial slice ``.npz``
-            (``{"image", "label", "case", "slice"}``, load with
-            :class:`spectraflow_monai.apps.synapse.LoadSynapseSliced`): raw volumes and TransUNet test volumes are
-            read once into the slice cache ``cache_dir`` with :func:`extract_slices` (reused by later calls),
-            TransUNet's ``train_npz`` slices are listed as they are. Defaults to False.
-        cache_dir: the slice cache folder; required when a volume has to be sliced. Defaults to None.
-        spatial_size: ``(H, W)`` the cached slices are resized to (e.g. the network's 224 x 224); None keeps the
-            native size. Defaults to None.
-        window: HU window of the cached raw slices (TransUNet's files are already windowed). Defaults to
-            ``(-125, 275)``.
-        generate: synthetic data set only: the arguments of ``generate_synthetic_ct`` used when ``root`` holds no
-            phantom yet; None never generates. Defaults to None.
-        progress: show a progress bar while slices are extracted. Defaults to True.
         exclude_cases: case ids left out of the split (after ``cases`` or the split's default cases are chosen),
             e.g. the training cases held out for validation. Defaults to None.
-        nonfinite: ``"error"`` or ``"replace"``: NaN / infinite voxels of the volumes sliced into the cache (see
-            :func:`extract_slices`). Defaults to ``"error"``.
-        nonfinite_value: the replacement for ``nonfinite="replace"``; None: black after windowing (see
-            :func:`extract_slices`). Defaults to None.
-        data_list_file_path: a Decathlon-style datalist JSON of NIfTI volumes; takes precedence over ``dataset``.
-            Defaults to None.
-        label_map: ``{source label value: class}`` for NIfTI labels; None: the BTCV -> 8 organ map for
-            ``btcv`` / ``synthetic``, the identity over ``num_classes`` for a datalist JSON. Not allowed with
-            ``transunet`` (its files are mapped already). Defaults to None.
-        num_classes: number of classes including background; needed with ``label_map`` or a datalist JSON.
-            Defaults to None (9).
-        unmapped_labels: label values ``label_map`` does not list: ``"error"`` or ``"background"``. Defaults to
-            ``"error"``.
-        val_fraction: datalist JSON without a ``validation`` list: the share of ``training`` held out for
-            validation (seeded with ``seed``). Defaults to 0.2.
-        fraction: ``"train"`` split only: the share of the training cases kept (seeded with ``seed``, nested:
-            low-data runs). Defaults to 1.0.
-        seed: seed of the validation hold-out and of ``fraction``. Defaults to 0.
-        class_names: the classes (background first) that the segments of 3D Slicer segmentation labels
-            (``.seg.nrrd``) are matched with by name; None: :func:`~spectraflow_monai.apps.synapse.synapse_class_names`.
-            Defaults to None.
+        slices: False: one entry per volume (raw NIfTI pairs checked from their headers: 3D, same shape and
+            affine); True: one entry per axial slice ``.npz`` of the slice cache (raw volumes and TransUNet test
+            volumes read once into ``cache_dir``, windowed, labels mapped, resized to ``image_size``; TransUNet's
+            ``train_npz`` slices listed as they are). Defaults to False.
 
     In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
     slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
@@ -310,66 +188,28 @@ def build_synapse_datalist(
         ValueError: bad arguments; TransUNet's training split asked for as volumes; labels outside the expected set
             (the message names the case).
         DatasetError: a missing root or case (the message names the case and the expected path), a 2D file where a
-            volume is expected, or a label volume whose shape or affine differs from its image.
-    """
-    if spatial_size is not None and (len(spatial_size) != 2 or spatial_size[0] != spatial_size[1]):
-        raise ValueError(f"spatial_size must be a square (H, H) of the cached slices, got {spatial_size!r}.")
-    settings = SynapseDataSettings(
-        dataset=dataset,
-        dataset_dir=root,
-        cache_dir=cache_dir,
-        image_size=None if spatial_size is None else int(spatial_size[0]),
-        hu_window=window,
-        data_list_file_path=data_list_file_path,
-        label_map=label_map,
-        num_classes=9 if num_classes is None else num_classes,
-        unmapped_labels=unmapped_labels,
-        val_fraction=val_fraction,
-        data_fraction=fraction,
-        data_seed=seed,
-        synthetic_size=generate,
-        nonfinite=nonfinite,
-        nonfinite_value=nonfinite_value,
-        progress=progress,
-        class_names=class_names,
-    )
-    return synapse_split(settings, split, cases=cases, exclude_cases=exclude_cases, slices=slices)
-
-
-def synapse_split(
-    settings: SynapseDataSettings,
-    split: str = "train",
-    cases: Sequence[int | str] | None = None,
-    exclude_cases: Sequence[int | str] | None = None,
-    slices: bool = False,
-) -> list[dict[str, Any]]:
-    """One split of the run whose data ``settings`` describe (:class:`SynapseDataSettings`, handed whole): the data
-    sets, contract, checks and errors of :func:`build_synapse_datalist`.
-
-    In a ``torch.distributed`` run (process group initialised), rank 0 builds first (writing the phantom and the
-    slice cache) while the other ranks wait at a barrier, then they build from the files rank 0 wrote; every rank
-    must call this function the same number of times (a bundle config resolves each datalist once per process).
+            volume is expected, a label volume whose shape or affine differs from its image, a phantom of other
+            parameters in ``dataset_dir``.
     """
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return _synapse_split(settings, split, cases, exclude_cases, slices)
+        return _synapse_split(source, split, cases, exclude_cases, slices)
     if torch.distributed.get_rank() == 0:
         try:
-            out = _synapse_split(settings, split, cases, exclude_cases, slices)
+            out = _synapse_split(source, split, cases, exclude_cases, slices)
         finally:  # the other ranks must not wait for a rank that failed; they fail on their own build
             torch.distributed.barrier()
         return out
     torch.distributed.barrier()
-    return _synapse_split(settings.replace(progress=False), split, cases, exclude_cases, slices)
+    return _synapse_split(source.quiet(), split, cases, exclude_cases, slices)
 
 
 def _synapse_split(
-    settings: SynapseDataSettings,
+    s: Any,
     split: str,
     cases: Sequence[int | str] | None,
     exclude_cases: Sequence[int | str] | None,
     slices: bool,
 ) -> list[dict[str, Any]]:
-    s = settings
     dataset, root = s.dataset, s.dataset_dir
     if s.data_list_file_path:
         logger.info(
@@ -377,19 +217,15 @@ def _synapse_split(
             s.data_list_file_path, root or os.path.dirname(os.fspath(s.data_list_file_path)), dataset,
         )  # fmt: skip
         return decathlon_synapse_datalist(s, split, cases, exclude_cases, slices)
-    key = str(dataset).lower()
-    if key not in SYNAPSE_BUNDLE_DATASETS:
-        raise ValueError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
+    key = dataset
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}.")
-    if s.label_map is not None and key == "transunet":
-        raise SettingError("label_map does not apply to dataset 'transunet' (its files hold the 9 classes already).")
+    if root is None:
+        raise SettingError(f"dataset_dir must be the folder of the {dataset!r} data set, got None.")
     mapping = resolve_label_map(s.label_map, None, s.num_classes)
     train_fraction = s.data_fraction if split == "train" else 1.0
     split = "train" if split == "val" else split  # the presets' validation cases are training cases
     generate = s.synthetic_size
-    if generate is not None and not isinstance(generate, Mapping):
-        raise ValueError(f"generate must be None or a mapping of generate_synthetic_ct arguments, got {generate!r}.")
     root = Path(root)
     if key == "synthetic":
         if generate is not None:
@@ -426,46 +262,10 @@ def _synapse_split(
             for e in entries:
                 check_volume_pair(e["image"], e["label"], case=e["case"])
         return entries
-    if s.cache_dir is None:
-        raise ValueError(f"cache_dir is required to slice the {split} volumes of {dataset!r} (slices=True).")
     return slice_with_settings(entries, s, mapping)
 
 
 # ---------------------------------------------------------------- config entry points: one component each
-
-
-class VolumeSlices:
-    """Whole CT volumes given as training or validation entries (MONAI Label's bundle trainer replaces
-    ``train#dataset#data`` / ``validate#dataset#data`` with its datastore's image-label pairs) as cached axial
-    slices, extracted once as the run's own cases are (windowed with ``hu_window``, resized to ``image_size``);
-    entries that are slices already pass unchanged. The labels of such volumes are taken as the run's classes
-    ``0..num_classes-1`` (a MONAI Label datastore holds them so), not mapped: a value outside stops the run naming the
-    file. Labels may be NIfTI or NRRD files; a 3D Slicer segmentation (``.seg.nrrd``) is mapped to the run's
-    ``class_names`` by segment name (a liver segment is the liver class whatever its number in the file).
-
-    Args:
-        source: the run's :class:`~spectraflow_monai.apps.synapse.SynapseDataSource` (or its settings).
-    """
-
-    def __init__(self, source: Any) -> None:
-        self.settings: SynapseDataSettings = getattr(source, "settings", source)
-        if not isinstance(self.settings, SynapseDataSettings):
-            raise ValueError(f"source must be a SynapseDataSource or SynapseDataSettings, got {type(source).__name__}.")
-
-    def __call__(self, data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        entries = [dict(e) for e in data]
-        volumes = [e for e in entries if "slice" not in e]
-        if not volumes:
-            return entries
-        s = self.settings
-        if s.cache_dir is None:
-            raise SettingError("cache_dir is required to slice the volumes given as training data.")
-        for e in volumes:  # the file name without its extension (series UIDs, as MONAI Label names images, hold dots)
-            e.setdefault("case", volume_name(e["image"]))
-        # the classes themselves (another value: an error naming the file)
-        sliced = slice_with_settings(volumes, s, identity_label_map(s.num_classes), "error", f"{s.cache_dir}_volumes")
-        return [e for e in entries if "slice" in e] + sliced
-
 
 
 def volume_loading(loading: Mapping[str, Sequence[Any]], layout: Any) -> Any:

@@ -379,23 +379,24 @@ def extract_slices(
 
 def slice_with_settings(
     entries: Sequence[Mapping[str, Any]],
-    settings: Any,
+    source: Any,
     label_map: Mapping[int, int] | None,
     unmapped_labels: str | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
-    """:func:`extract_slices` of ``entries`` with a run's
-    :class:`~spectraflow_monai.apps.synapse.SynapseDataSettings` (its window, slice size, non-finite handling and
-    progress bar), into ``cache_dir`` (default: the settings' ``cache_dir``), labels mapped with ``label_map``."""
+    """:func:`extract_slices` of ``entries`` as a run's data source
+    (:class:`~spectraflow_monai.apps.synapse.SynapseDataSource`) prepares them: its CT window, slice size,
+    non-finite rule, ``unmapped_labels``, class names and progress bar, into ``cache_dir`` (default: the source's
+    ``cache_dir``), labels mapped with ``label_map``."""
     return extract_slices(
         entries,
-        settings.cache_dir if cache_dir is None else cache_dir,
-        window=settings.hu_window,
-        spatial_size=settings.spatial_size,
-        progress=settings.progress,
-        nonfinite=settings.nonfinite,
-        nonfinite_value=settings.nonfinite_value,
+        source.cache_dir if cache_dir is None else cache_dir,
+        window=source.hu_window,
+        spatial_size=source.spatial_size,
+        progress=source.progress,
+        nonfinite=source.nonfinite,
+        nonfinite_value=source.nonfinite_value,
         label_map=label_map,
-        unmapped_labels=settings.unmapped_labels if unmapped_labels is None else unmapped_labels,
-        class_names=settings.class_names,
+        unmapped_labels=source.unmapped_labels if unmapped_labels is None else unmapped_labels,
+        class_names=source.class_names,
     )

@@ -107,5 +107,5 @@ def format_case_id(case: int | str) -> str:
     raise ValueError(f"case id must be an int or a digit string such as '0005' or 'case0005', got {case!r}.")
 
 
-#: the data sets of the ``spectraflow_synapse_segmentation`` bundle (see :func:`build_synapse_datalist`).
+#: the data sets of the ``spectraflow_synapse_segmentation`` bundle (see :func:`synapse_split`).
 SYNAPSE_BUNDLE_DATASETS: tuple[str, ...] = ("synthetic", "btcv", "transunet")

@@ -12,7 +12,7 @@ read any set of NIfTI volumes listed the way the Medical Segmentation Decathlon 
 
 Relative paths are resolved against ``dataset_dir`` (default: the JSON's folder), as MONAI does. Case ids are the
 file names without ``.nii.gz`` / ``.nii``. :func:`decathlon_synapse_datalist` returns the same datalist contract as
-the presets of :func:`spectraflow_monai.apps.synapse.build_synapse_datalist` (which calls it when ``data_list_file_path``
+the presets of :func:`spectraflow_monai.apps.synapse.synapse_split` (which calls it when ``data_list_file_path``
 is given): volumes ``{"image", "label", "case"}``, or cached axial slices ``{"image", "label", "case", "slice"}``.
 Splits: ``"train"`` (``training`` minus the validation hold-out), ``"val"`` (the ``validation`` list, else the
 hold-out: ``round(val_fraction * N)`` training volumes, at least 1, drawn with ``numpy.random.RandomState(seed)``
@@ -33,10 +33,7 @@ from typing import Any
 from spectraflow_monai.apps.synapse.cache import slice_with_settings
 from spectraflow_monai.apps.synapse.constants import format_case_id
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
-from spectraflow_monai.apps.synapse.settings import SynapseDataSettings, check_datalist_base, resolve_label_map
-from spectraflow_monai.data.label_map import (
-    LABEL_MAP_UNMAPPED,
-)
+from spectraflow_monai.apps.synapse.settings import check_datalist_base, resolve_label_map
 from spectraflow_monai.data.subsets import holdout, low_data_subset
 from spectraflow_monai.data.validation import DatasetError, InputCheck
 from spectraflow_monai.data.volumes import volume_name
@@ -266,7 +263,7 @@ def _split(
 
 
 def decathlon_synapse_datalist(
-    settings: SynapseDataSettings,
+    source: Any,
     split: str = "train",
     cases: Sequence[int | str] | None = None,
     exclude_cases: Sequence[int | str] | None = None,
@@ -275,7 +272,7 @@ def decathlon_synapse_datalist(
     """The datalist of one split of a Decathlon JSON of NIfTI volumes (the ``datalist`` source of the Synapse bundle).
 
     Args:
-        settings: the run's :class:`~spectraflow_monai.apps.synapse.SynapseDataSettings`: its
+        source: the run's :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`: its
             ``data_list_file_path`` (see the module docstring) with ``dataset_dir`` as the base of the relative paths
             (None: the JSON's folder); for ``slices``, ``cache_dir``, ``image_size``, ``hu_window``, ``nonfinite``
             and its value, ``label_map`` (None: the identity over ``0..num_classes-1``) and ``unmapped_labels``;
@@ -296,11 +293,9 @@ def decathlon_synapse_datalist(
             image / label shape or affine mismatch, a 2D or unreadable volume, non-finite voxels, label values the
             map does not list (``slices=True``); the message names the file and the problem.
     """
-    s = settings
+    s = source
     if split not in ("train", "val", "test"):
         raise SettingError(f"split must be 'train', 'val' or 'test', got {split!r}.")
-    if s.unmapped_labels not in LABEL_MAP_UNMAPPED:
-        raise SettingError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {s.unmapped_labels!r}.")
     mapping = resolve_label_map(s.label_map, True, s.num_classes)
     lists = read_decathlon_datalist(s.data_list_file_path, s.dataset_dir or None)
     path = Path(s.data_list_file_path)
@@ -313,8 +308,6 @@ def decathlon_synapse_datalist(
         check_volume_pair(e["image"], e.get("label"), case=e["case"])
     if not slices:
         return entries
-    if s.cache_dir is None:
-        raise SettingError(f"cache_dir is required to slice the {split} volumes of {str(path)!r} (slices=True).")
     return slice_with_settings(entries, s, mapping)
 
 

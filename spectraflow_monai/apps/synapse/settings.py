@@ -1,6 +1,6 @@
-"""Settings of the Synapse bundle's data source: the label map, the class names, and their checks before any work;
-the settings the bundle derives from them (``layout``, the default ``val_cases``, the non-finite replacements, the
-spacing of the volume metrics).
+"""Settings of the Synapse bundle's data: its own data settings (:class:`SynapseDataOptions`, checked where built
+and recorded whole), the label map and class names a run uses, and the settings the bundle derives from others
+(``layout``, the default ``val_cases``, the non-finite replacements, the spacing of the volume metrics).
 
 Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
 """
@@ -8,21 +8,23 @@ Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from spectraflow_monai.apps.synapse.constants import SYNAPSE_BUNDLE_DATASETS, SYNAPSE_ORGANS
+from spectraflow_monai.apps.synapse.phantom import phantom_parameters
 from spectraflow_monai.apps.synapse.readers import class_values
 from spectraflow_monai.data.label_map import (
     LABEL_MAP_UNMAPPED,
-    check_class_names,
     check_label_map,
     identity_label_map,
     inverse_label_map,
 )
-from spectraflow_monai.data.subsets import check_val_fraction
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.utils.errors import SettingError
 from spectraflow_monai.utils.settings import SettingsObject
@@ -30,11 +32,10 @@ from spectraflow_monai.utils.settings import SettingsObject
 __all__ = [
     "LAYOUTS",
     "OUTPUT_FORMATS",
+    "VAL_SPLITS",
     "all_class_names",
     "SynapseDataOptions",
-    "SynapseDataSettings",
     "check_datalist_base",
-    "check_own_data_settings",
     "default_val_cases",
     "label_values",
     "prediction_values",
@@ -52,100 +53,102 @@ LAYOUTS: tuple[str, ...] = ("raw", "transunet")
 #: what ``configs/inference.yaml`` writes (``output_format``): the label NIfTI, or with it a DICOM SEG of each DICOM
 #: series input
 OUTPUT_FORMATS: tuple[str, ...] = ("nifti", "dicom_seg")
-@dataclasses.dataclass(frozen=True)
-class SynapseDataSettings:
-    """The data settings of one Synapse run, under the bundle's own names, handed whole to the pipeline that lists,
-    maps and slices its volumes (:class:`~spectraflow_monai.apps.synapse.SynapseDataSource`,
-    :func:`~spectraflow_monai.apps.synapse.build_synapse_datalist`,
-    :func:`~spectraflow_monai.apps.synapse.decathlon_synapse_datalist`). The bundle checks the values first
-    (:func:`~spectraflow_monai.apps.synapse.check_synapse_settings`).
 
-    Args:
-        dataset: ``"synthetic"`` (the phantom, generated into ``dataset_dir`` on first use with ``synthetic_size``),
-            ``"btcv"`` or ``"transunet"``; not used when ``data_list_file_path`` is given.
-        dataset_dir: the data folder (with a datalist JSON: the base of its relative paths; None: the JSON's folder).
-        cache_dir: the slice cache (needed where volumes are sliced). Defaults to None.
-        image_size: side of the cached slices; None keeps the native size. Defaults to None.
-        hu_window: the CT window ``(low, high)`` in HU mapped to [0, 1]. Defaults to ``(-125, 275)`` (TransUNet).
-        data_list_file_path: a Decathlon datalist JSON of one's own volumes. Defaults to None.
-        label_map: source label -> class (None: the BTCV map of the presets, the identity for a JSON).
-        num_classes: classes of the network, background included. Defaults to 9.
-        unmapped_labels: ``"error"`` or ``"background"`` for source labels the map does not name.
-        val_fraction: share of a JSON's training cases held out when it has no validation list. Defaults to 0.2.
-        data_fraction: kept share of the training cases (low-data runs; other splits whole). Defaults to 1.0.
-        data_seed: seed of the hold-out and of ``data_fraction``. Defaults to 0.
-        synthetic_size: ``generate_synthetic_ct`` arguments of the phantom (``dataset="synthetic"`` only; None:
-            never generated). Defaults to None.
-        nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
-        progress: show the slice-extraction progress bar. Defaults to True.
-        class_names: the classes, background first, that the segments of a 3D Slicer segmentation label
-            (``.seg.nrrd``) are matched with by name; None: :func:`synapse_class_names` of ``num_classes``.
-    """
+#: where the Synapse bundle's validation cases come from (``val_split``): held-out training cases, or the test cases
+#: (the paper's protocol, ``configs/paper_protocol.yaml``)
+VAL_SPLITS: tuple[str, ...] = ("val", "test")
 
-    dataset: str = "synthetic"
-    dataset_dir: Any = None
-    cache_dir: Any = None
-    image_size: Any = None
-    hu_window: Any = (-125.0, 275.0)
-    data_list_file_path: Any = None
-    label_map: Any = None
-    num_classes: int = 9
-    unmapped_labels: str = "error"
-    val_fraction: float = 0.2
-    data_fraction: float = 1.0
-    data_seed: int = 0
-    synthetic_size: Any = None
-    nonfinite: str = "error"
-    nonfinite_value: Any = None
-    progress: bool = True
-    class_names: Any = None
 
-    def __post_init__(self) -> None:
-        if self.num_classes is None:
-            object.__setattr__(self, "num_classes", 9)
-        names = all_class_names(self.class_names, self.num_classes, self.data_list_file_path)
-        object.__setattr__(self, "class_names", tuple(names))
-        object.__setattr__(self, "hu_window", tuple(float(v) for v in self.hu_window))
-        if self.synthetic_size is not None:
-            object.__setattr__(self, "synthetic_size", dict(self.synthetic_size))
+def _check_cases(name: str, cases: Any) -> list[int | str] | None:
+    """``cases`` as a list of case ids (ints >= 0 or non-empty names; one id alone as a list of one), or None."""
+    if cases is None:
+        return None
+    items = [cases] if isinstance(cases, (str, int, np.integer)) and not isinstance(cases, bool) else cases
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence) or not items:
+        raise SettingError(f"{name} must be a non-empty list of case ids (e.g. [39, 40]) or null, got {cases!r}.")
+    out: list[int | str] = []
+    for case in items:
+        if isinstance(case, (int, np.integer)) and not isinstance(case, bool) and case >= 0:
+            out.append(int(case))
+        elif isinstance(case, str) and case.strip():
+            out.append(case)
+        else:
+            raise SettingError(f"{name} must list case ids (ints >= 0 or names), got {case!r} in {cases!r}.")
+    if len({str(c) for c in out}) != len(out):
+        raise SettingError(f"{name} lists a case twice: {cases!r}.")
+    return out
 
-    @property
-    def spatial_size(self) -> list[int] | None:
-        """``(H, W)`` of the cached slices (``image_size`` square), or None for the native size."""
-        return None if self.image_size is None else [int(self.image_size), int(self.image_size)]
 
-    def replace(self, **changes: Any) -> SynapseDataSettings:
-        """A copy with ``changes``."""
-        return dataclasses.replace(self, **changes)
+def _check_synthetic_size(size: Any) -> dict[str, Any] | None:
+    """``size`` (the phantom's ``generate_synthetic_ct`` arguments) as a dict of JSON data, its names and values
+    checked as the phantom checks them."""
+    if size is None:
+        return None
+    if not isinstance(size, Mapping):
+        raise SettingError(f"synthetic_size must be a mapping of generate_synthetic_ct arguments, got {size!r}.")
+    taken = [*inspect.signature(phantom_parameters).parameters]
+    unknown = sorted(set(map(str, size)) - set(taken))
+    if unknown:
+        raise SettingError(f"synthetic_size holds {unknown}, which generate_synthetic_ct does not take ({taken}).")
+    try:
+        phantom_parameters(**size)
+    except (TypeError, ValueError) as exc:
+        raise SettingError(f"synthetic_size {dict(size)!r}: {exc}") from exc
+    return dict(size)
 
 
 @dataclasses.dataclass(frozen=True)
 class SynapseDataOptions(SettingsObject):
-    """The Synapse bundle's own data settings, the ``data_options`` of its run's
-    :class:`~spectraflow_monai.utils.settings.DataSettings` (recorded whole; a restart with other values stops):
-    which cases train and validate, how the labels map to classes, the CT window and the non-finite rule. The bundle
-    builds it from its top-level values by field name (``data_options: {_target_: ...SynapseDataOptions.from_bundle}``);
-    the values are checked before (:func:`~spectraflow_monai.apps.synapse.check_synapse_settings`).
+    """The Synapse bundle's own data settings: which cases train, validate and are tested, what a label value that
+    the label map does not list becomes, and the synthetic phantom's size. It is the ``data_options`` of the run's
+    :class:`~spectraflow_monai.utils.settings.DataSettings`, recorded whole in the run record (a restart with other
+    values stops, naming them); the bundle builds it from its top-level values by field name
+    (``data_options: {_target_: ...SynapseDataOptions.from_bundle}``), and the data source
+    (:class:`~spectraflow_monai.apps.synapse.SynapseDataSource`) reads it from the data settings. The CT
+    preprocessing (``hu_window``, ``label_map``, ``class_names``, ``nonfinite``, ``nonfinite_value``) is the model's
+    (:class:`~spectraflow_monai.utils.settings.ModelSettings`, recorded in ``models/model.json``), not a data setting.
+
+    A new Synapse data setting is one field here (checked below) plus its value line in ``configs/train.yaml``.
 
     Args:
-        label_map: ``{source label value: class}`` (None: the BTCV map of the presets, the identity for a JSON).
-        unmapped_labels: ``"error"`` | ``"background"`` for label values the map does not list.
-        train_cases, val_cases: the training cases and those held out of them for validation (None: the preset's).
-        val_split: where validation cases come from: ``"val"`` (held-out training cases) | ``"test"``.
-        hu_window: the CT window ``[a_min, a_max]`` in HU.
-        nonfinite, nonfinite_value: the rule for NaN / infinite voxels and its replacement.
-        synthetic_size: the phantom's ``generate_synthetic_ct`` arguments (``dataset: synthetic`` only).
+        unmapped_labels: label values the label map does not list: ``"error"`` (the run stops naming the file and
+            the values) or ``"background"``; evaluation maps the test labels with it too. Defaults to ``"error"``.
+        train_cases: the training cases (None: TransUNet's 18; the synthetic phantom: every case of that list it
+            holds; a datalist JSON: its training list). Defaults to None.
+        val_cases: the training cases held out of training for validation (None: a datalist JSON's validation list
+            or hold-out; with ``val_split: test`` the test cases). Defaults to None.
+        test_cases: the cases ``configs/evaluate.yaml`` scores (None: TransUNet's 12; a JSON's test list). Defaults
+            to None.
+        val_split: where validation cases come from, one of :data:`VAL_SPLITS`: ``"val"`` (held-out training cases)
+            or ``"test"`` (the paper's protocol). Defaults to ``"val"``.
+        synthetic_size: the phantom's :func:`~spectraflow_monai.apps.synapse.generate_synthetic_ct` arguments
+            (``cases``, ``shape``, ``spacing``, ``seed``, ``noise_std``; ``dataset: synthetic`` only), or None
+            (never generated). Defaults to None.
+
+    Case ids are ints (``5`` is ``img0005``) or names (a datalist JSON's ``ct_01``); one id alone is a list of one.
+
+    Raises:
+        SettingError: (a ``ValueError``) a value out of its range or of the wrong kind, naming the setting and the
+            value.
     """
 
-    label_map: Any = None
     unmapped_labels: str = "error"
     train_cases: Any = None
     val_cases: Any = None
+    test_cases: Any = None
     val_split: str = "val"
-    hu_window: Any = (-125.0, 275.0)
-    nonfinite: str = "error"
-    nonfinite_value: Any = None
     synthetic_size: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.unmapped_labels, str) or self.unmapped_labels not in LABEL_MAP_UNMAPPED:
+            raise SettingError(
+                f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {self.unmapped_labels!r}."
+            )
+        for name in ("train_cases", "val_cases", "test_cases"):
+            object.__setattr__(self, name, _check_cases(name, getattr(self, name)))
+        if not isinstance(self.val_split, str) or self.val_split not in VAL_SPLITS:
+            raise SettingError(f"val_split must be one of {list(VAL_SPLITS)}, got {self.val_split!r}.")
+        object.__setattr__(self, "synthetic_size", _check_synthetic_size(self.synthetic_size))
 
 
 #: the bundle's default validation cases (:func:`default_val_cases`): TransUNet training cases held out of training
@@ -223,44 +226,6 @@ def label_values(label_map: Any, data_list_file_path: Any, num_classes: Any) -> 
     JSON); None: class indices."""
     mapping = resolve_label_map(label_map, data_list_file_path, num_classes)
     return class_values(mapping, mapping is None, int(num_classes))
-
-
-def check_own_data_settings(
-    data_list_file_path: Any = None,
-    dataset_dir: Any = None,
-    label_map: Any = None,
-    num_classes: Any = None,
-    class_names: Any = None,
-    unmapped_labels: Any = None,
-    val_fraction: Any = None,
-    data_fraction: Any = None,
-) -> dict[str, Any]:
-    """Check the data-source settings of the Synapse bundle (called by
-    :func:`spectraflow_monai.apps.synapse.check_synapse_settings`); settings left at None are not checked.
-
-    Raises:
-        SettingError / DatasetError: (``ValueError`` s) naming the setting (or the file) and the problem: a JSON
-            path that is no file, a ``dataset_dir`` that is a file, a label map with a class outside
-            ``num_classes``, class names of the wrong count, a fraction out of range.
-    """
-    out: dict[str, Any] = {}
-    if data_list_file_path:
-        check_datalist_base(data_list_file_path, dataset_dir)
-        out["data_list_file_path"] = os.fspath(data_list_file_path)
-    n = 9 if num_classes is None else num_classes
-    if label_map is not None:
-        out["label_map"] = check_label_map(label_map, n)
-    if class_names is not None:
-        out["class_names"] = check_class_names(class_names, n)
-    if unmapped_labels is not None and unmapped_labels not in LABEL_MAP_UNMAPPED:
-        raise SettingError(f"unmapped_labels must be one of {list(LABEL_MAP_UNMAPPED)}, got {unmapped_labels!r}.")
-    if val_fraction is not None:
-        check_val_fraction(val_fraction)
-    if data_fraction is not None:
-        ok = isinstance(data_fraction, (int, float)) and not isinstance(data_fraction, bool)
-        if not ok or not 0 < data_fraction <= 1:
-            raise SettingError(f"data_fraction must be a number in (0, 1], got {data_fraction!r}.")
-    return out
 
 
 # ---------------------------------------------------------------- settings the bundle derives from others

@@ -5,117 +5,193 @@ Part of the Synapse pipeline (see :mod:`spectraflow_monai.apps.synapse`).
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spectraflow_monai.apps.synapse.bundle import synapse_split
-from spectraflow_monai.apps.synapse.cache import slice_cache_dir
+from spectraflow_monai.apps.synapse.cache import slice_cache_dir, slice_with_settings
+from spectraflow_monai.apps.synapse.constants import SYNAPSE_BUNDLE_DATASETS
 from spectraflow_monai.apps.synapse.readers import check_synapse_h5, is_h5
-from spectraflow_monai.apps.synapse.settings import SynapseDataSettings
-from spectraflow_monai.utils.errors import DataError
+from spectraflow_monai.apps.synapse.settings import SynapseDataOptions, all_class_names, check_datalist_base
+from spectraflow_monai.data.label_map import check_class_names, check_label_map, identity_label_map
+from spectraflow_monai.data.volumes import volume_name
+from spectraflow_monai.utils.errors import DataError, DatasetError, SettingError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SynapseDataSource", "check_test_volumes"]
+__all__ = ["SynapseDataSource", "VolumeSlices", "check_test_volumes"]
 
 
 class SynapseDataSource:
-    """The data settings of a Synapse bundle run, gathered once into one
-    :class:`~spectraflow_monai.apps.synapse.SynapseDataSettings` (``.settings``, the bundle's names kept), so that its
-    configs name a split and its cases instead of repeating every setting (``{_target_:
-    spectraflow_monai.apps.workflow.datalist, source: '@data_source', split: train, cases: '@train_cases',
-    exclude_cases: '@val_cases'}``).
+    """The data source of a Synapse bundle run, built from the run's three settings objects and the only reader of
+    them for its data: ``data`` (a :class:`~spectraflow_monai.utils.settings.DataSettings`: the source, selection,
+    ``allow_empty_masks``, and the bundle's own :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions` as its
+    ``data_options``), ``model`` (a :class:`~spectraflow_monai.utils.settings.ModelSettings`: the slice size, the CT
+    window, label map, classes and their names, the non-finite rule) and ``run`` (a
+    :class:`~spectraflow_monai.utils.settings.RunSettings`: ``dataset_dir``, the slice ``cache_dir``, None for
+    :func:`~spectraflow_monai.apps.synapse.slice_cache_dir` under ``bundle_root``, and ``progress_bar``). Its
+    read-only attributes are those values under the bundle's names; every datalist of the run comes from
+    :meth:`datalist` (``{_target_: spectraflow_monai.apps.workflow.datalist, source: '@data_source', split: train,
+    cases: '@train_cases', exclude_cases: '@val_cases'}``).
+
+    What the settings objects cannot check alone is checked here, when the source is built (the bundle's
+    ``check_settings`` builds it first of all, before the phantom, the slice cache or the network): the data set
+    name (without a datalist JSON), a datalist JSON that is no file, a ``dataset_dir`` that is a file, the number of classes, a label map or
+    class names that do not fit it, a label map given for TransUNet's files (mapped already).
 
     Args:
-        dataset: ``"synthetic"`` (the phantom, generated into ``dataset_dir`` on first use with
-            ``synthetic_size``), ``"btcv"`` or ``"transunet"``; ignored when ``data_list_file_path`` is given.
-        dataset_dir: the data folder (for a datalist JSON: the base of its relative paths).
-        cache_dir: the slice cache of the training / validation slices.
-        image_size: side of the cached slices.
-        hu_window: the CT window ``(low, high)`` in HU. Defaults to ``(-125, 275)`` (TransUNet).
-        data_list_file_path: a Decathlon datalist JSON of one's own volumes. Defaults to None.
-        label_map: source label -> class (None: the BTCV map of the presets, the identity for a JSON).
-        num_classes: classes of the network (background included). Defaults to None (9).
-        unmapped_labels: ``"error"`` or ``"background"`` for source labels the map does not name.
-        val_fraction: share of a JSON's training cases held out when it has no validation list. Defaults to 0.2.
-        data_fraction: kept fraction of the training cases (low-data runs); other splits are whole. Defaults to 1.0.
-        data_seed: seed of the hold-out and of ``data_fraction``. Defaults to 0.
-        synthetic_size: ``generate_synthetic_ct`` arguments of the phantom (``dataset="synthetic"`` only).
-        progress: show the slice-extraction progress bar. Defaults to True.
-        nonfinite: ``"error"`` or ``"replace"`` for NaN / inf voxels; ``nonfinite_value`` replaces them.
-        allow_empty_masks: a training datalist whose masks are all background is trained on with a warning instead
-            of stopping the run (:func:`~spectraflow_monai.apps.workflow.datalist`). Defaults to False.
-        class_names: the classes, background first, that 3D Slicer segmentation labels (``.seg.nrrd``) are matched
-            with by segment name. Defaults to None (:func:`~spectraflow_monai.apps.synapse.synapse_class_names`).
+        data: the run's data settings; its ``data_options`` are a :class:`SynapseDataOptions` or their recorded dict.
+        model: the run's model settings (a CT model's: ``hu_window``, ``num_classes`` and ``nonfinite`` set).
+        run: the run's run settings.
 
-    See :func:`~spectraflow_monai.apps.synapse.build_synapse_datalist` for the checks and errors.
+    Raises:
+        SettingError: (a ``ValueError``) a setting that does not fit, naming it and its value.
+        DatasetError: a datalist JSON that does not exist or is no file, a ``dataset_dir`` that is a file.
     """
 
-    def __init__(
-        self,
-        dataset: str,
-        dataset_dir: str | os.PathLike,
-        cache_dir: str | os.PathLike,
-        image_size: int,
-        hu_window: Sequence[float] = (-125.0, 275.0),
-        data_list_file_path: str | os.PathLike | None = None,
-        label_map: Mapping[int, int] | None = None,
-        num_classes: int | None = None,
-        unmapped_labels: str = "error",
-        val_fraction: float = 0.2,
-        data_fraction: float = 1.0,
-        data_seed: int = 0,
-        synthetic_size: Mapping[str, Any] | None = None,
-        progress: bool = True,
-        nonfinite: str = "error",
-        nonfinite_value: float | None = None,
-        allow_empty_masks: bool = False,
-        class_names: Sequence[str] | None = None,
-    ) -> None:
-        self.allow_empty_masks = bool(allow_empty_masks)
-        generate = synthetic_size if dataset == "synthetic" and not data_list_file_path else None
-        self.settings = SynapseDataSettings(
-            dataset=dataset,
-            dataset_dir=dataset_dir,
-            cache_dir=cache_dir,
-            image_size=image_size,
-            hu_window=hu_window,
-            data_list_file_path=data_list_file_path,
-            label_map=label_map,
-            num_classes=num_classes,
-            unmapped_labels=unmapped_labels,
-            val_fraction=val_fraction,
-            data_fraction=data_fraction,
-            data_seed=data_seed,
-            synthetic_size=generate,
-            nonfinite=nonfinite,
-            nonfinite_value=nonfinite_value,
-            progress=progress,
-            class_names=class_names,
-        )
-
-    @classmethod
-    def from_settings(cls, data: Any, model: Any, run: Any) -> Any:
-        """The source of a run's settings objects: ``data`` (a :class:`~spectraflow_monai.utils.settings.
-        DataSettings`: the source, selection, ``allow_empty_masks`` and its
-        :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`: ``unmapped_labels``, ``synthetic_size``),
-        ``model`` (image size, CT window, label map, classes and their names, the non-finite rule) and ``run`` (``dataset_dir``, the
-        slice ``cache_dir``: None for :func:`~spectraflow_monai.apps.synapse.slice_cache_dir` under ``bundle_root``,
-        ``progress_bar``)."""
-        options = dict(data.data_options or {})
-        cache_dir = run.cache_dir
-        if cache_dir is None:
-            cache_dir = slice_cache_dir(run.bundle_root, data.dataset, model.image_size, data.data_list_file_path)
-        return cls(
-            data.dataset, run.dataset_dir, cache_dir, model.image_size, hu_window=model.hu_window,
-            data_list_file_path=data.data_list_file_path, label_map=model.label_map, num_classes=model.num_classes,
-            unmapped_labels=options.get("unmapped_labels", "error"), val_fraction=data.val_fraction,
-            data_fraction=data.data_fraction, data_seed=data.data_seed, synthetic_size=options.get("synthetic_size"),
-            progress=run.progress_bar, nonfinite=model.nonfinite, nonfinite_value=model.nonfinite_value,
-            allow_empty_masks=data.allow_empty_masks, class_names=model.class_names,
+    def __init__(self, data: Any, model: Any, run: Any) -> None:
+        self.data, self.model, self.run = data, model, run
+        options = data.data_options
+        self.options: SynapseDataOptions = (
+            options if isinstance(options, SynapseDataOptions)
+            else SynapseDataOptions.from_dict(dict(options or {}), source="data_options")
         )  # fmt: skip
+        self.progress = bool(run.progress_bar)
+        self._check()
+
+    def _check(self) -> None:
+        dataset = self.data.dataset
+        if not self.data_list_file_path and (
+            not isinstance(dataset, str) or dataset.lower() not in SYNAPSE_BUNDLE_DATASETS
+        ):  # a datalist JSON is the source then, the dataset not read
+            raise SettingError(f"dataset must be one of {list(SYNAPSE_BUNDLE_DATASETS)}, got {dataset!r}.")
+        for name in ("hu_window", "num_classes", "nonfinite"):
+            if getattr(self.model, name) is None:
+                raise SettingError(f"{name} must be set: the Synapse data are prepared by a CT model's settings.")
+        n = self.model.num_classes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise SettingError(f"num_classes must be an int >= 2 (9 for Synapse), got {n!r}.")
+        if self.data_list_file_path:
+            check_datalist_base(self.data_list_file_path, self.dataset_dir)
+        elif self.dataset_dir is not None and os.path.isfile(self.dataset_dir):
+            raise DatasetError(f"dataset_dir {self.dataset_dir!r} is a file, not a folder: give the data set's folder.")
+        if self.model.label_map is not None:
+            check_label_map(self.model.label_map, n)
+            if self.dataset == "transunet" and not self.data_list_file_path:
+                raise SettingError(
+                    "label_map does not apply to dataset 'transunet' (its files hold the 9 classes already)."
+                )
+        if self.model.class_names is not None:
+            check_class_names(self.model.class_names, n)
+
+    # ---------------------------------------------------------------- the settings, under the bundle's names
+    @property
+    def dataset(self) -> str:
+        """``synthetic``, ``btcv`` or ``transunet`` (not read when :attr:`data_list_file_path` is set)."""
+        return str(self.data.dataset).lower()
+
+    @property
+    def data_list_file_path(self) -> str | None:
+        """A Decathlon datalist JSON of one's own volumes, or None."""
+        return self.data.data_list_file_path
+
+    @property
+    def dataset_dir(self) -> str | None:
+        """The data folder (with a datalist JSON: the base of its relative paths; None: the JSON's folder)."""
+        return self.run.dataset_dir
+
+    @property
+    def cache_dir(self) -> str:
+        """The slice cache: the run settings' ``cache_dir``, else ``<bundle_root>/cache/<source>_<image_size>``."""
+        if self.run.cache_dir is not None:
+            return self.run.cache_dir
+        return slice_cache_dir(self.run.bundle_root, self.dataset, self.image_size, self.data_list_file_path)
+
+    @property
+    def image_size(self) -> int:
+        """Side of the cached slices (the network's input)."""
+        return self.model.image_size
+
+    @property
+    def spatial_size(self) -> list[int]:
+        """``(H, W)`` of the cached slices."""
+        return [self.image_size, self.image_size]
+
+    @property
+    def hu_window(self) -> tuple[float, float]:
+        """The CT window ``(a_min, a_max)`` in HU."""
+        return tuple(self.model.hu_window)
+
+    @property
+    def label_map(self) -> dict[int, int] | None:
+        """``{source label value: class}`` (None: the BTCV map of the presets, the identity for a JSON)."""
+        return self.model.label_map
+
+    @property
+    def num_classes(self) -> int:
+        """Classes of the network, background included."""
+        return self.model.num_classes
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """Every class name, background first (3D Slicer segments are matched with them by name)."""
+        return tuple(all_class_names(self.model.class_names, self.num_classes, self.data_list_file_path))
+
+    @property
+    def nonfinite(self) -> str:
+        """``error`` or ``replace``: NaN / infinite voxels."""
+        return self.model.nonfinite
+
+    @property
+    def nonfinite_value(self) -> float | None:
+        """The replacement of ``nonfinite: replace`` (None: black after windowing)."""
+        return self.model.nonfinite_value
+
+    @property
+    def unmapped_labels(self) -> str:
+        """``error`` or ``background``: label values the label map does not list."""
+        return self.options.unmapped_labels
+
+    @property
+    def synthetic_size(self) -> dict[str, Any] | None:
+        """The phantom's arguments when this run generates it (``dataset: synthetic`` without a JSON), else None."""
+        generates = self.dataset == "synthetic" and not self.data_list_file_path
+        return self.options.synthetic_size if generates else None
+
+    @property
+    def val_fraction(self) -> float:
+        """Share of a JSON's training cases held out when it has no validation list."""
+        return self.data.val_fraction
+
+    @property
+    def data_fraction(self) -> float:
+        """Kept share of the training cases (low-data runs; the other splits whole)."""
+        return self.data.data_fraction
+
+    @property
+    def data_seed(self) -> int:
+        """Seed of the hold-out and of ``data_fraction``."""
+        return self.data.data_seed
+
+    @property
+    def allow_empty_masks(self) -> bool:
+        """Train on masks that are all background, with a warning."""
+        return self.data.allow_empty_masks
+
+    def __repr__(self) -> str:  # what the run record names the source by (the settings are recorded whole beside)
+        where = f"data_list_file_path={self.data_list_file_path!r}" if self.data_list_file_path else (
+            f"dataset={self.dataset!r}"
+        )
+        return f"{type(self).__name__}({where}, dataset_dir={self.dataset_dir!r}, cache_dir={self.cache_dir!r})"
+
+    def quiet(self) -> SynapseDataSource:
+        """The same source without the slice-extraction progress bar (the other ranks of a distributed run)."""
+        out = copy.copy(self)
+        out.progress = False
+        return out
 
     def datalist(
         self,
@@ -125,8 +201,38 @@ class SynapseDataSource:
         slices: bool = True,
     ) -> list[dict[str, Any]]:
         """The entries of ``split``: cached axial slices (``slices=True``) or whole volumes (evaluation)."""
-        return synapse_split(self.settings, split, cases=cases, exclude_cases=exclude_cases, slices=slices)
+        return synapse_split(self, split, cases=cases, exclude_cases=exclude_cases, slices=slices)
 
+
+class VolumeSlices:
+    """Whole CT volumes given as training or validation entries (MONAI Label's bundle trainer replaces
+    ``train#dataset#data`` / ``validate#dataset#data`` with its datastore's image-label pairs) as cached axial
+    slices, extracted once as the run's own cases are (windowed with ``hu_window``, resized to ``image_size``);
+    entries that are slices already pass unchanged. The labels of such volumes are taken as the run's classes
+    ``0..num_classes-1`` (a MONAI Label datastore holds them so), not mapped: a value outside stops the run naming the
+    file. Labels may be NIfTI or NRRD files; a 3D Slicer segmentation (``.seg.nrrd``) is mapped to the run's
+    ``class_names`` by segment name (a liver segment is the liver class whatever its number in the file).
+
+    Args:
+        source: the run's :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`.
+    """
+
+    def __init__(self, source: Any) -> None:
+        if not isinstance(source, SynapseDataSource):
+            raise ValueError(f"source must be a SynapseDataSource, got {type(source).__name__}.")
+        self.source = source
+
+    def __call__(self, data: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        entries = [dict(e) for e in data]
+        volumes = [e for e in entries if "slice" not in e]
+        if not volumes:
+            return entries
+        s = self.source
+        for e in volumes:  # the file name without its extension (series UIDs, as MONAI Label names images, hold dots)
+            e.setdefault("case", volume_name(e["image"]))
+        # the classes themselves (another value: an error naming the file)
+        sliced = slice_with_settings(volumes, s, identity_label_map(s.num_classes), "error", f"{s.cache_dir}_volumes")
+        return [e for e in entries if "slice" in e] + sliced
 
 
 def check_test_volumes(

@@ -14,9 +14,7 @@ import torch
 from monai.data import MetaTensor
 
 from spectraflow_monai.apps.synapse import (
-    build_synapse_datalist,
     case_fraction,
-    check_synapse_settings,
     extract_slices,
     generate_synthetic_ct,
     holdout_split,
@@ -29,6 +27,7 @@ from spectraflow_monai.apps.synapse import (
 from spectraflow_monai.data import DatasetError, apply_label_map, check_class_names, check_label_map
 from spectraflow_monai.apps.synapse import MapLabelsd
 from spectraflow_monai.utils.errors import SettingError
+from tests.apps.synapse.sources import source_datalist, synapse_source
 
 SHAPE, AFFINE = (16, 16, 4), np.diag([1.0, 1.0, 2.0, 1.0])
 MAP = {0: 0, 3: 1, 7: 2}
@@ -148,22 +147,22 @@ def test_splits_without_validation_list(tmp_path, caplog):
     path = _dataset(tmp_path, n=6, test=1)  # 5 training volumes -> 1 held out
     kw = {"data_list_file_path": str(path), "num_classes": 3, "label_map": MAP}
     with caplog.at_level(logging.INFO):
-        train = build_synapse_datalist("synthetic", None, "train", **kw)
-        val = build_synapse_datalist("synthetic", None, "val", **kw)
+        train = source_datalist("synthetic", None, "train", **kw)
+        val = source_datalist("synthetic", None, "val", **kw)
     assert "the dataset setting 'synthetic' is not used" in caplog.text
     assert "has no 'validation' list: 1 of 5 training volume(s) held out" in caplog.text
     assert len(train) == 4 and len(val) == 1 and not {e["case"] for e in train} & {e["case"] for e in val}
     assert {e["case"] for e in train + val} == {f"vol_{i}" for i in range(5)}
-    assert [e["case"] for e in build_synapse_datalist("x", None, "test", **kw)] == ["vol_5"]
+    assert [e["case"] for e in source_datalist("x", None, "test", **kw)] == ["vol_5"]
     # the same hold-out on every call (seeded), another with another seed or fraction
-    assert build_synapse_datalist("synthetic", None, "val", **kw) == val
-    assert len(build_synapse_datalist("synthetic", None, "val", **kw, val_fraction=0.4)) == 2
+    assert source_datalist("synthetic", None, "val", **kw) == val
+    assert len(source_datalist("synthetic", None, "val", **kw, val_fraction=0.4)) == 2
     # explicit validation cases instead of the fraction
-    assert [e["case"] for e in build_synapse_datalist("x", None, "val", cases=["vol_2"], **kw)] == ["vol_2"]
-    train = build_synapse_datalist("x", None, "train", exclude_cases=["vol_2"], **kw)
+    assert [e["case"] for e in source_datalist("x", None, "val", cases=["vol_2"], **kw)] == ["vol_2"]
+    train = source_datalist("x", None, "train", exclude_cases=["vol_2"], **kw)
     assert [e["case"] for e in train] == ["vol_0", "vol_1", "vol_3", "vol_4"]
     with pytest.raises(DatasetError, match=r"case\(s\) \['vol_9'\] are not in its training list"):
-        build_synapse_datalist("x", None, "val", cases=["vol_9"], **kw)
+        source_datalist("x", None, "val", cases=["vol_9"], **kw)
 
 
 def test_splits_with_validation_list_and_unlabelled_test(tmp_path, caplog):
@@ -172,10 +171,10 @@ def test_splits_with_validation_list_and_unlabelled_test(tmp_path, caplog):
     spec["test"] = [spec["training"][0]["image"]]  # images only: evaluation falls back to the validation list
     path.write_text(json.dumps(spec))
     kw = {"data_list_file_path": str(path), "num_classes": 3}
-    assert [e["case"] for e in build_synapse_datalist("x", None, "train", **kw)] == ["vol_0", "vol_1", "vol_2"]
-    assert [e["case"] for e in build_synapse_datalist("x", None, "val", **kw)] == ["vol_3", "vol_4"]
+    assert [e["case"] for e in source_datalist("x", None, "train", **kw)] == ["vol_0", "vol_1", "vol_2"]
+    assert [e["case"] for e in source_datalist("x", None, "val", **kw)] == ["vol_3", "vol_4"]
     with caplog.at_level(logging.INFO):
-        test = build_synapse_datalist("x", None, "test", **kw)
+        test = source_datalist("x", None, "test", **kw)
     assert [e["case"] for e in test] == ["vol_3", "vol_4"] and "without labels" in caplog.text
     assert synapse_inference_datalist(None, data_list_file_path=str(path)) == [
         {"image": str(tmp_path / "imagesTr" / "vol_0.nii.gz")}
@@ -202,8 +201,8 @@ def test_data_fraction_keeps_nested_cases(tmp_path):
     with pytest.raises(SettingError, match="data_fraction"):
         case_fraction(entries, 0.0)
     path = _dataset(tmp_path, n=6, test=1)
-    train = build_synapse_datalist("x", None, "train", data_list_file_path=str(path), num_classes=3, label_map=MAP,
-                                   fraction=0.5)  # fmt: skip
+    train = source_datalist("x", None, "train", data_list_file_path=str(path), num_classes=3, label_map=MAP,
+                                   data_fraction=0.5)  # fmt: skip
     assert len(train) == 2  # half of the 4 training volumes left after the hold-out
 
 
@@ -253,17 +252,16 @@ def test_slice_cache_keys_on_the_label_map(tmp_path):
 def test_preset_with_a_label_map(tmp_path):
     root = tmp_path / "raw"
     generate_synthetic_ct(root, cases=[5], shape=(24, 24, 4))
-    slices = build_synapse_datalist("btcv", root, "train", cases=[5], slices=True, cache_dir=tmp_path / "c",
-                                    label_map={i: int(i == 6) for i in range(14)}, num_classes=2,
-                                    progress=False)  # fmt: skip  (liver only)
+    slices = source_datalist("btcv", root, "train", cases=[5], slices=True, cache_dir=str(tmp_path / "c"),
+                             label_map={i: int(i == 6) for i in range(14)}, num_classes=2)  # fmt: skip  (liver only)
     labels = np.concatenate([np.load(s["label"])["label"].ravel() for s in slices])
     assert set(np.unique(labels)) == {0, 1}
     generate_synthetic_ct(root, cases=[6, 7], shape=(24, 24, 4))
-    volumes = build_synapse_datalist("btcv", root, "train", cases=[5, 6, 7], fraction=0.7)  # low-data: 2 of 3 cases
-    assert len(volumes) == 2 and volumes == build_synapse_datalist("btcv", root, "train", cases=[5, 6, 7], fraction=0.7)
-    assert len(build_synapse_datalist("btcv", root, "val", cases=[5, 6, 7], fraction=0.7)) == 3  # train split only
+    volumes = source_datalist("btcv", root, "train", cases=[5, 6, 7], data_fraction=0.7)  # low-data: 2 of 3 cases
+    assert len(volumes) == 2 and volumes == source_datalist("btcv", root, "train", cases=[5, 6, 7], data_fraction=0.7)
+    assert len(source_datalist("btcv", root, "val", cases=[5, 6, 7], data_fraction=0.7)) == 3  # train split only
     with pytest.raises(SettingError, match="does not apply to dataset 'transunet'"):
-        build_synapse_datalist("transunet", root, "test", label_map={0: 0}, num_classes=2)
+        synapse_source("transunet", root, label_map={0: 0}, num_classes=2)
 
 
 # ---------------------------------------------------------------- settings and class names
@@ -275,28 +273,18 @@ def test_class_names():
         check_class_names(["a", "a"], 3)
 
 
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"label_map": {3: 5}, "num_classes": 3}, "label_map maps 3 to 5"),
-        ({"class_names": ["a"], "num_classes": 3}, "class_names must list"),
-        ({"unmapped_labels": "ignore"}, "unmapped_labels must be one of"),
-        ({"val_fraction": 1.5}, "val_fraction must be a number in"),
-        ({"data_fraction": 0}, "data_fraction must be a number in"),
-        ({"data_list_file_path": "/nonexistent/d.json"}, "does not exist"),
-        ({"sw_batch_size": 0}, r"sw_batch_size must be a positive int \(slices per network call\), got 0"),
-        ({"sw_batch_size": True}, "sw_batch_size must be a positive int"),
-    ],
-)
-def test_settings_are_checked_first(kwargs, match):
-    n = kwargs.pop("num_classes", 9)
-    with pytest.raises(ValueError, match=match):
-        check_synapse_settings(28, "synthetic", n, **kwargs)
-
-
-def test_settings_dataset_dir_that_is_a_file(tmp_path):
+def test_a_datalist_json_is_checked_when_the_source_is_built(tmp_path):
+    """The settings that need the files (a JSON that is no file, a dataset_dir that is a file) are checked when the
+    data source is built, the bundle's check_settings, before any datalist is read."""
     path = _dataset(tmp_path, n=2, test=0)
+    with pytest.raises(DatasetError, match="does not exist"):
+        synapse_source(data_list_file_path=str(tmp_path / "nonexistent.json"))
+    with pytest.raises(DatasetError, match="is not a file"):
+        synapse_source(data_list_file_path=str(tmp_path))
     with pytest.raises(DatasetError, match="is a file, not a folder"):
-        check_synapse_settings(28, data_list_file_path=str(path), dataset_dir=str(path))
-    out = check_synapse_settings(28, num_classes=3, data_list_file_path=str(path), label_map=MAP)
-    assert out["label_map"] == MAP and out["data_list_file_path"] == str(path)
+        synapse_source(data_list_file_path=str(path), dataset_dir=str(path))
+    with pytest.raises(DatasetError, match="is a file, not a folder"):
+        synapse_source("btcv", str(path))
+    source = synapse_source(data_list_file_path=str(path), num_classes=3, label_map=MAP)
+    assert source.label_map == MAP and source.data_list_file_path == str(path) and source.dataset_dir is None
+    assert source.class_names == ("background", "class_1", "class_2")

@@ -15,12 +15,11 @@ pytest.importorskip("nrrd", reason="NRRD labels need pynrrd (the label extra)")
 from spectraflow_monai.apps.synapse import (  # noqa: E402
     BTCV_TO_SYNAPSE,
     SYNAPSE_ORGANS,
-    SynapseDataSettings,
     VolumeSlices,
-    build_synapse_datalist,
     load_slice_npz,
 )
 from spectraflow_monai.utils.errors import DatasetError  # noqa: E402
+from tests.apps.synapse.sources import source_datalist, synapse_source  # noqa: E402
 from tests.data import volume_files as vf  # noqa: E402
 
 DIAGONAL, ROTATED, phantom, write_nifti, write_nrrd = vf.DIAGONAL, vf.ROTATED, vf.phantom, vf.write_nifti, vf.write_nrrd
@@ -67,9 +66,9 @@ def _dataset(root: Path, label_kind: str, image_kind: str = "nii.gz", affine=ROT
 
 
 def _slices(path: Path, cache: Path, split: str = "train", label_map=None) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    entries = build_synapse_datalist("synthetic", None, split=split, slices=True, cache_dir=cache,
-                                     data_list_file_path=path, num_classes=9, label_map=label_map,
-                                     class_names=SYNAPSE_ORGANS, progress=False)  # fmt: skip
+    entries = source_datalist("synthetic", None, split=split, slices=True, cache_dir=str(cache),
+                              data_list_file_path=str(path), label_map=label_map,
+                              class_names=list(SYNAPSE_ORGANS))  # fmt: skip
     out = []
     for e in entries:
         npz = load_slice_npz(e["image"])
@@ -126,7 +125,7 @@ def test_a_label_of_another_size_names_both_files(tmp_path):
     spec["training"][1]["label"] = small
     path.write_text(json.dumps(spec))
     with pytest.raises(DatasetError) as info:
-        build_synapse_datalist("synthetic", None, data_list_file_path=path, num_classes=9)  # header checks
+        source_datalist("synthetic", None, data_list_file_path=str(path))  # header checks
     text = str(info.value)
     assert small in text and spec["training"][1]["image"] in text and "(24, 20, 5)" in text and "\n" not in text
 
@@ -135,14 +134,13 @@ def test_a_label_of_another_size_names_both_files(tmp_path):
 def test_volume_slices_read_every_label_kind(tmp_path, kind):
     """MONAI Label's training pairs (VolumeSlices): a segmentation's liver is class 5 whatever its number in the
     file; image names that hold dots (series UIDs) stay distinct cases."""
-    items = []
+    items, shape = [], (28, 28, 6)  # the model's slice size: the cached slices keep the labels as they are
     for case, uid in ((5, "1.2.826.0.1.5"), (6, "1.2.826.0.1.6")):
-        image, label = phantom(SHAPE, case)
+        image, label = phantom(shape, case)
         items.append({"image": write_nifti(tmp_path / f"{uid}.nii.gz", image, DIAGONAL),
                       "label": _label_file(tmp_path, f"{uid}_label", label, DIAGONAL, kind)})  # fmt: skip
-    settings = SynapseDataSettings(cache_dir=str(tmp_path / "cache"), image_size=None, progress=False)
-    sliced = VolumeSlices(settings)(items)
+    sliced = VolumeSlices(synapse_source(cache_dir=str(tmp_path / "cache")))(items)
     assert sorted({e["case"] for e in sliced}) == ["1.2.826.0.1.5", "1.2.826.0.1.6"]
-    _, label = phantom(SHAPE, 5)
+    _, label = phantom(shape, 5)
     first = [load_slice_npz(e["label"])["label"] for e in sliced if e["case"] == "1.2.826.0.1.5"]
     np.testing.assert_array_equal(np.stack(first, axis=-1), label)

@@ -18,7 +18,6 @@ from spectraflow_monai.apps.synapse import (
     SYNAPSE_ORGANS,
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
-    build_synapse_datalist,
     check_volume_pair,
     extract_slices,
     format_case_id,
@@ -29,6 +28,8 @@ from spectraflow_monai.apps.synapse import (
     synthetic_ct_volume,
 )
 from spectraflow_monai.data import DatasetError
+from spectraflow_monai.utils.errors import SettingError
+from tests.apps.synapse.sources import source_datalist, synapse_source
 
 TINY = (32, 32, 8)
 CASES = [5, 6, 1]
@@ -128,42 +129,42 @@ def test_transunet_datalists(tu_root):
         ("btcv", None, None, None),  # nothing excluded: TransUNet's 18 training cases, 16 of them missing here
     ],
 )
-def test_build_synapse_datalist_exclude_cases(raw_root, dataset, cases, exclude, expected):
+def test_source_datalist_exclude_cases(raw_root, dataset, cases, exclude, expected):
     kwargs = dict(cases=cases, exclude_cases=exclude)
     if expected is None:
         with pytest.raises(DatasetError, match="case 0007"):
-            build_synapse_datalist(dataset, raw_root, "train", **kwargs)
+            source_datalist(dataset, raw_root, "train", **kwargs)
         return
-    entries = build_synapse_datalist(dataset, raw_root, "train", **kwargs)
+    entries = source_datalist(dataset, raw_root, "train", **kwargs)
     assert [d["case"] for d in entries] == expected
 
 
 def test_synthetic_phantom_is_generated_once_and_checked(tmp_path):
     root = tmp_path / "phantom"
     gen = {"cases": [5, 1], "shape": list(TINY)}
-    assert [d["case"] for d in build_synapse_datalist("synthetic", root, "train", generate=gen)] == ["0005"]
+    assert [d["case"] for d in source_datalist("synthetic", root, "train", synthetic_size=gen)] == ["0005"]
     manifest = json.loads((root / "synthetic_ct.json").read_text())
     assert manifest == {"cases": ["0005", "0001"], "shape": list(TINY), "spacing": [0.8, 0.8, 2.5], "seed": 0,
                         "noise_std": 12.0}  # fmt: skip
     stamp = os.path.getmtime(root / "RawData" / "Training" / "img" / "img0005.nii.gz")
-    assert len(build_synapse_datalist("synthetic", root, "test", generate=dict(gen))) == 1  # same request: reused
+    assert len(source_datalist("synthetic", root, "test", synthetic_size=dict(gen))) == 1  # same request: reused
     assert os.path.getmtime(root / "RawData" / "Training" / "img" / "img0005.nii.gz") == stamp
     # another request on the same folder stops with both parameter sets instead of silently using the old phantom
     for other, key in (({"cases": [5, 6, 1]}, "cases"), ({"shape": [16, 16, 4]}, "shape"), ({"seed": 3}, "seed")):
         with pytest.raises(DatasetError, match=rf"{re.escape(str(root))}.*other parameters.*'{key}'.*dataset_dir"):
-            build_synapse_datalist("synthetic", root, "train", generate={**gen, **other})
+            source_datalist("synthetic", root, "train", synthetic_size={**gen, **other})
     with pytest.raises(ValueError, match="generate_synthetic_ct"):
-        build_synapse_datalist("synthetic", root, "train", generate={**gen, "size": 3})
+        source_datalist("synthetic", root, "train", synthetic_size={**gen, "size": 3})
     # a phantom without manifest: the requested cases must be there
     os.remove(root / "synthetic_ct.json")
-    assert len(build_synapse_datalist("synthetic", root, "train", generate={"cases": [5], "shape": [8, 8, 2]})) == 1
+    assert len(source_datalist("synthetic", root, "train", synthetic_size={"cases": [5], "shape": [8, 8, 2]})) == 1
     with pytest.raises(DatasetError, match=r"'cases': \['0005', '0001'\]"):
-        build_synapse_datalist("synthetic", root, "train", generate={"cases": [5, 6, 1]})
+        source_datalist("synthetic", root, "train", synthetic_size={"cases": [5, 6, 1]})
 
 
-def test_build_synapse_datalist_exclude_every_case(raw_root):
+def test_source_datalist_exclude_every_case(raw_root):
     with pytest.raises(ValueError, match=r"no case of the train split is left after excluding \['0005', '0006'\]"):
-        build_synapse_datalist("synthetic", raw_root, "train", exclude_cases=[5, 6])
+        source_datalist("synthetic", raw_root, "train", exclude_cases=[5, 6])
 
 
 def test_datalist_bad_arguments(tmp_path, raw_root):
@@ -397,7 +398,7 @@ def test_bad_phantom_manifest_is_named(tmp_path, content):
     generate_synthetic_ct(root, cases=[5], shape=(16, 16, 4))
     (root / "synthetic_ct.json").write_text(content)
     with pytest.raises(DatasetError, match=r"phantom manifest .*synthetic_ct\.json"):
-        build_synapse_datalist("synthetic", root, "train", generate={"cases": [5], "shape": [16, 16, 4]})
+        source_datalist("synthetic", root, "train", synthetic_size={"cases": [5], "shape": [16, 16, 4]})
 
 
 # ----------------------------------------------------------------------------------------- non-finite CT voxels
@@ -429,7 +430,7 @@ def test_extract_slices_names_a_volume_with_nan_voxels(raw_root, tmp_path, inf):
     os.replace(entry["image"], root / "RawData/Training/img/img0005.nii.gz")
     Path(root / "RawData/Training/label/label0005.nii.gz").write_bytes(Path(entry["label"]).read_bytes())
     with pytest.raises(DatasetError, match=pattern):
-        build_synapse_datalist("btcv", root, "train", cases=[5], slices=True, cache_dir=tmp_path / "c2", progress=False)
+        source_datalist("btcv", root, "train", cases=[5], slices=True, cache_dir=str(tmp_path / "c2"))
     assert not list((tmp_path / "c2").glob("case0005/*.npz"))
 
 
@@ -475,33 +476,59 @@ def test_extract_slices_names_a_transunet_volume_with_nan(tu_root, tmp_path):
 
 # ------------------------------------------------------------------------------------------- bundle settings
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "values, match",
     [
         ({"image_size": "abc"}, r"image_size must be a positive int multiple of 14 .*got 'abc'"),
         ({"image_size": 100}, r"image_size must be a positive int multiple of 14 .*got 100"),
-        ({"image_size": 224.0}, r"image_size .*got 224\.0"),
         ({"dataset": "acdc"}, r"dataset must be one of .*got 'acdc'"),
         ({"num_classes": 1}, r"num_classes must be an int >= 2 .*got 1"),
         ({"hu_window": [275, -125]}, r"hu_window must be .*got \[275, -125\]"),
         ({"hu_window": "wide"}, r"hu_window must be .*got 'wide'"),
         ({"nonfinite": "ignore"}, r"nonfinite must be one of \['error', 'replace'\], got 'ignore'"),
-        ({"nonfinite": "replace", "nonfinite_value": "air"}, r"nonfinite_value must be a finite number, got 'air'"),
+        ({"nonfinite": "replace", "nonfinite_value": "air"}, r"nonfinite_value must be a number .*got 'air'"),
+        ({"unmapped_labels": "ignore"}, r"unmapped_labels must be one of \['error', 'background'\], got 'ignore'"),
+        ({"val_split": "train"}, r"val_split must be one of \['val', 'test'\], got 'train'"),
+        ({"train_cases": []}, r"train_cases must be a non-empty list of case ids .*got \[\]"),
+        ({"val_cases": [7, 7]}, r"val_cases lists a case twice: \[7, 7\]"),
+        ({"test_cases": [1.5]}, r"test_cases must list case ids .*got 1\.5"),
+        ({"synthetic_size": {"size": 3}}, r"synthetic_size holds \['size'\], which generate_synthetic_ct does not"),
+        ({"synthetic_size": {"shape": [4, 4]}}, r"synthetic_size \{'shape': \[4, 4\]\}: shape must be"),
+        ({"label_map": {3: 5}, "num_classes": 3}, "label_map maps 3 to 5"),
+        ({"class_names": ["a"], "num_classes": 3}, "class_names must list 3 distinct names"),
+        ({"dataset": "transunet", "label_map": {0: 0}, "num_classes": 2}, "does not apply to dataset 'transunet'"),
+        ({"val_fraction": 1.5}, "val_fraction must be a number in"),
+        ({"data_fraction": 0}, "data_fraction must be a number in"),
     ],
 )
-def test_check_synapse_settings_names_the_setting(kwargs, match):
-    from spectraflow_monai.apps.synapse import check_synapse_settings
-    from spectraflow_monai.utils.errors import SettingError
-
+def test_the_settings_objects_name_a_bad_value(tmp_path, values, match):
+    """Each Synapse data and CT setting is checked where its object is built (the data source last, for what needs
+    the others), before anything is written."""
+    values = dict(values)
     with pytest.raises(SettingError, match=match):
-        check_synapse_settings(**{"image_size": 224, **kwargs})
+        synapse_source(values.pop("dataset", "synthetic"), str(tmp_path / "data"), **values)
+    assert not any(tmp_path.iterdir())
 
 
-def test_check_synapse_settings_normalises():
-    from spectraflow_monai.apps.synapse import check_synapse_settings
+def test_the_data_options_are_normalised_and_recorded_whole(tmp_path):
+    from spectraflow_monai.apps.synapse import SynapseDataOptions, SynapseDataSource
+    from spectraflow_monai.utils.settings import DataSettings
 
-    out = check_synapse_settings(np.int64(56), "BTCV", 9, (-125, 275), "replace", -1000)
-    assert out == {
-        "image_size": 56, "dataset": "btcv", "num_classes": 9, "hu_window": [-125.0, 275.0],
-        "nonfinite": "replace", "nonfinite_value": -1000.0,
-    }  # fmt: skip
-    assert check_synapse_settings(224) == {"image_size": 224}
+    options = SynapseDataOptions(train_cases=np.int64(5), val_cases=[7, "ct_02"], synthetic_size={"cases": (5, 1)})
+    assert options.train_cases == [5] and options.val_cases == [7, "ct_02"]
+    source = synapse_source("BTCV", str(tmp_path), unmapped_labels="background", hu_window=(-100, 200), val_split="test")
+    assert source.dataset == "btcv" and source.hu_window == (-100.0, 200.0) and source.unmapped_labels == "background"
+    assert source.cache_dir == os.path.join(".", "cache", "btcv_28") and source.spatial_size == [28, 28]
+    assert source.synthetic_size is None  # a preset of files on disk generates nothing
+    # the run record names the source by what it reads (its settings are recorded whole beside it)
+    cache = os.path.join(".", "cache", "btcv_28")
+    assert repr(source) == f"SynapseDataSource(dataset='btcv', dataset_dir={str(tmp_path)!r}, cache_dir={cache!r})"
+    # the record holds the data options once, without the CT preprocessing (the model's); read back, the same source
+    recorded = source.data.to_dict()
+    assert recorded["data_options"] == {"unmapped_labels": "background", "train_cases": None, "val_cases": None,
+                                        "test_cases": None, "val_split": "test", "synthetic_size": None}  # fmt: skip
+    again = SynapseDataSource(DataSettings.from_dict(recorded), source.model, source.run)
+    assert again.options == source.options
+    # the data options of a record written when they held the CT preprocessing (now the model's) are refused, named
+    old = {**recorded, "data_options": {**recorded["data_options"], "hu_window": [-125.0, 275.0], "nonfinite": "error"}}
+    with pytest.raises(SettingError, match=r"data_options: unknown SynapseDataOptions \['hu_window', 'nonfinite'\]"):
+        SynapseDataSource(DataSettings.from_dict(old), source.model, source.run)
