@@ -209,13 +209,17 @@ def stage2_run(
             overrides, loading the arm's Stage-1 export (the Stage-1 runs are shared).
 
     Returns:
-        ``(run, overrides)``: an arm with ``shared_stage1`` loads the export of the ablation's shared Stage-1 run.
+        ``(run, overrides)``: an arm with ``shared_stage1`` loads the export of the ablation's shared Stage-1 run;
+        every arm with a Stage-1 (its own or the shared one) sets ``encoder_init: stage1``, so that a missing export
+        stops the run instead of training the "no Stage-1" row under the arm's name.
 
     Raises:
         ValueError: ``ablation`` does not offer ``decoder``.
     """
     decoder = _check_decoder(ablation, decoder)
     settings = dict(arm.stage2)
+    if arm.shared_stage1 or arm.stage1 is not None:  # a row that means Stage-1 requires its export, never "auto"
+        settings.setdefault("encoder_init", "stage1")
     if arm.shared_stage1:
         settings = {"stage1_encoder": str(runner.run_dir(SHARED_STAGE1_RUN) / "models" / "encoder_stage1.pt"),
                     **settings}  # fmt: skip
@@ -256,7 +260,8 @@ def run_ablation(
             to None: the arms' own. A decoder other than the default writes ``<stem>_<decoder>_decoder.*``.
 
     Returns:
-        One row per arm: ``arm``, ``value`` and the :data:`~spectraflow_monai.experiments.runner.EXPERIMENT_METRICS`.
+        One row per arm: ``arm``, ``value``, ``encoder_start`` (where its encoder started, read from its
+        ``models/model.json``) and the :data:`~spectraflow_monai.experiments.runner.EXPERIMENT_METRICS`.
 
     Raises:
         ValueError: an unknown ``ablation``, ``scale``, ``arms`` entry or ``decoder``.
@@ -285,7 +290,7 @@ def run_ablation(
         run, settings = stage2_run(runner, ablation, arm, decoder)
         runner.step(run, "stage2", ["train.yaml"], settings)
         scores = runner.evaluate(run, ["train.yaml"], "clean", settings)
-        rows.append({"arm": arm.name, "value": arm.value, **scores})
+        rows.append({"arm": arm.name, "value": arm.value, "encoder_start": runner.encoder_start(run), **scores})
     out, stem = Path(output), _files_stem(ablation, decoder)
     write_csv(out / f"{stem}.csv", rows)
     _plot(out / f"{stem}.png", rows, ablation, experiment_title(_title(ablation, decoder), common))
@@ -329,7 +334,7 @@ def ablation_markdown(
     decoder: str | None = None,
 ) -> str:
     """The report section: one row per arm with what sets it apart (its overrides, the Stage-2 decoder included),
-    mDSC, mIoU and HD95 (``decoder``: that of :func:`run_ablation`)."""
+    where its encoder started (``encoder_start``), mDSC, mIoU and HD95 (``decoder``: that of :func:`run_ablation`)."""
     arms = {arm.name: arm for arm in ablation.arms}
     extra = {} if decoder is None or decoder == _default_decoder(ablation) else dict(ablation.decoders[decoder])
     stem = _files_stem(ablation, decoder)
@@ -338,13 +343,15 @@ def ablation_markdown(
         "",
         settings_text(scale, settings),
         "",
-        "| arm | Stage-1 | Stage-2 overrides | " + " | ".join(METRIC_HEADERS[m] for m in EXPERIMENT_METRICS) + " |",
-        "| --- | --- | --- |" + " ---: |" * len(EXPERIMENT_METRICS),
+        "| arm | Stage-1 | encoder start | Stage-2 overrides | "
+        + " | ".join(METRIC_HEADERS[m] for m in EXPERIMENT_METRICS) + " |",
+        "| --- | --- | --- | --- |" + " ---: |" * len(EXPERIMENT_METRICS),
     ]
     for r in rows:
         arm = arms[r["arm"]]
         shown = _overrides_text({**arm.stage2, **extra})
-        lines.append(f"| {arm.name} | {_stage1_text(arm)} | {shown} | " + " | ".join(metric_cells(r)) + " |")
+        start = r.get("encoder_start", "not recorded")
+        lines.append(f"| {arm.name} | {_stage1_text(arm)} | {start} | {shown} | " + " | ".join(metric_cells(r)) + " |")
     return "\n".join([*lines, "", f"![{stem}]({stem}.png)", ""])
 
 

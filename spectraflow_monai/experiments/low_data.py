@@ -4,8 +4,9 @@ SpectraFlow (Chen et al.) trains on random subsets of the ISIC-2016 training set
 same network fine-tuned from the official DINOv2 weights without Stage-1 and with baselines it does not name. Here
 every arm is a run of the 2D bundle at ``data_fraction`` f (the seeded, nested subsets of
 :func:`spectraflow_monai.data.low_data_subset`): ``spectraflow`` (Stage-1 on the masks and images of the same subset,
-then Stage-2), ``no_stage1`` (Stage-2 from ``pretrained_weights``: ``encoder_init pretrained``, the paper's "no
-Stage-1" row) and ``baseline`` (the bundle's MONAI UNet by default), each evaluated on the whole test split.
+then Stage-2 from its export: ``encoder_init stage1``, a missing export stops the arm), ``no_stage1`` (Stage-2 from
+``pretrained_weights``: ``encoder_init pretrained``, the paper's "no Stage-1" row) and ``baseline`` (the bundle's
+MONAI UNet by default), each evaluated on the whole test split; each row states where its encoder started.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def run_low_data(
         overrides: more bundle overrides of every step (they win over the scale's).
 
     Returns:
-        One row per fraction and arm.
+        One row per fraction and arm, with where its encoder started (``encoder_start``, from its ``model.json``).
     """
     if scale not in LOW_DATA_SCALES:
         raise ValueError(f"scale must be one of {list(LOW_DATA_SCALES)}, got {scale!r}.")
@@ -76,7 +77,7 @@ def run_low_data(
         pct = f"{round(100 * float(fraction))}pct"
         sub = {"data_fraction": float(fraction)}
         arms = {
-            "spectraflow": (["train.yaml"], sub),
+            "spectraflow": (["train.yaml"], {**sub, "encoder_init": "stage1"}),  # requires its Stage-1 export
             "no_stage1": (["train.yaml"], {**sub, "encoder_init": "pretrained"}),
             "baseline": (["train.yaml", baseline_config], sub),
         }
@@ -84,7 +85,9 @@ def run_low_data(
         for arm, (configs, settings) in arms.items():
             run = f"{arm}_{pct}"
             runner.step(run, "stage2", configs, settings)
-            rows.append({"fraction": float(fraction), "model": arm, **runner.evaluate(run, configs, "clean", settings)})
+            scores = runner.evaluate(run, configs, "clean", settings)
+            start = runner.encoder_start(run)
+            rows.append({"fraction": float(fraction), "model": arm, "encoder_start": start, **scores})
     out = Path(output)
     write_csv(out / "low_data.csv", rows)
     _plot(out / "low_data.png", rows, experiment_title(LOW_DATA_TITLE, common))
@@ -111,15 +114,17 @@ def _plot(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
 
 
 def low_data_markdown(rows: Sequence[Mapping[str, Any]], scale: str, settings: Mapping[str, Any]) -> str:
-    """The report section: mDSC, mIoU and HD95 per training fraction and arm."""
+    """The report section: mDSC, mIoU and HD95 per training fraction and arm, with where its encoder started."""
     lines = [
         f"## {experiment_title(LOW_DATA_TITLE, settings)}",
         "",
         settings_text(scale, settings),
         "",
-        "| training images | model | " + " | ".join(METRIC_HEADERS[m] for m in EXPERIMENT_METRICS) + " |",
-        "| ---: | --- |" + " ---: |" * len(EXPERIMENT_METRICS),
+        "| training images | model | encoder start | "
+        + " | ".join(METRIC_HEADERS[m] for m in EXPERIMENT_METRICS) + " |",
+        "| ---: | --- | --- |" + " ---: |" * len(EXPERIMENT_METRICS),
     ]
     for r in rows:
-        lines.append(f"| {100 * r['fraction']:.0f} % | {r['model']} | " + " | ".join(metric_cells(r)) + " |")
+        start = r.get("encoder_start", "not recorded")
+        lines.append(f"| {100 * r['fraction']:.0f} % | {r['model']} | {start} | " + " | ".join(metric_cells(r)) + " |")
     return "\n".join([*lines, "", "![low data](low_data.png)", ""])

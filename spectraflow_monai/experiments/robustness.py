@@ -129,11 +129,12 @@ def run_robustness(
     models = {"spectraflow": ["train.yaml"], "baseline": ["train.yaml", baseline_config]}
     models.update({name: ["train.yaml", config] for name, config in extra.items()})
     runner.step("spectraflow", "stage1", ["train.yaml", "train_stage1.yaml"])
-    for name, configs in models.items():
-        runner.step(name, "stage2", configs)
+    for name, configs in models.items():  # SpectraFlow's Stage-2 requires its Stage-1 export (never "auto")
+        runner.step(name, "stage2", configs, {"encoder_init": "stage1"} if name == "spectraflow" else None)
     rows: list[dict[str, Any]] = []
     shifts = [("clean", 0)] + [(k, s) for k in kinds for s in severities]
-    facts = {name: runner.network_facts(name, configs) for name, configs in models.items()}
+    facts = {name: {**runner.network_facts(name, configs), "encoder_start": runner.encoder_start(name)}
+             for name, configs in models.items()}  # fmt: skip
     for name, configs in models.items():
         clean: dict[str, float] = {}
         for kind, severity in shifts:
@@ -157,9 +158,11 @@ def run_robustness(
 
 
 def model_label(name: str, config: str | None, facts: Mapping[str, Any]) -> str:
-    """The name a table gives model ``name``: with its config (a baseline's), parameter count and normalisation, e.g.
-    ``baseline (unetpp_baseline; 9.05 M parameters; BatchNorm2d)``."""
+    """The name a table gives model ``name``: with its config (a baseline's), parameter count, normalisation and where
+    its encoder started (``facts["encoder_start"]``, when known), e.g. ``baseline (unetpp_baseline; 9.05 M
+    parameters; BatchNorm2d; encoder start none (no encoder))``."""
     parts = ([Path(config).stem] if config else []) + [f"{facts['parameters'] / 1e6:.2f} M parameters", facts["norm"]]
+    parts += [f"encoder start {facts['encoder_start']}"] if facts.get("encoder_start") else []
     return f"{name} ({'; '.join(parts)})"
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "SCALES",
     "EncoderWeightsError",
     "ExperimentRunner",
+    "encoder_start_text",
     "experiment_settings",
     "experiment_title",
     "metric_cells",
@@ -179,6 +180,30 @@ def read_summary(eval_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def encoder_start_text(model_file: str | os.PathLike) -> str:
+    """Where the encoder of ``model_file`` started, as a table row states it, read from the record beside it
+    (``models/model.json``, its ``encoder_start``): ``Stage-1 export``, ``pretrained (timm)`` / ``pretrained
+    (<file>)``, ``random`` (``random (pretrained_weights none)`` when the pretrained weights were none), ``none (no
+    encoder)`` for a network without one; ``not recorded`` for a record written before the start was recorded, and
+    ``unknown (no model.json)`` without a record."""
+    from spectraflow_monai.utils.settings import ModelSettings, model_settings_path
+
+    path = Path(model_settings_path(model_file))
+    if not path.is_file():
+        return "unknown (no model.json)"
+    content = json.loads(path.read_text())
+    start = content.get("encoder_start")
+    if start is None:
+        model = ModelSettings.from_dict(content.get("model") or {}, source=str(path))
+        return "not recorded" if model.has_encoder else "none (no encoder)"
+    weights = start.get("weights")
+    if start.get("start") == "stage1":
+        return "Stage-1 export"
+    if start.get("start") == "pretrained" and weights is not None:
+        return f"pretrained ({weights if weights == 'timm' else Path(weights).name})"
+    return "random" if start.get("start") == "random" else "random (pretrained_weights none)"
+
+
 def write_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> None:
     """Write ``rows`` (dicts with the same keys) as a CSV file, atomically."""
     path = Path(path)
@@ -290,6 +315,10 @@ class ExperimentRunner:
         network = bundle_parser(self.bundle, list(configs), settings).get_parsed_content("network_def", lazy=False)
         norms = sorted({type(m).__name__ for m in network.modules() if "Norm" in type(m).__name__})
         return {"parameters": sum(p.numel() for p in network.parameters()), "norm": ", ".join(norms) or "none"}
+
+    def encoder_start(self, run: str) -> str:
+        """Where the encoder of ``run``'s model started (:func:`encoder_start_text` of its ``models/model.pt``)."""
+        return encoder_start_text(self.run_dir(run) / "models" / "model.pt")
 
     def _eval_settings(self, run: str, tag: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
         return {**dict(overrides or {}), "output_dir": str(self.run_dir(run) / "eval" / tag)}

@@ -482,7 +482,8 @@ class RestartDecision:
     """What a run does at its start, decided once (:func:`~spectraflow_monai.utils.run_record.decide_restart`) and
     followed by everything that touches its folder: the run record (:func:`~spectraflow_monai.utils.run_record.
     record_run` writes it and keeps the earlier run aside) and the checkpoint loader (:func:`resume_checkpoint`).
-    The third way, refusing to continue a run of other settings, is a :class:`~spectraflow_monai.utils.errors.SettingError` instead of a decision.
+    The third way, refusing to continue a run of other settings, is a
+    :class:`~spectraflow_monai.utils.errors.SettingError` instead of a decision.
 
     Args:
         run_dir: the run's checkpoint folder.

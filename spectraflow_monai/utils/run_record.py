@@ -229,7 +229,9 @@ def _record_differences(old: Mapping[str, Any], record: Mapping[str, Any], path:
     component that ``old`` was written without is named in a warning and not compared."""
     later = _added_later(old, record)
     if later:
-        logger.warning(f"{path} was written before {', '.join(later)} were recorded: continuing without comparing them.")
+        logger.warning(
+            f"{path} was written before {', '.join(later)} were recorded: continuing without comparing them."
+        )
     return [
         d
         for part in _COMPARED

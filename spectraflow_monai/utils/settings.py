@@ -486,7 +486,9 @@ def _check_device(value: Any) -> None:
             raise TypeError
         torch.device(value)
     except (TypeError, RuntimeError, ValueError):
-        raise SettingError(f"device must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {value!r}.") from None
+        raise SettingError(
+            f"device must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {value!r}."
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)

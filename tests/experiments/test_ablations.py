@@ -61,6 +61,11 @@ def test_one_row_per_arm_with_csv_figure_and_report(experiment):
     assert all(f"| {arm} |" in text for arm in ARMS[name])
     assert "| mDSC (%) | mIoU (%) | HD95 (px, missed = diagonal) |" in text
     assert all(0.0 <= r["mIoU"] <= r["mDSC"] <= 1.0 for r in rows)
+    # each row states where its encoder started, read from its models/model.json (no_stage1: pretrained_weights none)
+    starts = {r["arm"]: r["encoder_start"] for r in rows}
+    expected = {a: "random (pretrained_weights none)" if a == "no_stage1" else "Stage-1 export" for a in ARMS[name]}
+    assert starts == expected
+    assert "| encoder start |" in text and all(f"| {start} |" in text for start in starts.values())
 
 
 def test_each_arm_runs_the_settings_it_names(experiment):
@@ -73,6 +78,7 @@ def test_each_arm_runs_the_settings_it_names(experiment):
         image_only = _marker(out, stem, "image_meanflow", "stage1")["overrides"]
         assert image_only["mask_ratio"] == 0.0 and image_only["dispersive_weight"] == 0.0
         assert _marker(out, stem, "mixed_meanflow", "stage1")["overrides"]["dispersive_weight"] == 0.0
+        assert _marker(out, stem, "mixed_mae", "stage2")["overrides"]["encoder_init"] == "stage1"
         default = _marker(out, stem, "mixed_meanflow_dispersive", "stage1")["overrides"]
         assert not {"dispersive_weight", *PAPER_LITERAL_STAGE1} & set(default)
         literal = _marker(out, stem, "paper_literal", "stage1")["overrides"]
@@ -186,7 +192,9 @@ def test_stage2_run_of_each_decoder(tmp_path, arm, decoder):
         own_export = str(tmp_path / "stage1" / arm / "models" / "encoder_stage1.pt")  # the arm's Stage-1, shared
         assert settings.get("stage1_encoder") == (None if arm == "no_stage1" else own_export)
     else:
-        assert (run, settings) == (arm, dict(STAGE1_ARMS[arm].stage2))
+        own = {} if arm == "no_stage1" else {"encoder_init": "stage1"}  # a Stage-1 row requires its export
+        assert (run, settings) == (arm, {**STAGE1_ARMS[arm].stage2, **own})
+    assert settings["encoder_init"] == ("pretrained" if arm == "no_stage1" else "stage1")
 
 
 @pytest.mark.parametrize("decoder,stem,fusion", [(None, "stage1", "concat"), ("full", "stage1_full_decoder", "daf")])

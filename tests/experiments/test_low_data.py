@@ -40,6 +40,11 @@ def test_three_arms_per_fraction(experiment):
     text = (out / "low_data.md").read_text()
     assert text.startswith(f"## {LOW_DATA_TITLE}: {RANDOM_INIT_NOTE}\n") and "| 50 % | no_stage1 |" in text
     assert "| mDSC (%) | mIoU (%) | HD95 (px, missed = diagonal) |" in text
+    # each row states where its encoder started, read from its models/model.json
+    starts = {"spectraflow": "Stage-1 export", "no_stage1": "random (pretrained_weights none)",
+              "baseline": "none (no encoder)"}  # fmt: skip
+    assert all(r["encoder_start"] == starts[r["model"]] for r in rows)
+    assert "| 50 % | spectraflow | Stage-1 export |" in text and "| 50 % | baseline | none (no encoder) |" in text
 
 
 def test_arms_train_on_the_subset_and_no_stage1_skips_stage1(experiment):
@@ -50,6 +55,8 @@ def test_arms_train_on_the_subset_and_no_stage1_skips_stage1(experiment):
     assert not (root / "no_stage1_50pct" / "stage1.done.json").exists()
     no_stage1 = json.loads((root / "no_stage1_50pct" / "stage2.done.json").read_text())
     assert no_stage1["overrides"]["encoder_init"] == "pretrained"
+    spectraflow = json.loads((root / "spectraflow_50pct" / "stage2.done.json").read_text())
+    assert spectraflow["overrides"]["encoder_init"] == "stage1"  # requires its Stage-1 export, never "auto"
     baseline = json.loads((root / "baseline_100pct" / "stage2.done.json").read_text())
     assert baseline["configs"] == ["train.yaml", "unet_baseline.yaml"]
 
@@ -75,4 +82,6 @@ def test_table_carries_miou(tmp_path, monkeypatch):
     assert [r["mIoU"] for r in rows] == [SUMMARY["mIoU"]] * 3
     with open(tmp_path / "low_data.csv") as f:
         assert [float(r["mIoU"]) for r in csv.DictReader(f)] == [SUMMARY["mIoU"]] * 3
-    assert "| 50 % | baseline | 81.25 | 68.75 | 12.50 |" in (tmp_path / "low_data.md").read_text()
+    # the stubbed runs write no model.json
+    row = "| 50 % | baseline | unknown (no model.json) | 81.25 | 68.75 | 12.50 |"
+    assert row in (tmp_path / "low_data.md").read_text()

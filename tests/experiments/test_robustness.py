@@ -65,7 +65,10 @@ def test_rows_cover_every_model_clean_and_shifted(experiment):
     assert (out / "robustness.png").stat().st_size > 0
     text = (out / "robustness.md").read_text()
     assert text.startswith(f"## {ROBUSTNESS_TITLE}: {RANDOM_INIT_NOTE}\n")
-    assert "| baseline (unetpp_baseline; 9.05 M parameters; BatchNorm2d) | gaussian_noise | 3 |" in text
+    start = "encoder start none (no encoder)"  # read from each model's models/model.json
+    assert f"| baseline (unetpp_baseline; 9.05 M parameters; BatchNorm2d; {start}) | gaussian_noise | 3 |" in text
+    assert "| spectraflow (" in text and "encoder start Stage-1 export) |" in text
+    assert {r["model"]: r["encoder_start"] for r in rows}["spectraflow"] == "Stage-1 export"
     assert "| unet (unet_baseline; " in text and "| mIoU (%) | change (points) |" in text
     assert all(0.0 <= r["mIoU"] <= 1.0 and "mIoU_change" in r for r in rows)
 
@@ -170,5 +173,7 @@ def test_tables_carry_miou_and_each_models_size(tmp_path, monkeypatch):
     assert {"mDSC", "mIoU", "hd95_monai_empty_as_diagonal", "mIoU_change", "parameters", "norm"} <= set(header)
     text = (tmp_path / "robustness.md").read_text()
     assert "| mDSC (%) | change (points) | mIoU (%) | change (points) | HD95 (px, missed = diagonal) |" in text
-    assert "| baseline (unetpp_baseline; 9.05 M parameters; BatchNorm2d) | contrast | 2 | 81.25 | +0.00 | 68.75 |" \
-        in text  # fmt: skip
+    row = "| baseline (unetpp_baseline; 9.05 M parameters; BatchNorm2d; encoder start unknown (no model.json)) |"
+    assert f"{row} contrast | 2 | 81.25 | +0.00 | 68.75 |" in text  # the stubbed runs write no model.json
+    assert [c["settings"].get("encoder_init") for c in calls if c["title"].endswith("/ stage2")] == [
+        "stage1", None, None, None, None]  # SpectraFlow requires its Stage-1 export
