@@ -20,10 +20,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["export_model_file", "main"]
+__all__ = ["CPU_ATOL", "DEFAULT_ATOL", "VARIANTS", "export_model_file", "main"]
 
 #: the largest difference of the logits the export's check accepts by default (the issue's bound; about 1e-6 seen)
 DEFAULT_ATOL = 1e-3
+#: the check's default for ``--variant cpu`` (int8 encoder): the logits move by more than float round-off
+CPU_ATOL = 1.0
+#: ``--variant``'s choices: :data:`spectraflow_monai.networks.onnx_runtime.ONNX_VARIANTS` (named here, so that
+#: ``--help`` answers without importing torch; a test keeps the two equal)
+VARIANTS = ("fp32", "int8-encoder", "cpu")
 
 
 def export_model_file(
@@ -31,6 +36,7 @@ def export_model_file(
     output: str | os.PathLike | None = None,
     atol: float = DEFAULT_ATOL,
     int8_encoder: bool = False,
+    variant: str | None = None,
 ) -> Path:
     """Export the model of a bundle's model file to ONNX, beside it by default (``models/model.onnx``).
 
@@ -49,6 +55,10 @@ def export_model_file(
             (:func:`~spectraflow_monai.networks.export.quantize_encoder_linear`): faster on the CPU, not equal to
             the network within float round-off (the check's ``atol`` may need raising; compare the masks of
             ``inference.yaml`` and ``inference_onnx.yaml`` on own images before deploying it). Defaults to False.
+        variant: the export variant, one of :data:`~spectraflow_monai.networks.onnx_runtime.ONNX_VARIANTS`:
+            ``"fp32"``, ``"int8-encoder"`` (= ``int8_encoder``) or ``"cpu"``, the variant for CPU servers (fused
+            onnxruntime attention, int8 encoder; :func:`~spectraflow_monai.networks.onnx_runtime.export_variant`).
+            None: ``"int8-encoder"`` with ``int8_encoder``, else ``"fp32"``. Defaults to None.
 
     Returns:
         the path written.
@@ -65,7 +75,8 @@ def export_model_file(
     from ignite.handlers import Checkpoint
 
     from spectraflow_monai.apps.workflow import recorded_network
-    from spectraflow_monai.networks.export import export_digests, export_onnx
+    from spectraflow_monai.networks.export import export_digests
+    from spectraflow_monai.networks.onnx_runtime import export_variant
     from spectraflow_monai.utils.errors import SettingError
     from spectraflow_monai.utils.run_record import ModelRecord, read_model_settings, weights_mismatch
     from spectraflow_monai.utils.settings import model_settings_path
@@ -82,9 +93,10 @@ def export_model_file(
     entry = record.settings.architecture_entry
     if entry.export is not None:
         raise SettingError(f"{model_file}: architecture {entry.name!r} has no ONNX export: {entry.export}")
-    if int8_encoder and not entry.has_encoder:
-        raise SettingError(f"--int8-encoder quantises the ViT encoder; {model_file} is a {entry.name!r} model, which "
-                           "has none: export it without --int8-encoder.")  # fmt: skip
+    variant = variant if variant is not None else "int8-encoder" if int8_encoder else "fp32"
+    if variant != "fp32" and not entry.has_encoder:
+        raise SettingError(f"--variant {variant} quantises the ViT encoder; {model_file} is a {entry.name!r} model, "
+                           "which has none: export it with --variant fp32.")  # fmt: skip
     digests = export_digests(model_file)
     network = recorded_network(record, record.out_channels)
     try:
@@ -99,14 +111,14 @@ def export_model_file(
     except (RuntimeError, KeyError, TypeError) as err:
         raise weights_mismatch(model_file, err) from err
     output = Path(output) if output is not None else Path(os.path.splitext(model_file)[0] + ".onnx")
-    return export_onnx(
-        network, output, image_size=record.image_size, in_channels=record.in_channels, atol=atol,
-        int8_encoder=int8_encoder, metadata=digests,
+    return export_variant(
+        network, output, variant, image_size=record.image_size, in_channels=record.in_channels, atol=atol,
+        metadata=digests,
     )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx") -> int:
-    """``spectraflow export-onnx [--model models/model.pt] [--output FILE] [--atol 1e-3] [--int8-encoder]``.
+    """``spectraflow export-onnx [--model models/model.pt] [--output FILE] [--atol 1e-3] [--variant fp32|int8-encoder|cpu]``.
 
     Args:
         argv: the arguments after the command name; None reads ``sys.argv[1:]``.
@@ -126,19 +138,27 @@ def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx
                         help="the trained model, with its model.json beside it (default: models/model.pt)")
     parser.add_argument("--output", default=None, metavar="FILE",
                         help="the ONNX file written (default: the model's path with the extension .onnx)")
-    parser.add_argument("--atol", type=float, default=DEFAULT_ATOL,
+    parser.add_argument("--atol", type=float, default=None,
                         help="largest difference of the logits from PyTorch's the check at batch 1 and 3 accepts "
-                        f"(default: {DEFAULT_ATOL})")
+                        f"(default: {DEFAULT_ATOL}; {CPU_ATOL} for --variant cpu)")
     parser.add_argument("--int8-encoder", action="store_true",
                         help="quantise the ViT encoder's linear layers to int8: faster on the CPU, logits no longer "
                         "equal to PyTorch's (raise --atol if the check asks; compare the masks on own images)",
                         )  # fmt: skip
+    parser.add_argument("--variant", choices=VARIANTS, default=None,
+                        help="fp32 (default): the network as it is; int8-encoder: as --int8-encoder; cpu: the variant "
+                        "for CPU servers, the ViT's attention fused into onnxruntime Attention nodes and its linear "
+                        f"layers in int8 (default --atol {CPU_ATOL} then; compare the labels on own volumes)")
     args = parser.parse_args(argv)
+    if args.int8_encoder and args.variant not in (None, "int8-encoder"):
+        parser.error(f"--int8-encoder contradicts --variant {args.variant}: give one of them")
+    variant = args.variant or ("int8-encoder" if args.int8_encoder else "fp32")
+    atol = args.atol if args.atol is not None else (CPU_ATOL if variant == "cpu" else DEFAULT_ATOL)
     # the libraries' INFO lines (the exporter's passes: hundreds of lines) stay out; this package's steps are logged
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("spectraflow_monai").setLevel(logging.INFO)
     try:
-        path = export_model_file(args.model, args.output, atol=args.atol, int8_encoder=args.int8_encoder)
+        path = export_model_file(args.model, args.output, atol=atol, variant=variant)
     except (OSError, ValueError, ImportError) as e:  # bad input: one line naming the file, no traceback
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     print(path)

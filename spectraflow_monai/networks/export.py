@@ -254,8 +254,9 @@ def quantize_encoder_linear(source: str | os.PathLike, target: str | os.PathLike
 
     onnxruntime's ``quantize_dynamic`` (int8 weights, activations quantised per call) is applied to the ``MatMul`` /
     ``Gemm`` nodes that the exporter's node metadata names as an ``aten.linear`` of the ``encoder`` module (the
-    attention and MLP projections, about two thirds of SpectraFlowNet-S's CPU time); the decoder, FDConv and the real
-    DFT matrix products stay float32. ``target`` may be ``source``. The ``metadata_props`` of ``source`` (what it
+    attention and MLP projections, about two thirds of SpectraFlowNet-S's CPU time) and to the encoder's fused
+    onnxruntime ``Attention`` nodes (their ``qkv`` projection; :mod:`spectraflow_monai.networks.onnx_runtime`); the
+    decoder, FDConv and the real DFT matrix products stay float32. ``target`` may be ``source``. The ``metadata_props`` of ``source`` (what it
     was exported from, :func:`export_digests`) are kept.
 
     Args:
@@ -279,8 +280,9 @@ def quantize_encoder_linear(source: str | os.PathLike, target: str | os.PathLike
     metadata = {p.key: p.value for p in source_model.metadata_props}
     nodes = [
         n.name for n in graph.node
-        if n.op_type in ("MatMul", "Gemm") and "/encoder" in meta(n, "namespace")
-        and "aten.linear" in meta(n, "pkg.torch.onnx.fx_node")
+        if (n.op_type in ("MatMul", "Gemm") and "aten.linear" in meta(n, "pkg.torch.onnx.fx_node")
+            or n.op_type == "Attention" and n.domain == "com.microsoft")  # a fused attention: its qkv projection
+        and "/encoder" in meta(n, "namespace")
     ]  # fmt: skip
     if not nodes:
         raise ValueError(f"{source}: no linear layer of an encoder found to quantise.")
