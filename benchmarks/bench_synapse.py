@@ -4,6 +4,7 @@ Usage::
 
     OMP_NUM_THREADS=2 python benchmarks/bench_synapse.py --threads 2
     OMP_NUM_THREADS=2 python benchmarks/bench_synapse.py --threads 2 --skip-inference --metric-runs 5  # metrics only
+    OMP_NUM_THREADS=2 python benchmarks/bench_synapse.py --threads 2 --serving --rounds 5  # (3) serving paths only
 
 (1) Slice-wise inference. One synthetic abdominal CT volume of 512x512x100 voxels
 (:func:`spectraflow_monai.apps.synapse.synthetic_ct_volume`) goes through the preprocessing of the bundle's
@@ -26,6 +27,23 @@ different phantom cases mapped to the Synapse classes (so that every organ overl
 against :func:`baseline_organ_metrics`, the 3D-only implementation the package had before every HD95 went through
 the one surface-distance core (:mod:`spectraflow_monai.metrics.surface`), kept here only as the yardstick; the
 largest difference between the two results is printed.
+
+(3) Serving paths (``--serving``). The whole volume, from HU to the uint8 label volume at 512x512x100 (the
+preprocessing, ``SliceInferer`` with ``--sw-batch-size`` slices per call, argmax at 224 px and the nearest resize
+back), through each way the bundle serves a model on the CPU, timed in interleaved rounds (the same load for
+each):
+
+- PyTorch eager float32 (``inference.yaml --precision fp32``), the reference;
+- PyTorch under the default ``precision: auto`` (bf16 autocast on a CPU with native bf16, else float32);
+- onnxruntime with each export variant of :func:`spectraflow_monai.networks.onnx_runtime.export_variant`:
+  ``fp32``, ``int8-encoder`` and ``cpu`` (fused attention nodes + int8 encoder; ``export-onnx --variant cpu``),
+  run by :class:`spectraflow_monai.networks.export.OnnxNetwork` with ``--threads`` threads (``inference_onnx.yaml``).
+
+Each path's label volume is compared with the eager float32 one: the fraction of voxels with the same label and
+the Dice between the two of every organ either holds. ``--model`` takes a bundle's trained ``model.pt`` (with its
+``model.json``: the network built from the record); without it SpectraFlowNet-S with random weights (its
+zero-initialised decoder heads filled, as ``bench_inference.py`` does), whose labels say less about agreement.
+``--onnx-dir`` keeps the exports between runs (each is made once per model file and variant).
 """
 
 from __future__ import annotations
@@ -38,7 +56,7 @@ import time
 import numpy as np
 import torch
 import torch.nn as nn
-from bench_inference import fill_skipped_init
+from bench_inference import fill_skipped_init, fill_zero_heads
 
 NUM_CLASSES = 9
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -130,6 +148,121 @@ def postprocess(logits: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return nn.functional.interpolate(labels, size=shape, mode="nearest")[0, 0].to(torch.uint8)
 
 
+SERVING_PATHS = ("eager fp32", "precision auto", "onnxruntime fp32", "onnxruntime int8-encoder", "onnxruntime cpu")
+
+
+def serving_network(model_file: str | None, size: int) -> tuple[nn.Module, str]:
+    """The network served: a bundle's model (``model.pt`` + its ``model.json``) or SpectraFlowNet-S with random
+    weights (decoder heads filled); and a short description."""
+    if model_file is None:
+        from spectraflow_monai.networks import SpectraFlowNet
+
+        net = SpectraFlowNet(out_channels=NUM_CLASSES, img_size=size, encoder_kwargs={"weight_init": "skip"})
+        fill_skipped_init(net.encoder)
+        return fill_zero_heads(net).eval(), "SpectraFlowNet-S, random weights"
+    from ignite.handlers import Checkpoint
+
+    from spectraflow_monai.apps.workflow import recorded_network
+    from spectraflow_monai.utils.run_record import ModelRecord
+
+    record = ModelRecord(model_file)
+    net = recorded_network(record, record.out_channels)
+    Checkpoint.load_objects({"model": net}, torch.load(model_file, map_location="cpu", weights_only=True))
+    return net.eval(), f"{model_file} ({record.settings.encoder_name}, {record.out_channels} classes)"
+
+
+def label_agreement(pred: torch.Tensor, ref: torch.Tensor, num_classes: int) -> tuple[float, dict[int, float]]:
+    """The fraction of voxels with the same label, and the Dice between the two of each class >= 1 either holds."""
+    equal = float((pred == ref).double().mean())
+    dice = {}
+    for c in range(1, num_classes):
+        p, r = pred == c, ref == c
+        total = int(p.sum()) + int(r.sum())
+        if total:
+            dice[c] = 2.0 * int((p & r).sum()) / total
+    return equal, dice
+
+
+def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple[int, ...]) -> None:
+    """(3): the whole volume through each serving path, interleaved rounds; the table printed."""
+    import tempfile
+
+    from monai.inferers import SliceInferer
+
+    from spectraflow_monai.networks.export import OnnxNetwork
+    from spectraflow_monai.networks.onnx_runtime import export_variant
+    from spectraflow_monai.utils import AutocastInferer, resolve_precision
+
+    net, described = serving_network(args.model, args.size)
+    num_classes = int(getattr(net, "out_channels", NUM_CLASSES))
+    onnx_dir = args.onnx_dir or tempfile.mkdtemp(prefix="bench_synapse_")
+    os.makedirs(onnx_dir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(args.model))[0] if args.model else "random"
+    slice_inferer = SliceInferer(roi_size=(args.size, args.size), spatial_dim=2, sw_batch_size=args.sw_batch_size)
+    auto = resolve_precision("auto", "cpu")
+    paths: dict[str, tuple] = {
+        "eager fp32": (net, slice_inferer),
+        "precision auto": (net, AutocastInferer(slice_inferer, auto)),
+    }
+    for variant in ("fp32", "int8-encoder", "cpu"):
+        onnx_file = os.path.join(onnx_dir, f"{stem}_{args.size}_{variant}.onnx")
+        if not os.path.isfile(onnx_file):
+            t0 = time.perf_counter()
+            export_variant(net, onnx_file, variant, image_size=args.size, atol=float("inf"))
+            print(f"exported {variant} in {time.perf_counter() - t0:.0f} s: {onnx_file}", flush=True)
+        paths[f"onnxruntime {variant}"] = (OnnxNetwork(onnx_file, threads=args.threads), slice_inferer)
+    paths = {name: paths[name] for name in args.paths}
+
+    def serve(network: nn.Module, inferer) -> torch.Tensor:
+        x = preprocess(image, args.size)
+        with torch.inference_mode():
+            return postprocess(inferer(x, network), shape)
+
+    with torch.inference_mode():  # warm-up on a few slices
+        for network, inferer in paths.values():
+            inferer(preprocess(image[..., :2], args.size), network)
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    labels: dict[str, torch.Tensor] = {}
+    for r in range(args.rounds):
+        for name, (network, inferer) in paths.items():
+            t0 = time.perf_counter()
+            labels[name] = serve(network, inferer)
+            times[name].append(time.perf_counter() - t0)
+        print(f"round {r + 1}/{args.rounds} done ({load_avg()})", flush=True)
+    ref = labels.get("eager fp32")
+    base = statistics.median(times["eager fp32"]) if ref is not None else None
+    print(f"load average at end (1/5/15 min): {load_avg()}", flush=True)
+    print(f"\nCPU, {args.threads} threads, torch {torch.__version__}, onnxruntime {_ort_version()}; {described}; "
+          f"volume {shape}, slices at {args.size}^2, SliceInferer sw_batch_size {args.sw_batch_size}; precision "
+          f"auto = {auto.name} here; {args.rounds} interleaved rounds, whole volume (pre- and post-processing "
+          "included)\n")  # fmt: skip
+    print("| serving path | s / volume (median) | best round (s) | speed-up over eager fp32 (medians) "
+          "| voxels equal to eager fp32 | lowest organ Dice to eager fp32 |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in paths:
+        med = statistics.median(times[name])
+        ratio = f"{base / med:.2f}x" if base else "-"
+        if ref is not None:
+            equal, dice = label_agreement(labels[name], ref, num_classes)
+            low = min(dice.values()) if dice else float("nan")
+            agree = f"{100 * equal:.4f} % | {low:.4f}" + (f" (class {min(dice, key=dice.get)})" if dice else "")
+        else:
+            agree = "- | -"
+        print(f"| {name} | {med:.2f} | {min(times[name]):.2f} | {ratio} | {agree} |")
+    if ref is not None:
+        present = {c: int((ref == c).sum()) for c in range(1, num_classes)}
+        print(f"\nvoxels per class in the eager fp32 labels: {present}")
+
+
+def _ort_version() -> str:
+    try:
+        import onnxruntime
+
+        return onnxruntime.__version__
+    except ImportError:
+        return "not installed"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op CPU threads (default 2)")
@@ -139,6 +272,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
     parser.add_argument("--metric-runs", type=int, default=5, help="organ_metrics runs (default 5)")
     parser.add_argument("--skip-inference", action="store_true", help="only time the organ metrics")
+    parser.add_argument("--serving", action="store_true", help="only (3): the whole volume through each serving path")
+    parser.add_argument("--paths", nargs="+", choices=SERVING_PATHS, default=list(SERVING_PATHS), metavar="PATH",
+                        help=f"the serving paths of --serving (default: all of {', '.join(SERVING_PATHS)})")
+    parser.add_argument("--model", default=None, metavar="FILE",
+                        help="--serving: a bundle's model.pt with its model.json (default: random weights)")
+    parser.add_argument("--onnx-dir", default=None, metavar="DIR",
+                        help="--serving: where the exports are kept between runs (default: a new temporary folder)")
     args = parser.parse_args()
 
     from monai.inferers import SliceInferer
@@ -155,6 +295,9 @@ def main() -> None:
     image, label_a = synthetic_ct_volume(1, shape=shape)
     _, label_b = synthetic_ct_volume(2, shape=shape)
     print(f"phantoms {shape} generated in {time.perf_counter() - start:.1f} s", flush=True)
+    if args.serving:
+        time_serving_paths(args, image, shape)
+        return
 
     rows = []
     if not args.skip_inference:
