@@ -15,6 +15,8 @@ from monai.transforms import LoadImage, LoadImaged, MapTransform
 
 from monailabel.tasks.infer.bundle import BundleInferTask
 
+from .served import served_onnx, serving_runtime
+
 __all__ = [
     "DEFAULT_WEIGHTS",
     "LABEL_EXTENSION_2D",
@@ -163,6 +165,12 @@ class SpectraFlowInferTask(BundleInferTask):
     size (2D images included), written losslessly: a 2D label map is always a PNG (a JPEG input included; JPEG
     would change the label values), a 3D one NIfTI or NRRD.
 
+    With ``--conf runtime onnx`` (:func:`lib.served.serving_runtime`) the network of inference and of uncertainty
+    scoring (both call :meth:`_get_network`) is the chosen model file's onnxruntime export
+    (:func:`lib.served.served_onnx`, written by the server when missing or stale); the preprocessing, inferer and
+    postprocessing stay the bundle's, and :attr:`network` (the PyTorch network the start checks the weights against)
+    is built as with PyTorch.
+
     Args:
         path: bundle folder.
         conf: the app settings.
@@ -172,6 +180,8 @@ class SpectraFlowInferTask(BundleInferTask):
 
     def __init__(self, path: str, conf: dict[str, str], overrides: dict[str, Any] | None = None, **kwargs: Any):
         self.overrides = dict(overrides or {})
+        self.runtime = serving_runtime(conf)
+        self._onnx_networks: dict[str, tuple[tuple[int, int], Any]] = {}
         kwargs.setdefault("load_strict", True)
         super().__init__(path, conf, **kwargs)
         self.input_rank = 3
@@ -179,6 +189,12 @@ class SpectraFlowInferTask(BundleInferTask):
             # the rank of what a client sends (a slice-wise 3D bundle takes volumes although its network is 2D)
             self.input_rank = input_rank(path)
             self.dimension = self.input_rank
+            if self.runtime == "onnx" and os.path.isfile(os.path.join(path, "models", DEFAULT_WEIGHTS)):
+                try:  # the export is made (or found) at start, not at the first click
+                    self._served_network("cpu", None, DEFAULT_WEIGHTS)
+                except (OSError, ValueError) as e:
+                    raise ValueError(f"--conf runtime onnx: the served model of {os.path.basename(path)!r} cannot be "
+                                     f"exported: {e}") from None  # fmt: skip
 
     def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
         parser = super()._load_bundle_config(path, config)
@@ -192,20 +208,34 @@ class SpectraFlowInferTask(BundleInferTask):
         answered with HTTP 422 and :func:`unknown_weights` (MONAI Label would join it to the folder unchecked, load
         any file of the server, or silently fall back); a file that does not fit the network: 422 naming it."""
         if not data or not self._config.get("model_filename"):
-            return super()._get_network(device, data)
+            return self._served_network(device, data, DEFAULT_WEIGHTS)
         value = data.get("model_filename")
         value = value[0] if isinstance(value, (list, tuple)) and value else value
         value = value if value not in (None, "") else DEFAULT_WEIGHTS
         if not isinstance(value, str) or value not in weight_files(self.bundle_path):
             raise HTTPException(status_code=422, detail=unknown_weights(self.bundle_path))
         try:
-            return super()._get_network(device, {**data, "model_filename": value})
+            return self._served_network(device, {**data, "model_filename": value}, value)
         except Exception as e:
             if value == DEFAULT_WEIGHTS:
                 raise
             raise HTTPException(
                 status_code=422, detail=f"model_filename {value!r} does not fit the network of this model"
             ) from e
+
+    def _served_network(self, device: str, data: Any, name: str) -> Any:
+        """MONAI Label's network (PyTorch) or, with ``--conf runtime onnx``, the onnxruntime export of the model file
+        ``name`` in ``models/`` (kept while the model file's size and time stay the same)."""
+        if self.runtime != "onnx":
+            return super()._get_network(device, data)
+        model_file = os.path.join(self.bundle_path, "models", name)
+        stat = os.stat(model_file)
+        stamp = (stat.st_size, stat.st_mtime_ns)
+        cached = self._onnx_networks.get(name)
+        if cached is None or cached[0] != stamp:
+            cached = (stamp, served_onnx(model_file))
+            self._onnx_networks[name] = cached
+        return cached[1]
 
     def image_loader(self) -> Any:
         """The bundle's own ``LoadImaged`` (the first of its preprocessing), or None."""

@@ -30,6 +30,11 @@ default ``<app>/model``), and serves and trains that copy:
 Each bundle folder stands alone (its ``configs/`` are plain files), and so does its served copy.
 
 The model folder must not overlap the studies folder (the only folder requests write to).
+
+With ``--conf runtime onnx`` (:func:`serving_runtime`) inference and uncertainty scoring run the served model through
+onnxruntime: its export ``models/<stem>.onnx`` beside it (:func:`served_onnx`), which the server writes itself
+(``export-onnx --variant cpu``) when it is missing or not the export of the served pair (a model trained or uploaded
+since); an export is served only with the digests of the very ``model.pt`` and ``model.json`` beside it.
 """
 
 from __future__ import annotations
@@ -54,12 +59,15 @@ __all__ = [
     "DEFAULT_KEPT_BACKUPS",
     "MIRRORED",
     "PREVIOUS_SUFFIX",
+    "RUNTIMES",
     "check_apart",
     "kept_backups",
     "prune_backups",
     "replace_served_model",
     "replace_served_pair",
     "served_copy",
+    "served_onnx",
+    "serving_runtime",
     "set_aside_served_model",
 ]
 
@@ -74,6 +82,62 @@ PREVIOUS_SUFFIX = ".previous"
 COPIED_LEDGER = ".spectraflow-copied.json"
 #: model backups kept per file in the served copy's ``models/`` (``--conf kept_model_backups``)
 DEFAULT_KEPT_BACKUPS = 2
+#: ``--conf runtime``: what runs the served network for inference and uncertainty scoring (the first: the default)
+RUNTIMES = ("pytorch", "onnx")
+
+
+def serving_runtime(conf: dict[str, Any]) -> str:
+    """``--conf runtime``: ``pytorch`` (default) or ``onnx`` (onnxruntime on the CPU, :func:`served_onnx`).
+
+    Raises:
+        ValueError: naming the setting and the value; ``onnx`` where onnxruntime is not installed (naming the extra).
+    """
+    text = conf.get("runtime")
+    value = RUNTIMES[0] if text in (None, "") else str(text).strip().lower()
+    if value not in RUNTIMES:
+        raise ValueError(f"--conf runtime must be one of {', '.join(RUNTIMES)}, got {text!r}.")
+    if value == "onnx":
+        try:
+            import onnxruntime  # noqa: F401
+            import onnxscript  # noqa: F401  (the server exports the served model)
+        except ImportError as e:
+            raise ValueError(f'--conf runtime onnx needs the onnx extra: pip install "spectraflow_monai[onnx]" ({e}).')
+    return value
+
+
+def served_onnx(model_file: str, threads: int | None = None) -> Any:
+    """The served model ``model_file`` (``models/model.pt`` of the served copy) as an onnxruntime network.
+
+    Its export ``models/<stem>.onnx`` is served when it carries the digests of ``model_file`` and of the record
+    beside it (:class:`~spectraflow_monai.networks.export.OnnxNetwork` checks them); when it is missing, unreadable
+    or the export of another model (trained or uploaded since), the server writes it again with the CPU variant
+    (:func:`~spectraflow_monai.apps.onnx_export.export_model_file`, ``variant="cpu"``: fused attention, int8
+    encoder; about a minute for ViT-S/14 on two cores), logged.
+
+    Args:
+        model_file: the served model file; its ``model.json`` must be beside it.
+        threads: onnxruntime's intra-op threads; None: its default (one per physical core).
+
+    Returns:
+        an :class:`~spectraflow_monai.networks.export.OnnxNetwork`.
+
+    Raises:
+        SettingError, DataError: no record beside ``model_file``, or one written for another model file.
+    """
+    from spectraflow_monai.apps.onnx_export import CPU_ATOL, export_model_file
+    from spectraflow_monai.networks.export import OnnxNetwork
+    from spectraflow_monai.networks.onnx_runtime import RECOMMENDED_CPU_VARIANT
+    from spectraflow_monai.utils.errors import DataError, SettingError
+    from spectraflow_monai.utils.run_record import check_model_digest
+
+    check_model_digest(model_file)  # the record beside it was written for this very file
+    onnx_file = os.path.splitext(model_file)[0] + ".onnx"
+    try:
+        return OnnxNetwork(onnx_file, threads=threads, model_file=model_file)
+    except (SettingError, DataError) as e:
+        logger.info(f"{onnx_file}: exporting the served model ({RECOMMENDED_CPU_VARIANT} variant): {e}")
+    export_model_file(model_file, onnx_file, atol=CPU_ATOL, variant=RECOMMENDED_CPU_VARIANT)
+    return OnnxNetwork(onnx_file, threads=threads, model_file=model_file)
 
 
 def kept_backups(conf: dict[str, Any]) -> int:
