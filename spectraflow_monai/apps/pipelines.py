@@ -23,6 +23,7 @@ picks the one a settings object describes (a CT window: the Synapse bundle's).
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -72,10 +73,8 @@ _SETTING_OF_ARGUMENT: dict[str, str] = {
     "b_max": "hu_window",
     "label_map": "label_map",
     "num_classes": "num_classes",
-    "mode": "nonfinite",
     "value": "nonfinite_value",
     "repeats": "in_channels",
-    "reader": "the model's reader",
 }
 
 
@@ -156,8 +155,8 @@ class ModelPipeline:
         Args:
             name: the step.
             keys: the data keys it transforms (each step has its default).
-            options: the data's own options of that step (e.g. the Synapse data ``layout``); an argument a model
-                setting decides is refused.
+            options: the data's own options of that step (e.g. the Synapse data ``layout``); any other argument
+                (one a model setting decides, such as a ``spatial_size``) is refused.
 
         Raises:
             SettingError: an unknown step, or an argument that a model setting decides, naming the setting.
@@ -165,14 +164,17 @@ class ModelPipeline:
         steps = self.steps()
         if name not in steps:
             raise SettingError(f"{type(self).__name__} has no preprocessing step {name!r}; its steps: {sorted(steps)}.")
-        decided = sorted(set(options) & set(_SETTING_OF_ARGUMENT))
-        if decided:
-            named = ", ".join(f"{k}={options[k]!r} (give --{_SETTING_OF_ARGUMENT[k]})" for k in decided)
+        function = steps[name]
+        accepted = set(inspect.signature(function).parameters) - {"keys"}
+        refused = sorted(set(options) - accepted)
+        if refused:
+            hints = {k: f" (give --{_SETTING_OF_ARGUMENT[k]})" if k in _SETTING_OF_ARGUMENT else "" for k in refused}
+            named = ", ".join(f"{k}={options[k]!r}{hints[k]}" for k in refused)
             raise SettingError(
                 f"preprocessing step {name!r}: {named}: the model's preprocessing is built from its settings "
-                f"(model_settings, recorded in models/model.json) so that inference prepares images as training did."
+                f"(model_settings, recorded in models/model.json) so that inference prepares images as training did; "
+                f"this step takes {sorted(accepted) or 'no option'} besides keys."
             )
-        function = steps[name]
         return function(**({} if keys is None else {"keys": keys}), **options)
 
     def _normalize(self, keys: Any = "image") -> NormalizeIntensityd:

@@ -107,3 +107,8 @@ def _chain(error: BaseException):
     while error is not None:
         yield error
         error = error.__cause__ or error.__context__
+
+
+def test_an_argument_no_step_takes_is_refused_naming_the_step_options():
+    with pytest.raises(SettingError, match=r"step 'resize': mode='nearest'.*takes \['volume'\] besides keys"):
+        model_pipeline(ModelSettings(**CT)).step("resize", mode="nearest")
