@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch.nn as nn
-from monai.inferers import SimpleInferer, SliceInferer
+from monai.inferers import SimpleInferer
 from monai.transforms import (
     EnsureChannelFirstd,
     EnsureTyped,
@@ -49,6 +49,7 @@ from spectraflow_monai.data.readers import Image2DReader
 from spectraflow_monai.data.volumes import VolumeReader
 from spectraflow_monai.transforms import CheckFinited
 from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.inferers import AxialSliceInferer
 from spectraflow_monai.utils.precision import AutocastInferer, Precision
 from spectraflow_monai.utils.run_record import ModelRecord
 from spectraflow_monai.utils.settings import ModelSettings, model_settings_path
@@ -269,12 +270,10 @@ class CTSlicePipeline(ModelPipeline):
         return int(self.settings.num_classes or self.settings.out_channels)
 
     def inferer(self, precision: Precision, sw_batch_size: int = 16, progress: bool = False) -> AutocastInferer:
-        """Axial slices of a prepared volume, ``sw_batch_size`` per network call (MONAI's ``SliceInferer``), under
-        the autocast of ``precision``."""
-        slices = SliceInferer(
-            roi_size=[self.image_size] * 2, spatial_dim=2, sw_batch_size=sw_batch_size, progress=progress
-        )
-        return AutocastInferer(slices, precision=precision)
+        """Axial slices of a prepared volume, ``sw_batch_size`` per network call (``AxialSliceInferer``: the logits
+        of MONAI's ``SliceInferer`` for whole-slice windows, without its sliding-window cost), under the autocast of
+        ``precision``."""
+        return AutocastInferer(AxialSliceInferer(sw_batch_size, progress=progress), precision=precision)
 
     def _read_volume(self, keys: Any = "image") -> LoadImaged:
         return LoadImaged(keys, reader=VolumeReader(), image_only=True)
