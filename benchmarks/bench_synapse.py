@@ -29,15 +29,17 @@ the one surface-distance core (:mod:`spectraflow_monai.metrics.surface`), kept h
 largest difference between the two results is printed.
 
 (3) Serving paths (``--serving``). The whole volume, from HU to the uint8 label volume at 512x512x100 (the
-preprocessing, ``SliceInferer`` with ``--sw-batch-size`` slices per call, argmax at 224 px and the nearest resize
-back), through each way the bundle serves a model on the CPU, timed in interleaved rounds (the same load for
-each):
+preprocessing, the bundle's slice inferer :class:`spectraflow_monai.utils.inferers.AxialSliceInferer` with
+``--sw-batch-size`` slices per call (``--monai-slice-inferer``: MONAI's ``SliceInferer``, its former one), argmax at
+224 px and the nearest resize back), through each way the bundle serves a model on the CPU, timed in interleaved
+rounds (the same load for each):
 
 - PyTorch eager float32 (``inference.yaml --precision fp32``), the reference;
 - PyTorch under the default ``precision: auto`` (bf16 autocast on a CPU with native bf16, else float32);
 - onnxruntime with each export variant of :func:`spectraflow_monai.networks.onnx_runtime.export_variant`:
   ``fp32``, ``int8-encoder`` and ``cpu`` (fused attention nodes + int8 encoder; ``export-onnx --variant cpu``),
-  run by :class:`spectraflow_monai.networks.export.OnnxNetwork` with ``--threads`` threads (``inference_onnx.yaml``).
+  run by :class:`spectraflow_monai.networks.export.OnnxNetwork` with ``--threads`` threads, sleeping between runs
+  as in the Synapse bundle's ``inference_onnx.yaml`` (``--onnx-spinning``: onnxruntime's spinning threads).
 
 Each path's label volume is compared with the eager float32 one: the fraction of voxels with the same label and
 the Dice between the two of every organ either holds. ``--model`` takes a bundle's trained ``model.pt`` (with its
@@ -190,15 +192,19 @@ def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple
     from monai.inferers import SliceInferer
 
     from spectraflow_monai.networks.export import OnnxNetwork
-    from spectraflow_monai.networks.onnx_runtime import export_variant
+    from spectraflow_monai.networks.onnx_runtime import CPU_SESSION_CONFIG, export_variant
     from spectraflow_monai.utils import AutocastInferer, resolve_precision
+    from spectraflow_monai.utils.inferers import AxialSliceInferer
 
     net, described = serving_network(args.model, args.size)
     num_classes = int(getattr(net, "out_channels", NUM_CLASSES))
     onnx_dir = args.onnx_dir or tempfile.mkdtemp(prefix="bench_synapse_")
     os.makedirs(onnx_dir, exist_ok=True)
     stem = os.path.splitext(os.path.basename(args.model))[0] if args.model else "random"
-    slice_inferer = SliceInferer(roi_size=(args.size, args.size), spatial_dim=2, sw_batch_size=args.sw_batch_size)
+    if args.monai_slice_inferer:
+        slice_inferer = SliceInferer(roi_size=(args.size, args.size), spatial_dim=2, sw_batch_size=args.sw_batch_size)
+    else:  # the bundle's (the model pipeline's)
+        slice_inferer = AxialSliceInferer(args.sw_batch_size)
     auto = resolve_precision("auto", "cpu")
     paths: dict[str, tuple] = {
         "eager fp32": (net, slice_inferer),
@@ -210,7 +216,9 @@ def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple
             t0 = time.perf_counter()
             export_variant(net, onnx_file, variant, image_size=args.size, atol=float("inf"))
             print(f"exported {variant} in {time.perf_counter() - t0:.0f} s: {onnx_file}", flush=True)
-        paths[f"onnxruntime {variant}"] = (OnnxNetwork(onnx_file, threads=args.threads), slice_inferer)
+        session = CPU_SESSION_CONFIG if not args.onnx_spinning else None
+        network = OnnxNetwork(onnx_file, threads=args.threads, session_config=session)
+        paths[f"onnxruntime {variant}"] = (network, slice_inferer)
     paths = {name: paths[name] for name in args.paths}
 
     def serve(network: nn.Module, inferer) -> torch.Tensor:
@@ -233,7 +241,8 @@ def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple
     base = statistics.median(times["eager fp32"]) if ref is not None else None
     print(f"load average at end (1/5/15 min): {load_avg()}", flush=True)
     print(f"\nCPU, {args.threads} threads, torch {torch.__version__}, onnxruntime {_ort_version()}; {described}; "
-          f"volume {shape}, slices at {args.size}^2, SliceInferer sw_batch_size {args.sw_batch_size}; precision "
+          f"volume {shape}, slices at {args.size}^2, {type(slice_inferer).__name__} sw_batch_size "
+          f"{args.sw_batch_size}; precision "
           f"auto = {auto.name} here; {args.rounds} interleaved rounds, whole volume (pre- and post-processing "
           "included)\n")  # fmt: skip
     print("| serving path | s / volume (median) | best round (s) | speed-up over eager fp32 (medians) "
@@ -279,6 +288,11 @@ def main() -> None:
                         help="--serving: a bundle's model.pt with its model.json (default: random weights)")
     parser.add_argument("--onnx-dir", default=None, metavar="DIR",
                         help="--serving: where the exports are kept between runs (default: a new temporary folder)")
+    parser.add_argument("--monai-slice-inferer", action="store_true",
+                        help="--serving: MONAI's SliceInferer instead of the bundle's AxialSliceInferer")
+    parser.add_argument("--onnx-spinning", action="store_true",
+                        help="--serving: onnxruntime's threads spin between runs (its own default) instead of sleeping "
+                        "(the Synapse bundle's inference_onnx.yaml)")
     args = parser.parse_args()
 
     from monai.inferers import SliceInferer

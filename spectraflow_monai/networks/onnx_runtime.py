@@ -26,12 +26,23 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-__all__ = ["ONNX_VARIANTS", "RECOMMENDED_CPU_VARIANT", "OnnxAttention", "export_variant", "fuse_vit_attention"]
+__all__ = [
+    "CPU_SESSION_CONFIG",
+    "ONNX_VARIANTS",
+    "RECOMMENDED_CPU_VARIANT",
+    "OnnxAttention",
+    "export_variant",
+    "fuse_vit_attention",
+]
 
 #: the export variants, in the order of ``spectraflow export-onnx --variant``'s choices
 ONNX_VARIANTS = ("fp32", "int8-encoder", "cpu")
 #: the variant the documentation recommends for CPU servers (docs/benchmarks.md, "Synapse CT volumes on a CPU server")
 RECOMMENDED_CPU_VARIANT = "cpu"
+#: onnxruntime session entries for CPU servers (``OnnxNetwork(session_config=...)``, the Synapse bundle's
+#: ``inference_onnx.yaml``): the intra-op threads sleep between runs instead of spinning, as fast on an idle CPU and
+#: faster where other processes share the cores
+CPU_SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 
 
 class OnnxAttention(nn.Module):

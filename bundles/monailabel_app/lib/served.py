@@ -126,18 +126,18 @@ def served_onnx(model_file: str, threads: int | None = None) -> Any:
     """
     from spectraflow_monai.apps.onnx_export import CPU_ATOL, export_model_file
     from spectraflow_monai.networks.export import OnnxNetwork
-    from spectraflow_monai.networks.onnx_runtime import RECOMMENDED_CPU_VARIANT
+    from spectraflow_monai.networks.onnx_runtime import CPU_SESSION_CONFIG, RECOMMENDED_CPU_VARIANT
     from spectraflow_monai.utils.errors import DataError, SettingError
     from spectraflow_monai.utils.run_record import check_model_digest
 
     check_model_digest(model_file)  # the record beside it was written for this very file
     onnx_file = os.path.splitext(model_file)[0] + ".onnx"
     try:
-        return OnnxNetwork(onnx_file, threads=threads, model_file=model_file)
+        return OnnxNetwork(onnx_file, threads=threads, model_file=model_file, session_config=CPU_SESSION_CONFIG)
     except (SettingError, DataError) as e:
         logger.info(f"{onnx_file}: exporting the served model ({RECOMMENDED_CPU_VARIANT} variant): {e}")
     export_model_file(model_file, onnx_file, atol=CPU_ATOL, variant=RECOMMENDED_CPU_VARIANT)
-    return OnnxNetwork(onnx_file, threads=threads, model_file=model_file)
+    return OnnxNetwork(onnx_file, threads=threads, model_file=model_file, session_config=CPU_SESSION_CONFIG)
 
 
 def kept_backups(conf: dict[str, Any]) -> int:
