@@ -9,7 +9,8 @@ Usage::
 (1) Slice-wise inference. One synthetic abdominal CT volume of 512x512x100 voxels
 (:func:`spectraflow_monai.apps.synapse.synthetic_ct_volume`) goes through the preprocessing of the bundle's
 ``inference.yaml`` (HU window [-125, 275] -> [0, 1], every axial slice resized to 224x224, 3 channels, ImageNet
-normalisation) and is segmented with ``monai.inferers.SliceInferer(spatial_dim=2, roi_size=(224, 224))`` by two
+normalisation) and is segmented slice by slice (the bundle's
+:class:`spectraflow_monai.utils.inferers.AxialSliceInferer`; ``--monai-slice-inferer``: MONAI's ``SliceInferer``) by two
 models, timed in interleaved rounds on the same 100 slices:
 
 - SpectraFlowNet-S (ViT-S/14 DINOv2 encoder + DAF / FDConv decoder, 9 classes), the bundle's network;
@@ -289,7 +290,7 @@ def main() -> None:
     parser.add_argument("--onnx-dir", default=None, metavar="DIR",
                         help="--serving: where the exports are kept between runs (default: a new temporary folder)")
     parser.add_argument("--monai-slice-inferer", action="store_true",
-                        help="--serving: MONAI's SliceInferer instead of the bundle's AxialSliceInferer")
+                        help="MONAI's SliceInferer instead of the bundle's AxialSliceInferer")
     parser.add_argument("--onnx-spinning", action="store_true",
                         help="--serving: onnxruntime's threads spin between runs (its own default) instead of sleeping "
                         "(the Synapse bundle's inference_onnx.yaml)")
@@ -298,8 +299,8 @@ def main() -> None:
     from monai.inferers import SliceInferer
 
     from spectraflow_monai.apps.synapse import map_btcv_labels, synthetic_ct_volume
+    from spectraflow_monai.utils.inferers import AxialSliceInferer
     from spectraflow_monai.metrics import organ_metrics
-    from spectraflow_monai.networks import SpectraFlowNet
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -320,10 +321,13 @@ def main() -> None:
         t_pre = time.perf_counter() - t0
         models = {
             "DINOv2 ViT-S encoder (bare, linear probe)": BareEncoderSegmenter(args.size).eval(),
-            "SpectraFlowNet-S (DAF + fdconv), 9 classes": SpectraFlowNet(out_channels=NUM_CLASSES, img_size=args.size)
-            .eval(),
+            # the same weights as --serving's random model: the encoder filled as the bare one's, the heads filled
+            "SpectraFlowNet-S (DAF + fdconv), 9 classes": serving_network(None, args.size)[0],
         }
-        inferer = SliceInferer(roi_size=(args.size, args.size), spatial_dim=2, sw_batch_size=args.sw_batch_size)
+        if args.monai_slice_inferer:
+            inferer = SliceInferer(roi_size=(args.size, args.size), spatial_dim=2, sw_batch_size=args.sw_batch_size)
+        else:
+            inferer = AxialSliceInferer(args.sw_batch_size)
         times: dict[str, list[float]] = {name: [] for name in models}
         with torch.inference_mode():
             for m in models.values():  # warm-up on a few slices
@@ -361,7 +365,8 @@ def main() -> None:
     print(f"load average at end (1/5/15 min): {load_avg()}", flush=True)
 
     print(f"\nCPU, {args.threads} threads, torch {torch.__version__}; volume {shape}, slices resized to {args.size}^2, "
-          f"SliceInferer sw_batch_size {args.sw_batch_size}, {args.rounds} interleaved rounds (median)\n")  # fmt: skip
+          f"{'SliceInferer' if args.monai_slice_inferer else 'AxialSliceInferer'} sw_batch_size {args.sw_batch_size}, "
+          f"{args.rounds} interleaved rounds (median)\n")  # fmt: skip
     if rows:
         print("| model | params (M) | s / volume | slices/s | ratio to bare encoder | best round (s) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
