@@ -147,8 +147,9 @@ def test_a_synapse_model_is_served_with_its_window_and_label_map(tmp_path):
     parser = parse_config(str(folder / "configs" / "inference.yaml"), bundle_root=str(folder))
     window_transform = _window(parser.get_parsed_content("preprocessing"))
     assert (window_transform.scaler.a_min, window_transform.scaler.a_max) == (-200.0, 300.0)
-    assert parser.get_parsed_content("label_map") == label_map
-    assert prediction_values(parser.get_parsed_content("label_map"), None, 3) == [0, 1, 6]
+    recorded = parser.get_parsed_content("pipeline").settings  # the record, read as one object
+    assert parser.get_parsed_content("label_map") is None and recorded.label_map == label_map
+    assert prediction_values(recorded.label_map, None, 3) == [0, 1, 6]
     _ok(_run(folder, "configs/inference.yaml", num_workers=0))  # told nothing but where the model is
     written = sorted((folder / "predictions").glob("*_seg.nii.gz"))
     values = {int(v) for path in written for v in np.unique(np.asarray(nib.load(str(path)).dataobj))}
