@@ -193,7 +193,10 @@ def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple
     from monai.inferers import SliceInferer
 
     from spectraflow_monai.networks.export import OnnxNetwork
-    from spectraflow_monai.networks.onnx_runtime import CPU_SESSION_CONFIG, export_variant
+    from spectraflow_monai.networks.onnx_runtime import (
+        CPU_SESSION_CONFIG,
+        export_variant,
+    )
     from spectraflow_monai.utils import AutocastInferer, resolve_precision
     from spectraflow_monai.utils.inferers import AxialSliceInferer
 
@@ -299,8 +302,8 @@ def main() -> None:
     from monai.inferers import SliceInferer
 
     from spectraflow_monai.apps.synapse import map_btcv_labels, synthetic_ct_volume
-    from spectraflow_monai.utils.inferers import AxialSliceInferer
     from spectraflow_monai.metrics import organ_metrics
+    from spectraflow_monai.utils.inferers import AxialSliceInferer
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -78,7 +78,11 @@ def export_model_file(
     from spectraflow_monai.networks.export import export_digests
     from spectraflow_monai.networks.onnx_runtime import export_variant
     from spectraflow_monai.utils.errors import SettingError
-    from spectraflow_monai.utils.run_record import ModelRecord, read_model_settings, weights_mismatch
+    from spectraflow_monai.utils.run_record import (
+        ModelRecord,
+        read_model_settings,
+        weights_mismatch,
+    )
     from spectraflow_monai.utils.settings import model_settings_path
 
     model_file = os.fspath(model_file)
@@ -118,7 +122,7 @@ def export_model_file(
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "spectraflow export-onnx") -> int:
-    """``spectraflow export-onnx [--model models/model.pt] [--output FILE] [--atol 1e-3] [--variant fp32|int8-encoder|cpu]``.
+    """``spectraflow export-onnx [--model models/model.pt] [--output FILE] [--atol 1e-3] [--variant VARIANT]``.
 
     Args:
         argv: the arguments after the command name; None reads ``sys.argv[1:]``.

@@ -78,7 +78,8 @@ class OnnxAttention(nn.Module):
         qkv = getattr(attention, "qkv", None)
         identity = (nn.Identity, type(None))
         return (
-            isinstance(qkv, nn.Linear) and qkv.bias is not None and isinstance(getattr(attention, "proj", None), nn.Linear)
+            isinstance(qkv, nn.Linear) and qkv.bias is not None
+            and isinstance(getattr(attention, "proj", None), nn.Linear)
             and isinstance(getattr(attention, "num_heads", None), int)
             and qkv.out_features == 3 * qkv.in_features == 3 * attention.num_heads * getattr(attention, "head_dim", -1)
             and all(isinstance(getattr(attention, name, None), identity) for name in ("q_norm", "k_norm", "norm"))

@@ -14,7 +14,7 @@ pytest.importorskip("monailabel", reason="MONAI Label is not installed (docs/mon
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 pytest.importorskip("onnxscript", reason="the onnx extra is not installed")
 
-from .test_monailabel_app import (  # noqa: E402,F401  (fixtures used by name)
+from .test_monailabel_app import (
     NAME_3D,
     VOLUME_SHAPE,
     _app,
@@ -100,7 +100,8 @@ def test_onnx_runtime_serves_inference_and_scoring_through_the_cpu_export(onnx_s
 
 def test_a_model_without_its_record_is_refused_at_start(tmp_path):
     studies, bundles = _studies_and_bundles(tmp_path, names=(NAME_3D,))  # model.pt alone
-    with pytest.raises(ValueError, match=r"--conf runtime onnx: the served model of .* cannot be exported: .*model.json"):
+    message = r"--conf runtime onnx: the served model of .* cannot be exported: .*model.json"
+    with pytest.raises(ValueError, match=message):
         _app(bundles, studies, models=NAME_3D, runtime="onnx")
 
 

@@ -12,20 +12,19 @@ from fastapi import HTTPException
 from monai.bundle import ConfigParser
 from monai.data import MetaTensor
 from monai.transforms import LoadImage, LoadImaged, MapTransform
-
 from monailabel.tasks.infer.bundle import BundleInferTask
 
 from .served import served_onnx, serving_runtime
 
 __all__ = [
     "DEFAULT_WEIGHTS",
-    "LABEL_EXTENSION_2D",
     "LABEL_EXTENSIONS_3D",
+    "LABEL_EXTENSION_2D",
     "DropSingletonChanneld",
     "SpectraFlowInferTask",
+    "has_volume_format",
     "image_problem",
     "input_rank",
-    "has_volume_format",
     "short_reason",
     "unknown_weights",
     "weight_files",

@@ -98,8 +98,8 @@ def serving_runtime(conf: dict[str, Any]) -> str:
         raise ValueError(f"--conf runtime must be one of {', '.join(RUNTIMES)}, got {text!r}.")
     if value == "onnx":
         try:
-            import onnxruntime  # noqa: F401
-            import onnxscript  # noqa: F401  (the server exports the served model)
+            import onnxruntime
+            import onnxscript
         except ImportError as e:
             raise ValueError(f'--conf runtime onnx needs the onnx extra: pip install "spectraflow_monai[onnx]" ({e}).')
     return value
@@ -126,7 +126,10 @@ def served_onnx(model_file: str, threads: int | None = None) -> Any:
     """
     from spectraflow_monai.apps.onnx_export import CPU_ATOL, export_model_file
     from spectraflow_monai.networks.export import OnnxNetwork
-    from spectraflow_monai.networks.onnx_runtime import CPU_SESSION_CONFIG, RECOMMENDED_CPU_VARIANT
+    from spectraflow_monai.networks.onnx_runtime import (
+        CPU_SESSION_CONFIG,
+        RECOMMENDED_CPU_VARIANT,
+    )
     from spectraflow_monai.utils.errors import DataError, SettingError
     from spectraflow_monai.utils.run_record import check_model_digest
 
