@@ -323,14 +323,16 @@ class Stage2Program:
         """The training loader of ``data_path`` with ``batch_size`` (:func:`~spectraflow_monai.apps.workflow.
         training_loader`: lowered to the number of pairs when there are fewer, with a warning)."""
         return training_loader(
-            dataset, self.settings.batch_size, self.data.data_path, sampler=sampler, num_workers=self.run_settings.num_workers,
-            cache_device=self.run_settings.cache_device, device=self.device, seed=self.data.data_seed,
+            dataset, self.settings.batch_size, self.data.data_path, sampler=sampler,
+            num_workers=self.run_settings.num_workers, cache_device=self.run_settings.cache_device, device=self.device,
+            seed=self.data.data_seed,
         )  # fmt: skip
 
     def val_loader(self, dataset: Any, sampler: Any = None) -> DataLoader:
         """The validation loader, in order, ``val_batch_size`` a batch."""
         return DataLoader(
-            dataset, batch_size=self.run_settings.val_batch_size, sampler=sampler, shuffle=False, num_workers=self.run_settings.num_workers
+            dataset, batch_size=self.run_settings.val_batch_size, sampler=sampler, shuffle=False,
+            num_workers=self.run_settings.num_workers,
         )
 
     def metrics(self, prefix: str, which: str = "key", hd95: bool = True) -> dict[str, Any]:
@@ -427,8 +429,9 @@ class Stage2Program:
         return self.restart.record
 
     def train(self, trainer: Engine, validation: Stage2ValidationHandlers, preprocessing: Compose) -> None:
-        """Train, resumably: the optimizer the trainer holds recorded whole in the run record (a continued run must
-        hold the one it recorded; :func:`~spectraflow_monai.utils.run_record.record_components`), then
+        """Train, resumably: the optimizer and the loss function the trainer holds recorded in the run record (a
+        continued run must hold the ones it recorded;
+        :func:`~spectraflow_monai.utils.run_record.record_components`), then
         :func:`run_stage2` following the restart decision of :meth:`record`, with the run's folders and device.
 
         Raises:
@@ -438,7 +441,7 @@ class Stage2Program:
         if restart is None:
             raise SettingError("Stage-2 trains after its run record decides how it starts: list '@run_record' before "
                                "'@train#run' in the config's `run`.")  # fmt: skip
-        record_components(restart, optimizer=trainer.optimizer)
+        record_components(restart, optimizer=trainer.optimizer, loss_function=trainer.loss_function)
         r = self.run_settings
         run_stage2(trainer, validation, preprocessing, restart, r.model_path, r.stage2_checkpoints_kept, self.device)
 
@@ -753,7 +756,8 @@ class Stage1Program:
             ),
             EpochSummaryHandler(title=title),
             ProgressBarHandler(
-                enabled=self.run_settings.progress_bar, desc=title, keys=["meanflow_error", "loss_mae"], every=self.log_every
+                enabled=self.run_settings.progress_bar, desc=title, keys=["meanflow_error", "loss_mae"],
+                every=self.log_every,
             ),
         ]
         self.trainer = self._trainer(

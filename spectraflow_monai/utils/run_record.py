@@ -206,13 +206,26 @@ def _optimizer_record(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {"class": f"{kind.__module__}.{kind.__qualname__}", "defaults": defaults, "param_groups": groups}
 
 
+def _module_record(module: torch.nn.Module) -> dict[str, Any]:
+    """A module (a loss function) as the run record holds it: its class path and, by name, those of the modules it
+    is made of (``monai.losses.DeepSupervisionLoss`` around the bundle's loss). Not its attributes: a loss changes
+    some while it trains (the boundary weight's ramp), and the settings that set them are recorded already."""
+    kind = type(module)
+    children = {name: _module_record(child) for name, child in module.named_children()}
+    return {"class": f"{kind.__module__}.{kind.__qualname__}", **({"modules": children} if children else {})}
+
+
 def component_record(component: Any) -> Any:
     """What the run record holds of a component a run trains with (``components`` of :func:`record_run`): an
     optimizer whole, as it was built (:class:`torch.optim.Optimizer`: class path, defaults and parameter groups), so
     that a config that replaces one (``train#optimizer: {_target_: torch.optim.Adam, ...}``) is recorded as what ran;
-    any other object by its class path and public attributes."""
+    a loss function (a :class:`torch.nn.Module`) by its class path and those of its parts
+    (``train#trainer#loss_function: {_target_: monai.losses.DeepSupervisionLoss, ...}``); any other object by its
+    class path and public attributes."""
     if isinstance(component, torch.optim.Optimizer):
         return _optimizer_record(component)
+    if isinstance(component, torch.nn.Module):
+        return _module_record(component)
     return _plain(component)
 
 
@@ -475,7 +488,7 @@ def record_components(decision: RestartDecision, **components: Any) -> dict[str,
     if decision.continues:
         diffs = _record_differences({"components": held}, {"components": {**held, **built}}, path)
         if diffs:
-            raise _mixed_runs(decision.run_dir, "other components (the optimizer that was built)", diffs)
+            raise _mixed_runs(decision.run_dir, "other components (the optimizer or loss that was built)", diffs)
     record["components"] = {**held, **built}
     if process_rank() == 0:
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")

@@ -58,6 +58,10 @@ def test_deep_supervision_averages_the_heads_losses(tmp_path, monkeypatch, confi
     assert optimizer["class"] == ("torch.optim.adam.Adam" if config == LITERAL else "torch.optim.adamw.AdamW")
     decay = [g.get("weight_decay", optimizer["defaults"]["weight_decay"]) for g in optimizer["param_groups"]]
     assert decay == ([2e-4, 0.0] if config == LITERAL else [1e-4])
+    # and the loss function that ran: the baselines' deep supervision around the bundle's loss
+    loss = record["components"]["loss_function"]
+    assert loss["class"] == "monai.losses.ds_loss.DeepSupervisionLoss"
+    assert loss["modules"]["loss"]["class"] == "spectraflow_monai.losses.dice_bce_boundary.DiceBCEBoundaryLoss"
     assert "resolved" not in record["settings"]
     assert "encoder_start" not in json.loads((models / "model.json").read_text())
     scores = runner.evaluate("ds", configs, "clean", settings)  # the final head, one tensor

@@ -409,6 +409,27 @@ def test_the_optimizer_that_was_built_is_recorded_whole(tmp_path):
         record_components(str(run), optimizer=_adam())
 
 
+def test_the_loss_that_was_built_is_recorded_by_its_classes(tmp_path):
+    """A loss function is recorded by its class path and those of its parts (not its attributes, which a ramp
+    changes while it trains); a continued run with another loss stops before training."""
+    from monai.losses import DeepSupervisionLoss, DiceLoss
+
+    run = tmp_path / "run"
+    decision = record_run(run, Stage2Settings(), seed=0)
+    loss = DeepSupervisionLoss(DiceLoss())
+    record = record_components(decision, loss_function=loss)
+    assert record["components"]["loss_function"] == {
+        "class": "monai.losses.ds_loss.DeepSupervisionLoss",
+        "modules": {"loss": {"class": "monai.losses.dice.DiceLoss"}},
+    }
+    torch.save({}, run / "checkpoint_epoch=1.pt")
+    decision = record_run(run, Stage2Settings(), seed=0)
+    record_components(decision, loss_function=DeepSupervisionLoss(DiceLoss(sigmoid=True)))  # the same classes
+    with pytest.raises(SettingError, match=r"components.loss_function.class: recorded 'monai.losses.ds_loss."
+                                           r"DeepSupervisionLoss', now 'monai.losses.dice.DiceLoss'"):
+        record_components(decision, loss_function=DiceLoss())
+
+
 def test_a_run_recorded_before_its_components_continues(tmp_path, caplog):
     run = tmp_path / "run"
     record_run(run, Stage2Settings(), seed=0)
