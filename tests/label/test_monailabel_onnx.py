@@ -140,3 +140,61 @@ def test_onnx_runtime_over_http(tmp_path):
         assert label.shape == VOLUME_SHAPE and set(np.unique(label).tolist()) <= set(range(9))
     assert "QAttention" in _export_ops(_served(bundles, NAME_3D) / "models" / "model.onnx")
     assert "exporting the served model (cpu variant)" in log.read_text(errors="replace")
+
+
+def test_concurrent_requests_export_once_and_keep_the_earlier_file_aside(onnx_served, monkeypatch):
+    """An inference request and a scoring run asking together for a stale export: one export, every caller served
+    by it; the file that was there (not the served pair's export) is kept aside, not overwritten."""
+    import threading
+
+    import lib.served as served
+
+    import spectraflow_monai.apps.onnx_export as onnx_export
+    from spectraflow_monai.networks.export import OnnxNetwork
+
+    _app(onnx_served["bundles"], onnx_served["studies"], models=NAME_3D, runtime="onnx")  # the export exists
+    models = _served(onnx_served["bundles"], NAME_3D) / "models"
+    (models / "model.onnx").write_bytes(b"someone's file")
+    calls, original = [], onnx_export.export_model_file
+    monkeypatch.setattr(onnx_export, "export_model_file", lambda *a, **k: calls.append(a) or original(*a, **k))
+    results, errors = [], []
+
+    def ask() -> None:
+        try:
+            results.append(served.served_onnx(str(models / "model.pt")))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(calls) == 1 and len(results) == 4
+    assert all(isinstance(n, OnnxNetwork) for n in results) and "QAttention" in _export_ops(models / "model.onnx")
+    kept = [p for p in models.glob("model.onnx.bak-*") if p.read_bytes() == b"someone's file"]
+    assert len(kept) == 1
+
+
+def test_a_link_at_the_export_path_is_never_followed_over_http(tmp_path):
+    """``models/model.onnx`` of the served copy is a link to a file elsewhere (not an export of the served pair): a
+    started ``--conf runtime onnx`` server renames the link aside, writes its own export, serves, and the file the
+    link pointed to is untouched."""
+    requests = pytest.importorskip("requests")
+    studies, bundles = _studies_and_bundles(tmp_path, names=(NAME_3D,))
+    _write_record(bundles)
+    _app(bundles, studies, models=NAME_3D)  # the served copy (PyTorch: no export yet)
+    outside = tmp_path / "elsewhere" / "their.onnx"
+    outside.parent.mkdir()
+    outside.write_bytes(b"another run's file")
+    models = _served(bundles, NAME_3D) / "models"
+    (models / "model.onnx").symlink_to(outside)
+    params = {"params": (None, json.dumps({"device": "cpu"}))}
+    with running_server(tmp_path, studies, bundles, _conf(models=NAME_3D, runtime="onnx")) as (base, _log):
+        r = requests.post(f"{base}/infer/{NAME_3D}", params={"image": "ct_a", "output": "image"}, files=params,
+                          timeout=300)  # fmt: skip
+        assert r.status_code == 200, r.text
+    assert outside.read_bytes() == b"another run's file"
+    assert not (models / "model.onnx").is_symlink() and "QAttention" in _export_ops(models / "model.onnx")
+    (link,) = models.glob("model.onnx.bak-*")
+    assert link.is_symlink() and link.resolve() == outside.resolve()

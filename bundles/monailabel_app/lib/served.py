@@ -44,12 +44,14 @@ import json
 import logging
 import os
 import shutil
+import threading
 from typing import Any
 
 from spectraflow_monai.utils.checkpoint import (
     SET_ASIDE_LEDGER,
     is_set_aside_name,
     prune_set_aside,
+    set_aside,
 )
 from spectraflow_monai.utils.files import atomic_path, write_text_atomic
 from spectraflow_monai.utils.settings import model_settings_path
@@ -72,6 +74,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: one export at a time per served model file (an inference request and a scoring run may ask for it together)
+_EXPORT_LOCKS: dict[str, threading.Lock] = {}
+_EXPORT_LOCKS_GUARD = threading.Lock()
 
 #: bundle folders that are code: mirrored from the installed bundle at every start
 MIRRORED = ("configs", "scripts")
@@ -98,8 +103,8 @@ def serving_runtime(conf: dict[str, Any]) -> str:
         raise ValueError(f"--conf runtime must be one of {', '.join(RUNTIMES)}, got {text!r}.")
     if value == "onnx":
         try:
-            import onnxruntime
-            import onnxscript
+            import onnxruntime  # noqa: F401
+            import onnxscript  # noqa: F401
         except ImportError as e:
             raise ValueError(f'--conf runtime onnx needs the onnx extra: pip install "spectraflow_monai[onnx]" ({e}).')
     return value
@@ -110,7 +115,9 @@ def served_onnx(model_file: str, threads: int | None = None) -> Any:
 
     Its export ``models/<stem>.onnx`` is served when it carries the digests of ``model_file`` and of the record
     beside it (:class:`~spectraflow_monai.networks.export.OnnxNetwork` checks them); when it is missing, unreadable
-    or the export of another model (trained or uploaded since), the server writes it again with the CPU variant
+    or the export of another model (trained or uploaded since), the file there is kept aside
+    (:func:`~spectraflow_monai.utils.checkpoint.set_aside`: ``<stem>.onnx.bak-<time>``, the newest few kept; a link is
+    renamed, never followed) and the server writes the export again with the CPU variant
     (:func:`~spectraflow_monai.apps.onnx_export.export_model_file`, ``variant="cpu"``: fused attention, int8
     encoder; about a minute for ViT-S/14 on two cores), logged.
 
@@ -135,12 +142,17 @@ def served_onnx(model_file: str, threads: int | None = None) -> Any:
 
     check_model_digest(model_file)  # the record beside it was written for this very file
     onnx_file = os.path.splitext(model_file)[0] + ".onnx"
-    try:
+    with _EXPORT_LOCKS_GUARD:
+        lock = _EXPORT_LOCKS.setdefault(os.path.abspath(onnx_file), threading.Lock())
+    with lock:
+        try:
+            return OnnxNetwork(onnx_file, threads=threads, model_file=model_file, session_config=CPU_SESSION_CONFIG)
+        except (SettingError, DataError) as e:
+            logger.info(f"{onnx_file}: exporting the served model ({RECOMMENDED_CPU_VARIANT} variant): {e}")
+        if os.path.lexists(onnx_file):  # not the served pair's export: kept aside (a link renamed, never followed)
+            set_aside(onnx_file)
+        export_model_file(model_file, onnx_file, atol=CPU_ATOL, variant=RECOMMENDED_CPU_VARIANT)
         return OnnxNetwork(onnx_file, threads=threads, model_file=model_file, session_config=CPU_SESSION_CONFIG)
-    except (SettingError, DataError) as e:
-        logger.info(f"{onnx_file}: exporting the served model ({RECOMMENDED_CPU_VARIANT} variant): {e}")
-    export_model_file(model_file, onnx_file, atol=CPU_ATOL, variant=RECOMMENDED_CPU_VARIANT)
-    return OnnxNetwork(onnx_file, threads=threads, model_file=model_file, session_config=CPU_SESSION_CONFIG)
 
 
 def kept_backups(conf: dict[str, Any]) -> int:
