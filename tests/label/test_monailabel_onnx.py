@@ -19,7 +19,6 @@ from .test_monailabel_app import (
     VOLUME_SHAPE,
     _app,
     _conf,
-    _quiet_app,
     _served,
     _studies_and_bundles,
     running_server,
