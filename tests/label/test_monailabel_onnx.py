@@ -197,3 +197,27 @@ def test_a_link_at_the_export_path_is_never_followed_over_http(tmp_path):
     assert not (models / "model.onnx").is_symlink() and "QAttention" in _export_ops(models / "model.onnx")
     (link,) = models.glob("model.onnx.bak-*")
     assert link.is_symlink() and link.resolve() == outside.resolve()
+
+
+def test_model_filename_under_onnx_writes_no_export_of_a_file_without_its_record(tmp_path):
+    """With ``--conf runtime onnx`` a request's ``model_filename`` chooses which model file's export serves (the
+    server writes ``models/<stem>.onnx``): a path outside models/ and a weight file without its record are answered
+    422, and no export or set-aside file is written for either."""
+    import shutil
+
+    requests = pytest.importorskip("requests")
+    studies, bundles = _studies_and_bundles(tmp_path, names=(NAME_3D,))
+    _write_record(bundles)
+    _app(bundles, studies, models=NAME_3D)  # the served copy
+    models = _served(bundles, NAME_3D) / "models"
+    shutil.copy(models / "model.pt", models / "other.pt")  # weights without other.json
+    before = None
+    with running_server(tmp_path, studies, bundles, _conf(models=NAME_3D, runtime="onnx")) as (base, _log):
+        before = sorted(p.name for p in models.iterdir())
+        for name, status in (("../../../model.pt", 422), ("/etc/passwd", 422), ("other.pt", 422), ("model.pt", 200)):
+            form = {"params": (None, json.dumps({"device": "cpu", "model_filename": name}))}
+            r = requests.post(f"{base}/infer/{NAME_3D}", params={"image": "ct_a", "output": "json"}, files=form,
+                              timeout=300)  # fmt: skip
+            assert r.status_code == status, (name, r.status_code, r.text)
+    assert sorted(p.name for p in models.iterdir()) == before
+    assert not (models / "other.onnx").exists() and not list(models.glob("*.bak-*"))
