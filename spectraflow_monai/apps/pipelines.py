@@ -23,6 +23,7 @@ picks the one a settings object describes (a CT window: the Synapse bundle's).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Mapping
@@ -139,7 +140,7 @@ class ModelPipeline:
         """The network's input side."""
         return int(self.settings.image_size)
 
-    def inferer(self, precision: Precision, **options: Any) -> AutocastInferer:
+    def inferer(self, precision: Precision) -> AutocastInferer:
         """How the network is applied to a prepared input, under the autocast of the run's resolved ``precision``
         (outputs in float32): the whole image (2D), or slice by slice (CT volumes)."""
         return AutocastInferer(SimpleInferer(), precision=precision)
@@ -200,12 +201,10 @@ class Image2DPipeline(ModelPipeline):
     ``to_float``.
     """
 
-    @property
+    @functools.cached_property
     def label_setup(self) -> LabelSetup:
         """What the masks are (:class:`~spectraflow_monai.apps.seg2d.LabelSetup` of the settings' ``label_classes``)."""
-        if not hasattr(self, "_label_setup"):
-            self._label_setup = LabelSetup.read(self.settings.label_classes)
-        return self._label_setup
+        return LabelSetup.read(self.settings.label_classes)
 
     def steps(self) -> dict[str, Callable[..., Any]]:
         return {
