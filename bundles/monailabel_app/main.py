@@ -76,8 +76,9 @@ option (``bundle_path`` included): 422, over 64 KB: 413, a scoring request while
 with NaN, Infinity or nesting deeper than 32: 422, a split that leaves no validation pair or too few training pairs:
 422, an unknown active learning strategy, scoring method or batch inference model: 404) and the server keeps serving.
 Every upload's temporary file is removed whatever the answer (``lib/uploads.py``); an uploaded model (a ZIP of
-``model.pt`` and its ``model.json``) replaces the served pair once it is checked, the previous pair kept as
-``models/model.pt.previous`` / ``models/model.json.previous``; scoring runs in the server process, one run at a time,
+``model.pt`` and its ``model.json``) replaces the served pair once it is checked, the replaced pair kept as
+``models/model.pt.bak-<time>`` / ``models/model.json.bak-<time>`` (one stamp, the newest ``kept_model_backups``
+pairs kept); scoring runs in the server process, one run at a time,
 and the server is the only writer of the datastore's record (``lib/scoring_runs.py``, ``lib/datastore.py``); the folders
 of stopped training runs are removed at start and before each run (a run of another host or PID namespace once its
 heartbeat is 15 minutes old); sessions live at most a day, and only the session folders the app created (marked) are
@@ -179,6 +180,7 @@ from lib.scoring_runs import ScoringRuns  # noqa: E402
 from lib.served import (  # noqa: E402
     check_apart,
     kept_backups,
+    kept_text,
     replace_served_pair,
     served_copy,
     set_aside_served_model,
@@ -521,8 +523,9 @@ class SpectraFlowApp(MONAILabelApp):
         ``model.json`` its training wrote beside it) as bundle ``model``'s served pair.
 
         The pair is checked first (:meth:`_pair_problem`); then it replaces the served pair (the record first, each
-        atomically), the previous one kept as ``models/model.pt.previous`` and ``models/model.json.previous``
-        (``lib/served.py``), and the next request serves the new model with its record's preprocessing.
+        atomically), the replaced one kept as ``models/model.pt.bak-<time>`` and ``models/model.json.bak-<time>``
+        (one stamp; the newest ``--conf kept_model_backups`` kept, ``lib/served.py``), and the next request serves
+        the new model with its record's preprocessing.
 
         Raises:
             HTTPException: 404 for a bundle that is not served; 413 / 422 for an archive that is not exactly the
@@ -535,27 +538,29 @@ class SpectraFlowApp(MONAILabelApp):
             if problem is not None:
                 raise HTTPException(status_code=422, detail=f"the uploaded model was not served: {problem}")
             served = self._served_model(model)
-            replaced = replace_served_pair(weights, record, served)
-        kept = " (the previous pair is kept as models/model.pt.previous, models/model.json.previous)"
-        logger.info(f"+++ {model}: an uploaded model now serves as models/model.pt with its models/model.json"
-                    f"{kept if replaced else ''}")  # fmt: skip
+            stamp = replace_served_pair(weights, record, served, self.kept_backups)
+        kept = f"; {kept_text(stamp, self.kept_backups)}" if stamp else ""
+        logger.info(f"+++ {model}: an uploaded model now serves as models/model.pt with its models/model.json{kept}")
         self._serve_trained()
         stat = os.stat(served)
         return {"checksum": file_checksum(served), "modified_time": int(stat.st_mtime),
                 MODEL_DIGEST_KEY: file_digest(served)}  # fmt: skip
 
     def delete_model(self, model: str) -> None:
-        """Stop serving bundle ``model``'s ``models/model.pt`` (``DELETE /model/<model>``): it becomes
-        ``models/model.pt.previous`` and its record ``models/model.json.previous``; inference answers 404 until a
-        model is uploaded or trained, and no start or task process copies the installed model back.
+        """Stop serving bundle ``model``'s ``models/model.pt`` (``DELETE /model/<model>``): it and its record are
+        renamed ``models/model.pt.bak-<time>`` and ``models/model.json.bak-<time>`` (one stamp; the newest
+        ``--conf kept_model_backups`` kept, with 0 the pair is removed); inference answers 404 until a model is
+        uploaded or trained, and no start or task process copies the installed model back.
 
         Raises:
             HTTPException: 404 when the bundle is not served or has no served model.
         """
         self.require_bundle(model)
-        if not set_aside_served_model(self._served_model(model)):
+        stamp = set_aside_served_model(self._served_model(model), self.kept_backups)
+        if stamp is None:
             raise HTTPException(status_code=404, detail=f"model {model!r} has no served weights (models/model.pt)")
-        logger.info(f"+++ {model}: models/model.pt and its record set aside as *.previous (DELETE /model)")
+        kept = f"set aside as *.bak-{stamp}" if self.kept_backups else "removed (--conf kept_model_backups 0)"
+        logger.info(f"+++ {model}: models/model.pt and its record {kept} (DELETE /model)")
         self._serve_trained()
 
     def info(self, request: Any = None) -> dict[str, Any]:

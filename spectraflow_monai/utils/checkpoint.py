@@ -44,6 +44,7 @@ __all__ = [
     "atomic_torch_save",
     "check_finite_state",
     "cpu_state_dict",
+    "folder_lock",
     "is_set_aside_name",
     "latest_checkpoint",
     "prune_set_aside",
@@ -205,7 +206,9 @@ def is_set_aside_name(name: str) -> bool:
     return _VERSION.fullmatch(name) is not None
 
 
-def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = False) -> Path:
+def set_aside(
+    path: str | os.PathLike, stamp: str | None = None, copy: bool = False, keep: int | None = SET_ASIDE_KEPT
+) -> Path:
     """Keep ``path`` (a file or folder) as ``<path>.bak-<timestamp>`` and log it as a warning; returns the new path.
 
     With ``copy=False`` the path is renamed; with ``copy=True`` (files only) a copy is written atomically and the
@@ -213,15 +216,29 @@ def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = Fa
 
     The version is recorded in the folder's ledger (:data:`SET_ASIDE_LEDGER`: its name, whether it is a file or a
     folder, its device and inode numbers and status change time, taken right after the rename or copy), and then
-    :func:`prune_set_aside` keeps the newest :data:`SET_ASIDE_KEPT` versions of ``path`` that ``set_aside`` made:
-    older ones are removed (a folder loses the files a run writes there and is removed when that leaves it empty).
-    Nothing else is ever removed: not a file or folder that is only named like a version (a user's own
+    :func:`prune_set_aside` keeps the newest ``keep`` versions of ``path`` that ``set_aside`` made: older ones are
+    removed (a folder loses the files a run writes there and is removed when that leaves it empty). Nothing else is
+    ever removed: not a file or folder that is only named like a version (a user's own
     ``model.pt.bak-20200101-000000``), not a link, not a version replaced since by another file of the same name;
     such names are not counted among the kept versions either. A link at ``path`` is renamed but not recorded.
+
+    Args:
+        path: the file or folder to keep aside.
+        stamp: the ``<timestamp>`` of the name (``<date>-<time>``; ``-<n>`` is added while the name is taken).
+            Defaults to now; give one stamp to several files to keep them together (a model and its record).
+        copy: keep a copy and leave ``path`` in place (files only). Defaults to False (renamed).
+        keep: how many versions of ``path`` stay (an integer >= 0); ``None``: nothing is pruned here (the caller
+            prunes with :func:`prune_set_aside`, e.g. once a replacement is in place). Defaults to
+            :data:`SET_ASIDE_KEPT`.
+
+    Raises:
+        ValueError: ``keep`` is neither None nor an integer >= 0.
     """
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+        raise ValueError(f"keep must be None or an integer >= 0, got {keep!r}.")
     path = Path(os.fspath(path))
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
-    with _folder_lock(path.parent):
+    with folder_lock(path.parent):
         target = path.with_name(f"{path.name}.bak-{stamp}")
         n = 1
         while os.path.lexists(target):
@@ -243,7 +260,10 @@ def set_aside(path: str | os.PathLike, stamp: str | None = None, copy: bool = Fa
         elif rewrite is not None:
             versions = [v for v in versions if v["name"] != target.name] + [{"name": target.name, **made}]
             rewrite = True
-        _prune(path.parent, SET_ASIDE_KEPT, versions, of=path.name, rewrite=rewrite)
+        if keep is not None:
+            _prune(path.parent, keep, versions, of=path.name, rewrite=rewrite)
+        elif rewrite:
+            _write_ledger(path.parent, versions)
     return target
 
 
@@ -278,7 +298,7 @@ def prune_set_aside(folder: str | os.PathLike, keep: int, of: str | None = None)
     folder = Path(os.fspath(folder))
     if not os.path.isdir(folder):
         return []
-    with _folder_lock(folder):
+    with folder_lock(folder):
         versions, rewrite = _read_ledger(folder)
         return _prune(folder, keep, versions, of=of, rewrite=rewrite)
 
@@ -293,8 +313,11 @@ def _identify(path: Path) -> dict[str, Any] | None:
 
 
 @contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``folder`` while its ledger is read and written (POSIX; elsewhere none)."""
+def folder_lock(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (POSIX ``flock`` on the folder itself, across processes; elsewhere, or on
+    a file system without it, none). :func:`set_aside` and :func:`prune_set_aside` hold it while they read and write
+    the folder's ledger; a caller that sets aside files of ``folder`` holds another folder's lock (a lock is not taken
+    twice by one process)."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): the ledger is still written atomically

@@ -16,8 +16,9 @@ session folder) serves the module:
   written for other weights is 422, a pair trained with another normalisation is served with its own (the masks
   change), a ``model.pt`` replaced on disk behind the server's back is 503 naming why, and ``DELETE /model`` is not
   undone by a task process;
-- **look-alike names**: the server's start prunes model backups (``kept_model_backups 0``) without touching a link
-  named like a backup (to another run's folder outside ``models/``) or a user's file named like one;
+- **look-alike names**: the server's start and each model upload prune model backups (``kept_model_backups 0``: a
+  replaced pair is not kept) without touching a link named like a backup (to another run's folder or file outside
+  ``models/``) or a user's file named like one;
 - **re-uploads and the proxy**: an image uploaded again at another size (with labels) or extension is 409, an info
   over 64 KB is 413, ``/proxy/dicom/...`` on a local datastore is 404.
 """
@@ -282,6 +283,14 @@ def _infer(server) -> requests.Response:
                          files={"params": (None, json.dumps({"device": "cpu"}))}, timeout=TIMEOUT)  # fmt: skip
 
 
+_LOOK_ALIKES = {"model.pt.bak-20200101-000000", "model.pt.bak-20200102-000000"}  # the fixture's link and file
+
+
+def _backups(server) -> set[str]:
+    """What is named like a backup of the served pair in models/ (the look-alikes with kept_model_backups 0)."""
+    return {p.name for p in server.models.glob("model.*.bak-*")}
+
+
 def _pair(weights: dict, settings: dict) -> bytes:
     from spectraflow_monai.utils.run_record import write_model_settings
     from spectraflow_monai.utils.settings import ModelSettings
@@ -334,7 +343,9 @@ def test_a_model_is_served_with_its_own_record(server):
 def test_a_deleted_model_stays_deleted(server):
     pair = (server.models / "model.pt").read_bytes(), (server.models / "model.json").read_bytes()
     assert requests.delete(f"{server.base}/model/{NAME_2D}", timeout=TIMEOUT).status_code == 200
-    assert not (server.models / "model.pt").exists() and (server.models / "model.json.previous").is_file()
+    # (kept_model_backups 0: the pair is not kept aside; only the look-alikes are named like backups)
+    assert not (server.models / "model.pt").exists() and not (server.models / "model.json").exists()
+    assert _backups(server) == _LOOK_ALIKES
     # a task process builds the app again, as MONAI Label starts one (its `info` method: the app and nothing else)
     env = dict(os.environ, MONAI_LABEL_APP_CONF=json.dumps(server.conf), CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "monailabel.interfaces.utils.app", "-a", str(server.bundles / "monailabel_app"),
@@ -349,6 +360,28 @@ def test_a_deleted_model_stays_deleted(server):
         zf.writestr("model.json", pair[1])
     r = requests.put(f"{server.base}/model/{NAME_2D}", files={"file": ("m.zip", buffer.getvalue())}, timeout=TIMEOUT)
     assert r.status_code == 200 and _infer(server).status_code == 200
+
+
+def test_uploads_beyond_the_bound_leave_look_alikes_alone(server):
+    """kept_model_backups 0: each upload keeps no backup of the pair it replaced, and a user's file and a link named
+    like backups of model.pt and model.json (to another run's files outside models/) stay as they were."""
+    os.symlink(server.outside / "run_record.json", server.models / "model.json.bak-20200101-000000")
+    (server.models / "model.json.bak-20200102-000000").write_bytes(b"a user's own record")
+    look_alikes = _LOOK_ALIKES | {"model.json.bak-20200101-000000", "model.json.bak-20200102-000000"}
+    weights = torch.load(server.models / "model.pt", weights_only=True)
+    for i in range(3):
+        pair = _pair({k: v + i if v.is_floating_point() else v for k, v in weights.items()}, {**NET, **SIZE[NAME_2D]})
+        r = requests.put(f"{server.base}/model/{NAME_2D}", files={"file": ("m.zip", pair)}, timeout=TIMEOUT)
+        assert r.status_code == 200 and _infer(server).status_code == 200, r.text
+        assert _backups(server) == look_alikes, i
+    assert (server.models / "model.pt.bak-20200101-000000").is_symlink()
+    assert (server.models / "model.json.bak-20200101-000000").is_symlink()
+    assert sorted(p.name for p in server.outside.iterdir()) == ["checkpoint_final.pt", "model.pt", "run_record.json"]
+    assert all(p.read_bytes() == b"another run's" for p in server.outside.iterdir())
+    assert (server.models / "model.pt.bak-20200102-000000").read_bytes() == b"a user's own file"
+    assert (server.models / "model.json.bak-20200102-000000").read_bytes() == b"a user's own record"
+    ledger = json.loads((server.models / ".spectraflow-set-aside.json").read_text())
+    assert ledger["versions"] == []  # every backup it recorded is removed, nothing else was recorded
 
 
 # ---------------------------------------------------------------- re-uploads, info size, the proxy

@@ -12,6 +12,8 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -297,3 +299,81 @@ def test_served_copy_leaves_a_users_folder_named_like_a_backup(tmp_path):
         [served_lib.COPIED_LEDGER, SET_ASIDE_LEDGER, "model.pt", "model.pt.bak-20200101-000000", users.name,
          made[-1]])  # fmt: skip
     assert (users / "checkpoint_epoch=1.pt").read_text() == "the user's"
+
+
+# ----------------------------------------- the served pair: kept aside with one stamp, bounded by kept_model_backups
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".")}
+
+
+def _new(tmp_path: Path, i: int) -> tuple[str, str]:
+    (tmp_path / "new").mkdir(exist_ok=True)
+    (tmp_path / "new" / "model.pt").write_bytes(f"weights {i}".encode())
+    (tmp_path / "new" / "model.json").write_bytes(f"record {i}".encode())
+    return str(tmp_path / "new" / "model.pt"), str(tmp_path / "new" / "model.json")
+
+
+def _served_pair(tmp_path: Path) -> tuple[Any, Path, Path]:
+    """``lib.served``, and a served copy's ``models/`` holding a pair (``weights 0``, ``record 0``) and its model."""
+    models = tmp_path / "copy" / "models"
+    models.mkdir(parents=True)
+    (models / "model.pt").write_bytes(b"weights 0")
+    (models / "model.json").write_bytes(b"record 0")
+    return sys.modules[app_main.served_copy.__module__], models, models / "model.pt"
+
+
+def test_the_replaced_pair_is_kept_with_one_stamp_and_bounded(tmp_path, monkeypatch):
+    """replace_served_pair keeps the replaced model.pt and model.json aside with the same stamp (a stamp free for
+    both: a user's file already holding it is left alone), recorded and pruned to ``keep`` with the folder's other
+    backups; set_aside_served_model renames the pair so."""
+    served_lib, models, model = _served_pair(tmp_path)
+    (models / "model.json.bak-20260101-000000").write_bytes(b"a user's own record")
+    monkeypatch.setattr(served_lib, "time", SimpleNamespace(strftime=lambda *_: "20260101-000000"))
+    for i in range(1, 4):
+        stamp = served_lib.replace_served_pair(*_new(tmp_path, i), str(model), keep=1)
+        assert stamp == f"20260101-000000-{i}"  # (within one second: numbered, the later pair sorts last)
+        assert _files(models) == {
+            "model.json": f"record {i}".encode(), f"model.json.bak-{stamp}": f"record {i - 1}".encode(),
+            "model.json.bak-20260101-000000": b"a user's own record",
+            "model.pt": f"weights {i}".encode(), f"model.pt.bak-{stamp}": f"weights {i - 1}".encode()}  # fmt: skip
+    assert served_lib.set_aside_served_model(str(model), keep=1) == "20260101-000000-4"
+    assert _files(models) == {"model.json.bak-20260101-000000": b"a user's own record",
+                              "model.json.bak-20260101-000000-4": b"record 3",
+                              "model.pt.bak-20260101-000000-4": b"weights 3"}  # fmt: skip
+    assert served_lib.set_aside_served_model(str(model), keep=1) is None
+    assert served_lib.kept_text(None, 1) == ""
+    assert served_lib.kept_text("x", 0).endswith("not kept (--conf kept_model_backups 0)")
+    assert served_lib.kept_text("x", 1).endswith("kept as models/model.pt.bak-x and models/model.json.bak-x")
+
+
+def test_with_no_backup_kept_the_replaced_pair_goes_only_once_the_new_one_is_in_place(tmp_path, monkeypatch):
+    """kept_model_backups 0: the replaced pair is pruned after the new pair is in place, and stays when the
+    replacement fails; a link at models/model.pt is renamed aside (never followed, recorded or removed)."""
+    served_lib, models, model = _served_pair(tmp_path)
+    seen, prune = [], served_lib.prune_backups
+
+    def pruning(folder, keep):
+        seen.append(_files(models))
+        return prune(folder, keep)
+
+    monkeypatch.setattr(served_lib, "prune_backups", pruning)
+    stamp = served_lib.replace_served_pair(*_new(tmp_path, 1), str(model), keep=0)
+    assert seen == [{"model.json": b"record 1", f"model.json.bak-{stamp}": b"record 0", "model.pt": b"weights 1",
+                     f"model.pt.bak-{stamp}": b"weights 0"}]  # fmt: skip
+    assert _files(models) == {"model.json": b"record 1", "model.pt": b"weights 1"}
+    with pytest.raises(OSError):  # the new model is missing: the replacement stops and nothing is pruned
+        served_lib.replace_served_pair(str(tmp_path / "missing.pt"), _new(tmp_path, 2)[1], str(model), keep=0)
+    kept = {name: data for name, data in _files(models).items() if ".bak-" in name}
+    assert sorted(kept.values()) == [b"record 1", b"weights 1"] and len({n.split(".bak-")[1] for n in kept}) == 1
+    assert model.read_bytes() == b"weights 1"
+    # a link at models/model.pt: renamed aside, its target untouched, never recorded nor removed
+    for name in kept:
+        os.remove(models / name)
+    (tmp_path / "elsewhere.pt").write_bytes(b"someone else's")
+    os.remove(model)
+    os.symlink(tmp_path / "elsewhere.pt", model)
+    link = models / f"model.pt.bak-{served_lib.replace_served_pair(*_new(tmp_path, 3), str(model), keep=0)}"
+    assert link.is_symlink() and model.read_bytes() == b"weights 3" and not model.is_symlink()
+    served_lib.replace_served_pair(*_new(tmp_path, 4), str(model), keep=0)
+    assert [p.name for p in models.glob("model.*.bak-*")] == [link.name] and link.is_symlink()
+    assert (tmp_path / "elsewhere.pt").read_bytes() == b"someone else's"

@@ -3,8 +3,9 @@ hostile clients use them (docs/monailabel.md, "Serving safely"):
 
 - a refused upload leaves nothing in the temporary folder (counted around each request);
 - a model upload (``PUT /model/<name>``) that does not fit the served network is a 422 naming why, the served model
-  stays; a fitting one replaces it atomically, the previous one kept one step back; after ``DELETE /model`` an
-  inference is a 404;
+  stays; a fitting one replaces it atomically, the replaced pair kept aside as ``model.pt.bak-<time>`` and
+  ``model.json.bak-<time>`` with one stamp, bounded by ``kept_model_backups`` (three uploads with 1 leave one pair,
+  a user's look-alike file and link untouched); after ``DELETE /model`` an inference is a 404;
 - the datastore's own names, non-image extensions and over-long file names are refused; unknown ids are 404;
 - foreseeable refusals are 4xx with their reason, never a bare 500 (inference params, fp16 on a CPU server);
 - a session's expiry is capped.
@@ -247,6 +248,21 @@ def _bytes(state: dict) -> bytes:
     return buffer.getvalue()
 
 
+def _backups(models: Path) -> set[str]:
+    """The names of the backups of the served pair in ``models``."""
+    return {p.name for p in models.glob("model.*.bak-*")}
+
+
+def _new_pair(models: Path, before: set[str], record: bool = True) -> str:
+    """The stamp of the one pair kept aside since ``before`` (:func:`_backups`): model.pt and model.json (unless the
+    replaced model had no ``record``) with one stamp."""
+    new = sorted(_backups(models) - before)
+    stamps = {name.split(".bak-", 1)[1] for name in new}
+    names = ["model.json", "model.pt"] if record else ["model.pt"]
+    assert len(stamps) == 1 and new == [f"{name}.bak-{s}" for name in names for s in stamps], new
+    return stamps.pop()
+
+
 def test_model_upload_is_checked_before_it_replaces_anything(http):
     client, app, _ = http
     served = Path(app.bundles[NAME_2D]) / "models" / "model.pt"
@@ -261,19 +277,26 @@ def test_model_upload_is_checked_before_it_replaces_anything(http):
         assert r.status_code == 422 and "model.json" in r.json()["detail"], r.text
     r = client.put(f"/model/{NAME_2D}", files={"file": ("model.txt", served.read_bytes())})
     assert r.status_code == 415, r.text
-    # a model that fits replaces the served one with its record; the previous pair is kept one step back
+    # a model that fits replaces the served one with its record; the replaced pair is kept aside with one stamp
     state["decoder.head.conv.bias"] = state["decoder.head.conv.bias"] + 1.0
+    before = _backups(served.parent)
+    assert not served.with_name("model.json").exists()  # (the bundle's initial model has no record)
     r = client.put(f"/model/{NAME_2D}", files={"file": ("new.zip", _model_zip(state))})
     assert r.status_code == 200 and r.json()["checksum"], r.text
     assert r.json()["model_sha256"] == _sha(served)
     assert json.loads(served.with_name("model.json").read_text())["model_sha256"] == _sha(served)
     assert torch.equal(_weights(app)["decoder.head.conv.bias"], state["decoder.head.conv.bias"])
-    assert _sha(served.with_name("model.pt.previous")) == original
+    stamp = _new_pair(served.parent, before, record=False)
+    assert _sha(served.with_name(f"model.pt.bak-{stamp}")) == original
     buffer = io.BytesIO(_model_zip(state))
     form = {"params": (None, json.dumps({"device": "cpu"}))}
     assert client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files=form).status_code == 200
-    # DELETE sets it aside: inference is a 404 naming why; an upload serves again
+    # DELETE sets it aside (renamed, one stamp): inference is a 404 naming why; an upload serves again
+    pair, before = (_sha(served), _sha(served.with_name("model.json"))), _backups(served.parent)
     assert client.delete(f"/model/{NAME_2D}").status_code == 200
+    stamp = _new_pair(served.parent, before)
+    assert (_sha(served.with_name(f"model.pt.bak-{stamp}")), _sha(served.with_name(f"model.json.bak-{stamp}"))) == pair
+    assert not served.exists() and not served.with_name("model.json").exists()
     r = client.post(f"/infer/{NAME_2D}", params={"image": "img_a", "output": "json"}, files=form)
     assert r.status_code == 404 and "was deleted" in r.json()["detail"], r.text
     assert client.delete(f"/model/{NAME_2D}").status_code == 404
@@ -294,6 +317,48 @@ def test_a_bundle_without_weights_is_served_once_weights_are_uploaded(http, tmp_
     assert app.replace_model(NAME_2D, str(upload))["checksum"]
     assert NAME_2D in app.info()["models"]
     assert app.infer({"model": NAME_2D, "image": "img_a", "device": "cpu"})["file"].endswith(".png")
+
+
+def test_replaced_pairs_are_bounded_by_kept_model_backups(http, tmp_path):
+    """Three uploads with kept_model_backups 1 leave one pair, the last one replaced (one stamp on both files); a
+    user's file and a link named like backups are neither removed nor counted; DELETE keeps the deleted pair in its
+    place. With 0 nothing is kept: the start removes the recorded pair, an upload keeps none."""
+    served_app = http[1]
+    studies = tmp_path / "studies"
+    _write_studies(studies)
+    bundles = _make_bundles(tmp_path, studies, names=(NAME_2D,))
+    models = bundles / "monailabel_app" / "model" / NAME_2D / "models"
+    models.mkdir(parents=True)
+    (tmp_path / "elsewhere.pt").write_bytes(b"someone else's")
+    os.symlink(tmp_path / "elsewhere.pt", models / "model.pt.bak-20200101-000000")
+    (models / "model.json.bak-20200101-000000").write_bytes(b"a user's own file")
+    look_alikes = {"model.pt.bak-20200101-000000", "model.json.bak-20200101-000000"}
+    app = _app(bundles, studies, models=NAME_2D, kept_model_backups="1")
+    state, upload = _weights(served_app), tmp_path / "upload.zip"
+    upload.write_bytes(_model_zip(state))
+    app.replace_model(NAME_2D, str(upload))  # (the bundle's initial model has no record: the first pair)
+    for i in range(3):
+        pair = _sha(models / "model.pt"), _sha(models / "model.json")
+        state["decoder.head.conv.bias"] = state["decoder.head.conv.bias"] + 1.0
+        upload.write_bytes(_model_zip(state))
+        app.replace_model(NAME_2D, str(upload))
+        stamp = _new_pair(models, look_alikes)
+        assert (_sha(models / f"model.pt.bak-{stamp}"), _sha(models / f"model.json.bak-{stamp}")) == pair, i
+    assert torch.equal(torch.load(models / "model.pt", weights_only=True)["decoder.head.conv.bias"],
+                       state["decoder.head.conv.bias"])  # fmt: skip
+    pair = _sha(models / "model.pt"), _sha(models / "model.json")
+    app.delete_model(NAME_2D)
+    stamp = _new_pair(models, look_alikes)
+    assert (_sha(models / f"model.pt.bak-{stamp}"), _sha(models / f"model.json.bak-{stamp}")) == pair
+    assert (models / "model.pt.bak-20200101-000000").is_symlink()
+    assert (tmp_path / "elsewhere.pt").read_bytes() == b"someone else's"
+    assert (models / "model.json.bak-20200101-000000").read_bytes() == b"a user's own file"
+    app = _app(bundles, studies, models=NAME_2D, kept_model_backups="0")
+    assert _backups(models) == look_alikes
+    app.replace_model(NAME_2D, str(upload))
+    assert _backups(models) == look_alikes and _sha(models / "model.pt") == pair[0]
+    app.replace_model(NAME_2D, str(upload))
+    assert _backups(models) == look_alikes and (tmp_path / "elsewhere.pt").read_bytes() == b"someone else's"
 
 
 # ---------------------------------------------------------------- 3. the datastore's own names, extensions, lengths
@@ -733,7 +798,8 @@ def test_model_backups_are_bounded(tmp_path):
 def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
     """The default batch size (8) with fewer training pairs once trained on no batch and answered a bare 500; the
     batch is now as large as the pairs there are (logged). A split that leaves no validation pair or fewer than two
-    training pairs is a 422 naming it. The run's end prunes the model backups (two kept by default)."""
+    training pairs is a 422 naming it. The run's end keeps the replaced pair aside and prunes the model backups (two
+    kept by default)."""
     import logging
 
     client, app, _ = http
@@ -760,8 +826,10 @@ def test_training_with_fewer_pairs_than_the_batch_size(http, monkeypatch):
     assert r.status_code == 200, r.text
     assert any(f"batch_size 8 is larger than the {pairs - 1} training samples" in line for line in lines.lines)
     assert _sha(models / "model.pt") != served  # the run trained and its best model serves
-    assert sorted(p.name for p in models.glob("model.pt.bak-*")) == [
-        "model.pt.bak-20260102-000000", "model.pt.bak-20260103-000000"]  # fmt: skip
+    kept = {p.name for p in models.glob("model.pt.bak-*")}  # the newest two: the last earlier one, the replaced pair
+    assert len(kept) == 2 and "model.pt.bak-20260103-000000" in kept, kept
+    (replaced,) = kept - {"model.pt.bak-20260103-000000"}
+    assert _sha(models / replaced) == served and (models / replaced.replace("model.pt", "model.json")).is_file()
     for body, named in [({"val_split": 0.0}, "no validation pair"), ({"val_split": 0.99}, "training pair(s)")]:
         r = client.post(f"/train/{NAME_2D}", params={"run_sync": "true"}, json={"max_epochs": 1, **body})
         assert r.status_code == 422 and named in r.json()["detail"], r.text

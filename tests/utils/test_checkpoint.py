@@ -368,6 +368,25 @@ def test_prune_set_aside_keeps_what_it_made_count(tmp_path, kind):
             prune_set_aside(tmp_path, keep)
 
 
+def test_set_aside_keeps_what_it_is_told(tmp_path):
+    """``keep``: how many versions set_aside leaves (None: it prunes nothing, the caller does); a bad one is refused
+    before anything is set aside."""
+    model = _touch(tmp_path / "model.pt")
+    made = [set_aside(model, f"20260101-00000{i}", copy=True, keep=None).name for i in range(SET_ASIDE_KEPT + 1)]
+
+    def left() -> list[str]:
+        return sorted(p.name for p in tmp_path.glob("model.pt.bak-*"))
+
+    recorded = [v["name"] for v in json.loads((tmp_path / SET_ASIDE_LEDGER).read_text())["versions"]]
+    assert left() == made and recorded == made
+    made.append(set_aside(model, "20260101-000009", copy=True, keep=1).name)
+    assert left() == made[-1:]
+    for keep in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"keep must be None or an integer >= 0, got {keep!r}"):
+            set_aside(model, "20260102-000000", copy=True, keep=keep)
+    assert left() == made[-1:]
+
+
 _NAMES = [(f"model.pt.bak-{_OLD}", True), (f"model.pt.bak-{_OLD}-12", True), ("model.pt.bak-mine", False),
           ("model.pt", False), (f".bak-{_OLD}", False), (f"model.pt.bak-{_OLD}.tmp", False)]  # fmt: skip
 

@@ -6,10 +6,10 @@ resumable checkpoints, its run record and its best model go to a folder of its o
 (:func:`spectraflow_monai.utils.run_record.record_run`, :func:`spectraflow_monai.utils.checkpoint.resume_checkpoint`)
 then always meets a new folder and starts a new run, so nothing of an earlier request (optimizer, learning-rate
 plateau, early stopping, best score on an earlier validation set) is continued. When the run ends, its best model
-becomes the served pair (:func:`serve_run_model`; the pair it replaces is kept one step back,
-``models/model.pt.previous``, as for an upload) and the model backups that bundle runs set aside in ``models/``
-(:func:`spectraflow_monai.utils.checkpoint.set_aside`) are pruned to ``--conf kept_model_backups``, the one bound of
-the served copy's backups; then its folder is removed (:func:`end_run`), also after a failed run.
+becomes the served pair (:func:`serve_run_model`; the pair it replaces is kept aside as
+``models/model.pt.bak-<time>`` and ``models/model.json.bak-<time>``, as for an upload) and the model backups in
+``models/`` (:func:`spectraflow_monai.utils.checkpoint.set_aside`) are pruned to ``--conf kept_model_backups``, the
+one bound of the served copy's backups; then its folder is removed (:func:`end_run`), also after a failed run.
 
 A run stopped by ``DELETE /train`` or a server kill cannot remove its folder. Each folder therefore records its owner
 (``owner.json``: host, boot id, PID namespace, PID) and gets a heartbeat file touched every :data:`RUN_HEARTBEAT`
@@ -34,7 +34,7 @@ from typing import Any
 from spectraflow_monai.utils.settings import model_settings_path
 
 from .infers import DEFAULT_WEIGHTS
-from .served import prune_backups, replace_served_model, replace_served_pair
+from .served import replace_served_model, replace_served_pair
 
 __all__ = [
     "KEPT_RUN_LOGS",
@@ -90,11 +90,11 @@ def open_run(bundle_path: str) -> tuple[str, str, str]:
     return run_id, run_dir, log_dir
 
 
-def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> bool:
+def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> str | None:
     """Serve the best model of the run in ``run_dir`` as the served copy's ``models/model.pt``, its record
     ``model.json`` first (each atomically: the inference task reloads the pair at its next request; the replaced
-    pair is kept as ``*.previous``), then prune the model backups of ``models/`` to ``kept_backups``. The training
-    task logs it.
+    pair is kept aside as ``*.bak-<time>`` with one stamp), then prune the model backups of ``models/`` to
+    ``kept_backups`` (:func:`lib.served.replace_served_pair`). The training task logs it.
 
     Args:
         run_dir: the run's folder (:func:`open_run`), holding its best model ``model.pt``.
@@ -102,7 +102,7 @@ def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> bool:
         kept_backups: ``--conf kept_model_backups``.
 
     Returns:
-        whether a served model was replaced.
+        the ``<time>`` stamp of the replaced pair's backups when a served model was replaced, else None.
 
     Raises:
         RuntimeError: the run saved no model (no validation pair, or no finite validation score); the served
@@ -118,11 +118,8 @@ def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> bool:
     served = os.path.join(bundle_path, "models", DEFAULT_WEIGHTS)
     record = model_settings_path(best)
     if os.path.isfile(record):  # the settings the model was trained with (model.json), with the model's digest
-        replaced = replace_served_pair(best, record, served)
-    else:
-        replaced = replace_served_model(best, served)
-    prune_backups(os.path.dirname(served), kept_backups)
-    return replaced
+        return replace_served_pair(best, record, served, kept_backups)
+    return replace_served_model(best, served, kept_backups)
 
 
 def _pid_alive(pid: int) -> bool:

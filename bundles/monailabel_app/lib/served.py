@@ -13,19 +13,28 @@ default ``<app>/model``), and serves and trains that copy:
   served model that ``DELETE /model/<name>`` set aside is not copied back by a later start or a task process;
 - everything a run writes (``logs/``, ``runs/``, the slice cache) stays in the copy;
 - a new served model (a training run's best model, an upload of ``PUT /model/<name>``) replaces ``models/model.pt``
-  and its record ``models/model.json`` together (:func:`replace_served_pair`): each atomically, the pair they replace
-  kept as ``models/model.pt.previous`` and ``models/model.json.previous``, one step back; ``DELETE /model/<name>``
-  moves the served pair there (:func:`set_aside_served_model`). The record holds the SHA-256 of the model file
-  (``model_sha256``), so a model is never served with another model's record
-  (:func:`spectraflow_monai.utils.run_record.check_model_digest`).
-
-- model backups, ``models/<file>.bak-<date>-<time>`` (what a bundle run that starts over keeps aside, e.g. a run in
-  the installed bundle with ``resume`` false), are bounded: the installed bundle's are not copied (nor its ledger of
-  them), and the served copy keeps the newest ``--conf kept_model_backups`` of each file or run folder (default
-  :data:`DEFAULT_KEPT_BACKUPS`), pruned at start and after each training run (:func:`prune_backups`, each removal
-  logged). Only the backups that the bundle runs in the served copy made are removed (those recorded in
-  ``models/.spectraflow-set-aside.json``, :func:`spectraflow_monai.utils.checkpoint.prune_set_aside`); a file,
-  folder or link that is only named like one is never removed.
+  and its record ``models/model.json`` together (:func:`replace_served_pair`), one replacement at a time (the served
+  copy's folder locked, across the server and its task processes): the served pair is first kept aside as
+  ``models/model.pt.bak-<date>-<time>`` and ``models/model.json.bak-<date>-<time>``, copies with ONE stamp (so the two
+  files that belonged together are found together), recorded in the folder's ledger
+  (:func:`spectraflow_monai.utils.checkpoint.set_aside`); then the record and the model are replaced, each
+  atomically. ``DELETE /model/<name>`` renames the served pair so
+  (:func:`set_aside_served_model`). The record holds the SHA-256 of the model file (``model_sha256``), so a model is
+  never served with another model's record (:func:`spectraflow_monai.utils.run_record.check_model_digest`). To go
+  back one step, put the newest pair back (both files carry the same ``<date>-<time>``): with the server stopped,
+  copy ``models/model.pt.bak-<time>`` to ``models/model.pt`` and ``models/model.json.bak-<time>`` to
+  ``models/model.json``; or, while it runs, copy them as ``model.pt`` and ``model.json`` into a folder of your own,
+  zip them and upload the ZIP (``PUT /model/<name>``: checked, and the served pair kept aside in turn);
+- model backups, ``models/<file>.bak-<date>-<time>`` (the served pairs replaced or deleted, an export that was not
+  the served pair's, what a bundle run that starts over keeps aside, e.g. a run in the installed bundle with
+  ``resume`` false), are bounded by ONE setting: the installed bundle's are not copied (nor its ledger of them), and
+  the served copy keeps the newest ``--conf kept_model_backups`` of each file or run folder (default
+  :data:`DEFAULT_KEPT_BACKUPS`; 0 keeps none: a replaced pair is removed once the new pair is in place, a deleted
+  one at once), pruned at start and after each replacement of the served pair (:func:`prune_backups`, each removal
+  logged). Only the backups recorded in ``models/.spectraflow-set-aside.json`` are removed
+  (:func:`spectraflow_monai.utils.checkpoint.prune_set_aside`), and only while each is still the file it recorded;
+  a file, folder or link that is only named like one (a user's ``model.pt.bak-20200101-000000``) is never removed
+  nor counted, and a link at ``models/model.pt`` is renamed aside, never followed nor removed.
 
 Each bundle folder stands alone (its ``configs/`` are plain files), and so does its served copy.
 
@@ -45,10 +54,12 @@ import logging
 import os
 import shutil
 import threading
+import time
 from typing import Any
 
 from spectraflow_monai.utils.checkpoint import (
     SET_ASIDE_LEDGER,
+    folder_lock,
     is_set_aside_name,
     prune_set_aside,
     set_aside,
@@ -60,10 +71,10 @@ __all__ = [
     "COPIED_LEDGER",
     "DEFAULT_KEPT_BACKUPS",
     "MIRRORED",
-    "PREVIOUS_SUFFIX",
     "RUNTIMES",
     "check_apart",
     "kept_backups",
+    "kept_text",
     "prune_backups",
     "replace_served_model",
     "replace_served_pair",
@@ -80,9 +91,6 @@ _EXPORT_LOCKS_GUARD = threading.Lock()
 
 #: bundle folders that are code: mirrored from the installed bundle at every start
 MIRRORED = ("configs", "scripts")
-#: the model a new served model replaced: ``models/model.pt`` -> ``models/model.pt.previous`` (not a ``*.pt`` file,
-#: so no request can choose it as ``model_filename``)
-PREVIOUS_SUFFIX = ".previous"
 #: the names of the installed ``models/`` files the served copy has copied (each is copied once), in its ``models/``
 COPIED_LEDGER = ".spectraflow-copied.json"
 #: model backups kept per file in the served copy's ``models/`` (``--conf kept_model_backups``)
@@ -311,76 +319,142 @@ def _copy_installed_models(models: str, target_dir: str) -> None:
         write_text_atomic(ledger, json.dumps(sorted(listed), indent=1) + "\n")
 
 
-def _keep_previous(served: str) -> None:
-    """Make ``<served>.previous`` a copy of ``served`` (a hard link where the file system allows), atomically."""
-    previous = served + PREVIOUS_SUFFIX
-    with atomic_path(previous, suffix=".tmp") as tmp:
-        os.remove(tmp)
-        try:
-            os.link(served, tmp)
-        except OSError:
-            shutil.copyfile(served, tmp)
+def _pair_lock(models: str) -> Any:
+    """One replacement of the served pair in ``models`` at a time, across the server and its task processes: the
+    served copy's folder (the parent of ``models``) is locked (:func:`~spectraflow_monai.utils.checkpoint.folder_lock`;
+    ``models`` itself is the folder that ``set_aside`` locks while it records a backup)."""
+    return folder_lock(os.path.dirname(os.path.abspath(models)))
 
 
-def replace_served_model(new: str, served: str) -> bool:
-    """Serve ``new`` as ``served`` (``models/model.pt``): the current file is kept as ``<served>.previous`` (one step
-    back; the one before it is dropped) and ``new`` replaces ``served`` atomically, so a reader sees the old or the
-    new model, never a part of one. ``new`` is moved when it is on the same file system, else copied first.
+def _free_stamp(files: list[str]) -> str:
+    """Now as ``<date>-<time>``, with ``-<n>`` above every ``<n>`` taken in that second, such that no
+    ``<file>.bak-<stamp>`` of ``files`` exists: the versions of a pair kept aside together carry one stamp, and of
+    two pairs the later one sorts last."""
+    now = time.strftime("%Y%m%d-%H%M%S")
+    taken = -1
+    for file in files:
+        folder, name = os.path.split(file)
+        prefix = f"{name}.bak-{now}"
+        for entry in os.listdir(folder or "."):
+            if entry == prefix:
+                taken = max(taken, 0)
+            elif entry.startswith(prefix + "-") and entry[len(prefix) + 1 :].isdigit():
+                taken = max(taken, int(entry[len(prefix) + 1 :]))
+    return now if taken < 0 else f"{now}-{taken + 1}"
 
-    Args:
-        new: the checked model file.
-        served: the served model file.
 
-    Returns:
-        whether a served model was replaced (else ``served`` did not exist).
-    """
-    return _replace_keeping_previous(new, served)
+def _keep_aside(path: str, stamp: str, copy: bool) -> bool:
+    """Keep ``path`` aside as ``<path>.bak-<stamp>`` (:func:`~spectraflow_monai.utils.checkpoint.set_aside`, recorded
+    in the folder's ledger; nothing pruned here): a copy when ``copy`` (``path`` stays readable until it is
+    replaced), else renamed. A link is renamed, never followed, recorded or removed. Returns whether there was a
+    file (or link) at ``path``."""
+    if os.path.islink(path):
+        set_aside(path, stamp, keep=None)
+        return True
+    if not os.path.isfile(path):
+        return False
+    set_aside(path, stamp, copy=copy, keep=None)
+    return True
 
 
-def _replace_keeping_previous(new: str, target: str) -> bool:
-    """Keep ``target`` as ``<target>.previous`` and put ``new`` in its place atomically (moved on the same file
-    system, else copied); returns whether there was a ``target``."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    replaced = os.path.isfile(target)
-    if replaced:
-        _keep_previous(target)
+def _move_into_place(new: str, target: str) -> None:
+    """Put ``new`` at ``target`` atomically (moved on the same file system, else copied first); a link at
+    ``target`` is replaced, never followed."""
     with atomic_path(target, suffix=".tmp") as tmp:
         try:
             os.replace(new, tmp)
         except OSError:  # another file system (the upload's temporary folder)
             shutil.copyfile(new, tmp)
-    return replaced
 
 
-def replace_served_pair(new: str, new_record: str, served: str) -> bool:
+def _replace_files(files: list[tuple[str, str]], keep: int) -> str | None:
+    """Replace each ``(new, target)`` of ``files`` in this order, under :func:`_pair_lock`: every ``target`` is
+    first kept aside as a copy with one stamp, then each is replaced atomically, then the folder's backups are
+    pruned to ``keep`` (:func:`prune_backups`); so with ``keep`` 0 the replaced files go only once the new ones are
+    in place. Returns the stamp when the last ``target`` (the model file) was replaced, else None."""
+    folder = os.path.dirname(files[-1][1])
+    os.makedirs(folder, exist_ok=True)
+    with _pair_lock(folder):
+        stamp = _free_stamp([target for _, target in files])
+        kept = [_keep_aside(target, stamp, copy=True) for _, target in files]
+        for new, target in files:
+            _move_into_place(new, target)
+        prune_backups(folder, keep)
+    return stamp if kept[-1] else None
+
+
+def replace_served_model(new: str, served: str, keep: int) -> str | None:
+    """Serve ``new`` as ``served`` (``models/model.pt``) without touching its record: the current file is kept aside
+    as ``<served>.bak-<stamp>`` (a copy, so that it stays readable until ``new`` replaces it atomically: a reader sees
+    the old or the new model, never a part of one), then the backups of the folder are pruned to ``keep``.
+    ``new`` is moved when it is on the same file system, else copied first.
+
+    Args:
+        new: the checked model file.
+        served: the served model file.
+        keep: ``--conf kept_model_backups`` (:func:`kept_backups`).
+
+    Returns:
+        the ``<stamp>`` of the backup when a served model was replaced (with ``keep`` 0 it is already removed),
+        else None.
+    """
+    return _replace_files([(new, served)], keep)
+
+
+def replace_served_pair(new: str, new_record: str, served: str, keep: int) -> str | None:
     """Serve the model file ``new`` and its record ``new_record`` (``model.json``, which holds the digest of ``new``)
-    as ``served`` and the record beside it: the record first, then the model (:func:`replace_served_model`), each
-    atomically; the pair they replace is kept as ``<served>.previous`` and ``<record>.previous``. A reader that meets
-    the new record with the old model in between refuses the pair (its digest differs) rather than serving it.
+    as ``served`` and the record beside it.
+
+    Under one lock (:func:`_pair_lock`): the served pair is kept aside as ``<served>.bak-<stamp>`` and
+    ``<record>.bak-<stamp>`` (copies with ONE stamp, recorded in the folder's ledger), the record is replaced, then the
+    model, each atomically, and the backups of the folder are pruned to ``keep`` (:func:`prune_backups`: the pair
+    kept just now is the newest; with ``keep`` 0 nothing is kept, and the replaced pair goes only once the new one
+    is in place). A reader that meets the new record with the old model in between refuses the pair (its digest
+    differs) rather than serving it. To go back one step, copy the newest ``<served>.bak-<stamp>`` and
+    ``<record>.bak-<stamp>`` back (or upload them as a ZIP).
 
     Args:
         new: the checked model file.
         new_record: its record.
         served: the served model file.
+        keep: ``--conf kept_model_backups`` (:func:`kept_backups`).
 
     Returns:
-        whether a served model was replaced.
+        the ``<stamp>`` of the kept pair when a served model was replaced (with ``keep`` 0 it is already removed),
+        else None.
     """
-    _replace_keeping_previous(new_record, model_settings_path(served))
-    return replace_served_model(new, served)
+    return _replace_files([(new_record, model_settings_path(served)), (new, served)], keep)
 
 
-def set_aside_served_model(served: str) -> bool:
-    """Stop serving ``served`` and its record: they become ``<served>.previous`` and ``<record>.previous``
-    (replacing the pair kept there).
+def set_aside_served_model(served: str, keep: int) -> str | None:
+    """Stop serving ``served`` and its record: under :func:`_pair_lock` they are renamed to ``<served>.bak-<stamp>``
+    and ``<record>.bak-<stamp>`` (one stamp, recorded in the folder's ledger), then the backups of the folder are
+    pruned to ``keep`` (with ``keep`` 0 the pair is removed).
+
+    Args:
+        served: the served model file.
+        keep: ``--conf kept_model_backups`` (:func:`kept_backups`).
 
     Returns:
-        whether there was a served model.
+        the ``<stamp>`` of the pair when there was a served model, else None (nothing changed).
     """
-    if not os.path.isfile(served):
-        return False
-    os.replace(served, served + PREVIOUS_SUFFIX)
-    record = model_settings_path(served)
-    if os.path.isfile(record):
-        os.replace(record, record + PREVIOUS_SUFFIX)
-    return True
+    if not (os.path.isfile(served) or os.path.islink(served)):
+        return None
+    folder, record = os.path.dirname(served), model_settings_path(served)
+    with _pair_lock(folder):
+        stamp = _free_stamp([served, record])
+        _keep_aside(served, stamp, copy=False)
+        _keep_aside(record, stamp, copy=False)
+        prune_backups(folder, keep)
+    return stamp
+
+
+def kept_text(stamp: str | None, keep: int) -> str:
+    """What became of a replaced served pair (:func:`replace_served_pair` returned ``stamp``), for a log line: kept as
+    ``models/model.pt.bak-<stamp>`` and ``models/model.json.bak-<stamp>``, or not kept (``keep`` 0); empty when no
+    served model was replaced."""
+    if stamp is None:
+        return ""
+    if keep == 0:
+        return "the replaced pair is not kept (--conf kept_model_backups 0)"
+    return f"the replaced pair is kept as models/model.pt.bak-{stamp} and models/model.json.bak-{stamp}"

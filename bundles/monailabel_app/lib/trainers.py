@@ -30,7 +30,7 @@ from spectraflow_monai.utils.settings import ModelSettings, model_settings_path
 from .infers import DEFAULT_WEIGHTS, has_volume_format, weight_files
 from .options import MODEL_FILENAME_RULE, PRECISION_CHOICES, check_train_options
 from .runs import end_run, open_run, remove_stale_runs, serve_run_model
-from .served import kept_backups
+from .served import kept_backups, kept_text
 
 __all__ = ["LABEL_SETUP", "RECORDED_SETTINGS", "SpectraFlowTrainTask"]
 
@@ -107,11 +107,11 @@ class SpectraFlowTrainTask(BundleTrainTask):
         run_dir = self.new_run(request)
         try:
             result = super().__call__(request, datastore)
-            replaced = serve_run_model(run_dir, self.bundle_path, self.kept_backups)
-            kept = " (it replaced the previous one); the previous one is kept as models/model.pt.previous"
+            stamp = serve_run_model(run_dir, self.bundle_path, self.kept_backups)
+            kept = f" (it replaced the previous one); {kept_text(stamp, self.kept_backups)}" if stamp else ""
             logger.info(
                 f"+++ {os.path.basename(self.bundle_path)}: the best model of training run {os.path.basename(run_dir)} "
-                f"now serves as models/model.pt{kept if replaced else ''}"
+                f"now serves as models/model.pt{kept}"
             )
         finally:
             self._request_overrides = {}

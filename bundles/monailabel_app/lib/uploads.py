@@ -13,8 +13,9 @@ installed by :func:`install_server_checks`). Each one:
 - copies the upload into one temporary file (:func:`buffered_upload`) and removes it whatever the answer.
 
 A model upload is checked before it replaces anything (the app's ``replace_model``: loaded weights-only and strictly
-against the served network, 422 naming why) and replaces the served ``models/model.pt`` atomically, the previous
-one kept as ``models/model.pt.previous`` (:func:`lib.served.replace_served_model`).
+against the served network, 422 naming why) and replaces the served ``models/model.pt`` and ``models/model.json``
+atomically, the replaced pair kept as ``models/model.pt.bak-<time>`` and ``models/model.json.bak-<time>``
+(:func:`lib.served.replace_served_pair`).
 """
 
 from __future__ import annotations
@@ -428,7 +429,8 @@ def update_model(background_tasks: Any, model: Any, file: Any):
 
 
 def delete_model(model: Any):
-    """``DELETE /model/<model>``: the served model is set aside as ``models/model.pt.previous`` (404 without one)."""
+    """``DELETE /model/<model>``: the served pair is set aside as ``models/model.pt.bak-<time>`` and
+    ``models/model.json.bak-<time>`` (404 without one; :func:`lib.served.set_aside_served_model`)."""
     _app().delete_model(model)
     return {}
 
