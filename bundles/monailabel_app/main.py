@@ -538,8 +538,8 @@ class SpectraFlowApp(MONAILabelApp):
             if problem is not None:
                 raise HTTPException(status_code=422, detail=f"the uploaded model was not served: {problem}")
             served = self._served_model(model)
-            stamp = replace_served_pair(weights, record, served, self.kept_backups)
-        kept = f"; {kept_text(stamp, self.kept_backups)}" if stamp else ""
+            aside = replace_served_pair(weights, record, served, self.kept_backups)
+        kept = f"; {kept_text(aside)}" if aside else ""
         logger.info(f"+++ {model}: an uploaded model now serves as models/model.pt with its models/model.json{kept}")
         self._serve_trained()
         stat = os.stat(served)
@@ -556,11 +556,10 @@ class SpectraFlowApp(MONAILabelApp):
             HTTPException: 404 when the bundle is not served or has no served model.
         """
         self.require_bundle(model)
-        stamp = set_aside_served_model(self._served_model(model), self.kept_backups)
-        if stamp is None:
+        aside = set_aside_served_model(self._served_model(model), self.kept_backups)
+        if aside is None:
             raise HTTPException(status_code=404, detail=f"model {model!r} has no served weights (models/model.pt)")
-        kept = f"set aside as *.bak-{stamp}" if self.kept_backups else "removed (--conf kept_model_backups 0)"
-        logger.info(f"+++ {model}: models/model.pt and its record {kept} (DELETE /model)")
+        logger.info(f"+++ {model}: models/model.pt is no longer served (DELETE /model); {kept_text(aside, 'deleted')}")
         self._serve_trained()
 
     def info(self, request: Any = None) -> dict[str, Any]:

@@ -207,9 +207,18 @@ def is_set_aside_name(name: str) -> bool:
 
 
 def set_aside(
-    path: str | os.PathLike, stamp: str | None = None, copy: bool = False, keep: int | None = SET_ASIDE_KEPT
+    path: str | os.PathLike,
+    stamp: str | None = None,
+    copy: bool = False,
+    keep: int | None = SET_ASIDE_KEPT,
+    log: bool = True,
 ) -> Path:
-    """Keep ``path`` (a file or folder) as ``<path>.bak-<timestamp>`` and log it as a warning; returns the new path.
+    """Keep ``path`` (a file or folder) as ``<path>.bak-<timestamp>``; returns the new path.
+
+    With ``log`` (the default) it is logged as a warning in the words of a bundle run that starts over (resume false,
+    a new run): ``starting over: kept the earlier '<path>' aside as '<path>.bak-<timestamp>'``. A caller that keeps
+    a file aside for another reason (a served model replaced by an upload, deleted) passes ``log=False`` and says
+    what happened itself.
 
     With ``copy=False`` the path is renamed; with ``copy=True`` (files only) a copy is written atomically and the
     original stays in place, so that a run may still read it (e.g. fine-tuning that starts from ``model.pt``).
@@ -230,6 +239,8 @@ def set_aside(
         keep: how many versions of ``path`` stay (an integer >= 0); ``None``: nothing is pruned here (the caller
             prunes with :func:`prune_set_aside`, e.g. once a replacement is in place). Defaults to
             :data:`SET_ASIDE_KEPT`.
+        log: log the version kept as a run that starts over (above); False: the caller logs why it was kept.
+            Defaults to True.
 
     Raises:
         ValueError: ``keep`` is neither None nor an integer >= 0.
@@ -247,12 +258,14 @@ def set_aside(
         if copy:
             with atomic_path(target) as tmp:
                 shutil.copy2(path, tmp)
-            logger.warning(
-                f"starting over: kept a copy of the earlier '{path}' as '{target}'; this run may replace it."
-            )
+            if log:
+                logger.warning(
+                    f"starting over: kept a copy of the earlier '{path}' as '{target}'; this run may replace it."
+                )
         else:
             os.replace(path, target)
-            logger.warning(f"starting over: kept the earlier '{path}' aside as '{target}'.")
+            if log:
+                logger.warning(f"starting over: kept the earlier '{path}' aside as '{target}'.")
         made = _identify(target)
         versions, rewrite = _read_ledger(path.parent)
         if made is None:

@@ -330,20 +330,24 @@ def test_the_replaced_pair_is_kept_with_one_stamp_and_bounded(tmp_path, monkeypa
     (models / "model.json.bak-20260101-000000").write_bytes(b"a user's own record")
     monkeypatch.setattr(served_lib, "time", SimpleNamespace(strftime=lambda *_: "20260101-000000"))
     for i in range(1, 4):
-        stamp = served_lib.replace_served_pair(*_new(tmp_path, i), str(model), keep=1)
+        aside = served_lib.replace_served_pair(*_new(tmp_path, i), str(model), keep=1)
+        stamp = aside.stamp
         assert stamp == f"20260101-000000-{i}"  # (within one second: numbered, the later pair sorts last)
+        assert aside.kept == (("model.pt", f"model.pt.bak-{stamp}"), ("model.json", f"model.json.bak-{stamp}"))
         assert _files(models) == {
             "model.json": f"record {i}".encode(), f"model.json.bak-{stamp}": f"record {i - 1}".encode(),
             "model.json.bak-20260101-000000": b"a user's own record",
             "model.pt": f"weights {i}".encode(), f"model.pt.bak-{stamp}": f"weights {i - 1}".encode()}  # fmt: skip
-    assert served_lib.set_aside_served_model(str(model), keep=1) == "20260101-000000-4"
+    assert served_lib.set_aside_served_model(str(model), keep=1).stamp == "20260101-000000-4"
     assert _files(models) == {"model.json.bak-20260101-000000": b"a user's own record",
                               "model.json.bak-20260101-000000-4": b"record 3",
                               "model.pt.bak-20260101-000000-4": b"weights 3"}  # fmt: skip
     assert served_lib.set_aside_served_model(str(model), keep=1) is None
-    assert served_lib.kept_text(None, 1) == ""
-    assert served_lib.kept_text("x", 0).endswith("not kept (--conf kept_model_backups 0)")
-    assert served_lib.kept_text("x", 1).endswith("kept as models/model.pt.bak-x and models/model.json.bak-x")
+    assert served_lib.kept_text(None) == ""
+    assert served_lib.kept_text(aside) == (
+        f"the replaced models/model.pt and models/model.json are kept as models/model.pt.bak-{stamp} and "
+        f"models/model.json.bak-{stamp}"
+    )
 
 
 def test_with_no_backup_kept_the_replaced_pair_goes_only_once_the_new_one_is_in_place(tmp_path, monkeypatch):
@@ -357,7 +361,12 @@ def test_with_no_backup_kept_the_replaced_pair_goes_only_once_the_new_one_is_in_
         return prune(folder, keep)
 
     monkeypatch.setattr(served_lib, "prune_backups", pruning)
-    stamp = served_lib.replace_served_pair(*_new(tmp_path, 1), str(model), keep=0)
+    aside = served_lib.replace_served_pair(*_new(tmp_path, 1), str(model), keep=0)
+    stamp = aside.stamp
+    assert aside.kept == () and aside.removed == ("model.pt", "model.json")
+    assert served_lib.kept_text(aside) == (
+        "the replaced models/model.pt and models/model.json are not kept (--conf kept_model_backups 0)"
+    )
     assert seen == [{"model.json": b"record 1", f"model.json.bak-{stamp}": b"record 0", "model.pt": b"weights 1",
                      f"model.pt.bak-{stamp}": b"weights 0"}]  # fmt: skip
     assert _files(models) == {"model.json": b"record 1", "model.pt": b"weights 1"}
@@ -372,8 +381,52 @@ def test_with_no_backup_kept_the_replaced_pair_goes_only_once_the_new_one_is_in_
     (tmp_path / "elsewhere.pt").write_bytes(b"someone else's")
     os.remove(model)
     os.symlink(tmp_path / "elsewhere.pt", model)
-    link = models / f"model.pt.bak-{served_lib.replace_served_pair(*_new(tmp_path, 3), str(model), keep=0)}"
+    aside = served_lib.replace_served_pair(*_new(tmp_path, 3), str(model), keep=0)
+    link = models / f"model.pt.bak-{aside.stamp}"
+    assert served_lib.kept_text(aside) == (  # the link is never removed, the record's backup is
+        f"the replaced models/model.pt is kept as models/{link.name}; the replaced models/model.json is not kept "
+        "(--conf kept_model_backups 0)"
+    )
     assert link.is_symlink() and model.read_bytes() == b"weights 3" and not model.is_symlink()
     served_lib.replace_served_pair(*_new(tmp_path, 4), str(model), keep=0)
     assert [p.name for p in models.glob("model.*.bak-*")] == [link.name] and link.is_symlink()
     assert (tmp_path / "elsewhere.pt").read_bytes() == b"someone else's"
+
+
+def _run_without_record(served_lib: Any, tmp_path: Path, model: Path, keep: int) -> Any:
+    """A training run that wrote no model.json: its model replaces models/model.pt alone."""
+    return served_lib.replace_served_model(_new(tmp_path, 1)[0], str(model), keep)
+
+
+def _served_without_record(served_lib: Any, tmp_path: Path, model: Path, keep: int) -> Any:
+    """An upload (or a run) of a whole pair over a served model whose record is missing."""
+    os.remove(model.with_name("model.json"))
+    return served_lib.replace_served_pair(*_new(tmp_path, 1), str(model), keep)
+
+
+def _deleted_without_record(served_lib: Any, tmp_path: Path, model: Path, keep: int) -> Any:
+    """DELETE /model of a served model whose record is missing."""
+    os.remove(model.with_name("model.json"))
+    return served_lib.set_aside_served_model(str(model), keep)
+
+
+@pytest.mark.parametrize("keep", [1, 0])
+@pytest.mark.parametrize(
+    "how, what",
+    [(_run_without_record, "replaced"), (_served_without_record, "replaced"), (_deleted_without_record, "deleted")],
+)
+def test_the_log_names_only_the_files_set_aside(tmp_path, caplog, how, what, keep):
+    """With no record to keep aside (the run wrote none, or the served copy has none), the line that reports the
+    replacement or DELETE names model.pt's backup alone, never a model.json.bak-<time> that does not exist; and
+    set_aside's own "starting over" warning is not logged (the app's line says what happened)."""
+    served_lib, models, model = _served_pair(tmp_path)
+    with caplog.at_level("INFO"):
+        aside = how(served_lib, tmp_path, model, keep)
+    backup = f"model.pt.bak-{aside.stamp}"
+    assert sorted(p.name for p in models.glob("*.bak-*")) == ([backup] if keep else [])
+    text = served_lib.kept_text(aside, what)
+    if keep:
+        assert text == f"the {what} models/model.pt is kept as models/{backup}"
+    else:
+        assert text == f"the {what} models/model.pt is not kept (--conf kept_model_backups 0)"
+    assert "model.json" not in text and "starting over" not in caplog.text

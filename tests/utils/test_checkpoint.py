@@ -387,6 +387,20 @@ def test_set_aside_keeps_what_it_is_told(tmp_path):
     assert left() == made[-1:]
 
 
+@pytest.mark.parametrize("copy", [True, False])
+def test_set_aside_says_starting_over_unless_the_caller_says_why(tmp_path, caplog, copy):
+    """``log``: by default the version kept is logged in the words of a run that starts over; with False nothing
+    is logged (the caller says why, e.g. a served model replaced by an upload), and the version is kept all the
+    same."""
+    model = tmp_path / "model.pt"
+    with caplog.at_level("INFO"):
+        first = set_aside(_touch(model), "20260101-000000", copy=copy)
+        assert "starting over: kept" in caplog.text and first.name in caplog.text
+        caplog.clear()
+        second = set_aside(_touch(model), "20260101-000001", copy=copy, log=False)
+    assert caplog.text == "" and second.is_file() and model.is_file() is copy
+
+
 _NAMES = [(f"model.pt.bak-{_OLD}", True), (f"model.pt.bak-{_OLD}-12", True), ("model.pt.bak-mine", False),
           ("model.pt", False), (f".bak-{_OLD}", False), (f"model.pt.bak-{_OLD}.tmp", False)]  # fmt: skip
 

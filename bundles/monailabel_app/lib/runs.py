@@ -34,7 +34,7 @@ from typing import Any
 from spectraflow_monai.utils.settings import model_settings_path
 
 from .infers import DEFAULT_WEIGHTS
-from .served import replace_served_model, replace_served_pair
+from .served import KeptAside, replace_served_model, replace_served_pair
 
 __all__ = [
     "KEPT_RUN_LOGS",
@@ -90,7 +90,7 @@ def open_run(bundle_path: str) -> tuple[str, str, str]:
     return run_id, run_dir, log_dir
 
 
-def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> str | None:
+def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> KeptAside | None:
     """Serve the best model of the run in ``run_dir`` as the served copy's ``models/model.pt``, its record
     ``model.json`` first (each atomically: the inference task reloads the pair at its next request; the replaced
     pair is kept aside as ``*.bak-<time>`` with one stamp), then prune the model backups of ``models/`` to
@@ -102,7 +102,8 @@ def serve_run_model(run_dir: str, bundle_path: str, kept_backups: int) -> str | 
         kept_backups: ``--conf kept_model_backups``.
 
     Returns:
-        the ``<time>`` stamp of the replaced pair's backups when a served model was replaced, else None.
+        what was kept aside (:class:`lib.served.KeptAside`: the stamp and the served files kept, ``model.pt``
+        alone when the run left no ``model.json``) when a served model was replaced, else None.
 
     Raises:
         RuntimeError: the run saved no model (no validation pair, or no finite validation score); the served

@@ -55,7 +55,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from spectraflow_monai.utils.checkpoint import (
     SET_ASIDE_LEDGER,
@@ -70,6 +70,7 @@ from spectraflow_monai.utils.settings import model_settings_path
 __all__ = [
     "COPIED_LEDGER",
     "DEFAULT_KEPT_BACKUPS",
+    "KeptAside",
     "MIRRORED",
     "RUNTIMES",
     "check_apart",
@@ -97,6 +98,22 @@ COPIED_LEDGER = ".spectraflow-copied.json"
 DEFAULT_KEPT_BACKUPS = 2
 #: ``--conf runtime``: what runs the served network for inference and uncertainty scoring (the first: the default)
 RUNTIMES = ("pytorch", "onnx")
+
+
+class KeptAside(NamedTuple):
+    """What a replacement of the served pair or ``DELETE /model`` set aside, for the line that logs it
+    (:func:`kept_text`).
+
+    Attributes:
+        stamp: the ``<date>-<time>`` of the backups (one for the pair).
+        kept: ``(name, backup)`` of each served file kept aside and still there (``("model.pt",
+            "model.pt.bak-<stamp>")``), the model file first.
+        removed: the names of the served files whose backup was removed at once (``--conf kept_model_backups 0``).
+    """
+
+    stamp: str
+    kept: tuple[tuple[str, str], ...] = ()
+    removed: tuple[str, ...] = ()
 
 
 def serving_runtime(conf: dict[str, Any]) -> str:
@@ -158,7 +175,8 @@ def served_onnx(model_file: str, threads: int | None = None) -> Any:
         except (SettingError, DataError) as e:
             logger.info(f"{onnx_file}: exporting the served model ({RECOMMENDED_CPU_VARIANT} variant): {e}")
         if os.path.lexists(onnx_file):  # not the served pair's export: kept aside (a link renamed, never followed)
-            set_aside(onnx_file)
+            aside = set_aside(onnx_file, log=False)
+            logger.warning(f"{onnx_file} is not the served pair's export: kept aside as '{aside}'")
         export_model_file(model_file, onnx_file, atol=CPU_ATOL, variant=RECOMMENDED_CPU_VARIANT)
         return OnnxNetwork(onnx_file, threads=threads, model_file=model_file, session_config=CPU_SESSION_CONFIG)
 
@@ -343,18 +361,26 @@ def _free_stamp(files: list[str]) -> str:
     return now if taken < 0 else f"{now}-{taken + 1}"
 
 
-def _keep_aside(path: str, stamp: str, copy: bool) -> bool:
+def _keep_aside(path: str, stamp: str, copy: bool) -> tuple[str, str] | None:
     """Keep ``path`` aside as ``<path>.bak-<stamp>`` (:func:`~spectraflow_monai.utils.checkpoint.set_aside`, recorded
-    in the folder's ledger; nothing pruned here): a copy when ``copy`` (``path`` stays readable until it is
-    replaced), else renamed. A link is renamed, never followed, recorded or removed. Returns whether there was a
-    file (or link) at ``path``."""
+    in the folder's ledger; nothing pruned here, nothing logged: the caller says what happened): a copy when ``copy``
+    (``path`` stays readable until it is replaced), else renamed. A link is renamed, never followed, recorded or
+    removed. Returns ``(name, backup name)``, None when there was no file (or link) at ``path``."""
     if os.path.islink(path):
-        set_aside(path, stamp, keep=None)
-        return True
+        return os.path.basename(path), set_aside(path, stamp, keep=None, log=False).name
     if not os.path.isfile(path):
-        return False
-    set_aside(path, stamp, copy=copy, keep=None)
-    return True
+        return None
+    return os.path.basename(path), set_aside(path, stamp, copy=copy, keep=None, log=False).name
+
+
+def _kept_aside(stamp: str, made: list[tuple[str, str] | None], removed: list[str]) -> KeptAside | None:
+    """The :class:`KeptAside` of the files ``made`` (:func:`_keep_aside`, the model file first) once the folder's
+    backups were pruned (``removed``: the backup names :func:`prune_backups` removed); None when none was made."""
+    made = [m for m in made if m is not None]
+    if not made:
+        return None
+    kept = tuple(m for m in made if m[1] not in removed)
+    return KeptAside(stamp, kept, tuple(name for name, backup in made if backup in removed))
 
 
 def _move_into_place(new: str, target: str) -> None:
@@ -367,23 +393,24 @@ def _move_into_place(new: str, target: str) -> None:
             shutil.copyfile(new, tmp)
 
 
-def _replace_files(files: list[tuple[str, str]], keep: int) -> str | None:
+def _replace_files(files: list[tuple[str, str]], keep: int) -> KeptAside | None:
     """Replace each ``(new, target)`` of ``files`` in this order, under :func:`_pair_lock`: every ``target`` is
     first kept aside as a copy with one stamp, then each is replaced atomically, then the folder's backups are
     pruned to ``keep`` (:func:`prune_backups`); so with ``keep`` 0 the replaced files go only once the new ones are
-    in place. Returns the stamp when the last ``target`` (the model file) was replaced, else None."""
+    in place. Returns what was kept aside (the last ``target``, the model file, first), None when no ``target``
+    existed."""
     folder = os.path.dirname(files[-1][1])
     os.makedirs(folder, exist_ok=True)
     with _pair_lock(folder):
         stamp = _free_stamp([target for _, target in files])
-        kept = [_keep_aside(target, stamp, copy=True) for _, target in files]
+        made = [_keep_aside(target, stamp, copy=True) for _, target in files]
         for new, target in files:
             _move_into_place(new, target)
-        prune_backups(folder, keep)
-    return stamp if kept[-1] else None
+        removed = prune_backups(folder, keep)
+    return _kept_aside(stamp, made[::-1], removed)
 
 
-def replace_served_model(new: str, served: str, keep: int) -> str | None:
+def replace_served_model(new: str, served: str, keep: int) -> KeptAside | None:
     """Serve ``new`` as ``served`` (``models/model.pt``) without touching its record: the current file is kept aside
     as ``<served>.bak-<stamp>`` (a copy, so that it stays readable until ``new`` replaces it atomically: a reader sees
     the old or the new model, never a part of one), then the backups of the folder are pruned to ``keep``.
@@ -395,13 +422,13 @@ def replace_served_model(new: str, served: str, keep: int) -> str | None:
         keep: ``--conf kept_model_backups`` (:func:`kept_backups`).
 
     Returns:
-        the ``<stamp>`` of the backup when a served model was replaced (with ``keep`` 0 it is already removed),
-        else None.
+        what was kept aside (:class:`KeptAside`: the ``<stamp>`` and ``model.pt``, or with ``keep`` 0 what was
+        removed) when a served model was replaced, else None.
     """
     return _replace_files([(new, served)], keep)
 
 
-def replace_served_pair(new: str, new_record: str, served: str, keep: int) -> str | None:
+def replace_served_pair(new: str, new_record: str, served: str, keep: int) -> KeptAside | None:
     """Serve the model file ``new`` and its record ``new_record`` (``model.json``, which holds the digest of ``new``)
     as ``served`` and the record beside it.
 
@@ -420,13 +447,13 @@ def replace_served_pair(new: str, new_record: str, served: str, keep: int) -> st
         keep: ``--conf kept_model_backups`` (:func:`kept_backups`).
 
     Returns:
-        the ``<stamp>`` of the kept pair when a served model was replaced (with ``keep`` 0 it is already removed),
-        else None.
+        what was kept aside (:class:`KeptAside`: the ``<stamp>`` and the files of the served pair there were, or
+        with ``keep`` 0 those removed), None when there was no served model nor record.
     """
     return _replace_files([(new_record, model_settings_path(served)), (new, served)], keep)
 
 
-def set_aside_served_model(served: str, keep: int) -> str | None:
+def set_aside_served_model(served: str, keep: int) -> KeptAside | None:
     """Stop serving ``served`` and its record: under :func:`_pair_lock` they are renamed to ``<served>.bak-<stamp>``
     and ``<record>.bak-<stamp>`` (one stamp, recorded in the folder's ledger), then the backups of the folder are
     pruned to ``keep`` (with ``keep`` 0 the pair is removed).
@@ -436,25 +463,34 @@ def set_aside_served_model(served: str, keep: int) -> str | None:
         keep: ``--conf kept_model_backups`` (:func:`kept_backups`).
 
     Returns:
-        the ``<stamp>`` of the pair when there was a served model, else None (nothing changed).
+        what was set aside (:class:`KeptAside`: the ``<stamp>`` and the files of the pair there were, or with
+        ``keep`` 0 those removed) when there was a served model, else None (nothing changed).
     """
     if not (os.path.isfile(served) or os.path.islink(served)):
         return None
     folder, record = os.path.dirname(served), model_settings_path(served)
     with _pair_lock(folder):
         stamp = _free_stamp([served, record])
-        _keep_aside(served, stamp, copy=False)
-        _keep_aside(record, stamp, copy=False)
-        prune_backups(folder, keep)
-    return stamp
+        made = [_keep_aside(served, stamp, copy=False), _keep_aside(record, stamp, copy=False)]
+        removed = prune_backups(folder, keep)
+    return _kept_aside(stamp, made, removed)
 
 
-def kept_text(stamp: str | None, keep: int) -> str:
-    """What became of a replaced served pair (:func:`replace_served_pair` returned ``stamp``), for a log line: kept as
-    ``models/model.pt.bak-<stamp>`` and ``models/model.json.bak-<stamp>``, or not kept (``keep`` 0); empty when no
-    served model was replaced."""
-    if stamp is None:
+def _names(names: list[str]) -> str:
+    return " and ".join(f"models/{name}" for name in names) + (" is" if len(names) == 1 else " are")
+
+
+def kept_text(aside: KeptAside | None, what: str = "replaced") -> str:
+    """What became of the served files that a replacement or ``DELETE /model`` set aside (``aside``), for a log line,
+    naming only those: ``the replaced models/model.pt and models/model.json are kept as models/model.pt.bak-<stamp>
+    and models/model.json.bak-<stamp>``, or ``... not kept (--conf kept_model_backups 0)``; empty when ``aside`` is
+    None (nothing was set aside). ``what``: how the files are named (``replaced``, ``deleted``)."""
+    if aside is None:
         return ""
-    if keep == 0:
-        return "the replaced pair is not kept (--conf kept_model_backups 0)"
-    return f"the replaced pair is kept as models/model.pt.bak-{stamp} and models/model.json.bak-{stamp}"
+    parts = []
+    if aside.kept:
+        backups = " and ".join(f"models/{backup}" for _, backup in aside.kept)
+        parts.append(f"the {what} {_names([name for name, _ in aside.kept])} kept as {backups}")
+    if aside.removed:
+        parts.append(f"the {what} {_names(list(aside.removed))} not kept (--conf kept_model_backups 0)")
+    return "; ".join(parts)

@@ -107,8 +107,8 @@ class SpectraFlowTrainTask(BundleTrainTask):
         run_dir = self.new_run(request)
         try:
             result = super().__call__(request, datastore)
-            stamp = serve_run_model(run_dir, self.bundle_path, self.kept_backups)
-            kept = f" (it replaced the previous one); {kept_text(stamp, self.kept_backups)}" if stamp else ""
+            aside = serve_run_model(run_dir, self.bundle_path, self.kept_backups)
+            kept = f" (it replaced the previous one); {kept_text(aside)}" if aside else ""
             logger.info(
                 f"+++ {os.path.basename(self.bundle_path)}: the best model of training run {os.path.basename(run_dir)} "
                 f"now serves as models/model.pt{kept}"
