@@ -121,6 +121,8 @@ def part_agreement(args, bf16) -> None:
     if not args.data:
         sys.exit("--model needs --data (the dataset folder the model was trained on, e.g. runs/demo/data)")
     from monai.bundle import ConfigParser
+
+    from spectraflow_monai.utils.bundles import settings_overrides
     from monai.data import DataLoader, Dataset
 
     from spectraflow_monai.apps.seg2d import build_datalist
@@ -133,7 +135,7 @@ def part_agreement(args, bf16) -> None:
     for item in args.override:
         key, _, value = item.partition("=")
         overrides[key] = yaml.safe_load(value)  # numbers, lists, dicts and null as on the bundle command line
-    parser.update(overrides)
+    parser.update(settings_overrides(parser.config, overrides))  # a setting by its field name: at its id
     net = parser.get_parsed_content("network_def").eval()
     state = torch.load(args.model, map_location="cpu", weights_only=True)
     state = state.get("model", state) if isinstance(state, dict) else state

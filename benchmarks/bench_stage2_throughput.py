@@ -66,6 +66,8 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     iterations per run."""
     from monai.bundle import ConfigParser
 
+    from spectraflow_monai.utils.bundles import settings_overrides
+
     from spectraflow_monai.utils.bundles import bundle_config_files
 
     baseline = [BASELINE_CONFIGS[model]] if model in BASELINE_CONFIGS else []
@@ -84,7 +86,7 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
         "train#handlers": [{"_target_": "spectraflow_monai.handlers.BoundaryWeightRamp", "loss": "@train#loss"}],
         "train#trainer#epoch_length": args.warmup + args.iters,
     }
-    if "encoder_init" in parser:  # the encoder weights do not change the throughput: no file or download needed
+    if "stage2_settings" in parser:  # the encoder weights do not change the throughput: no file or download needed
         overrides.update({"encoder_init": "random", "pretrained_weights": None})
     for name in ("batch_size", "num_workers", "cache_rate", "image_size"):
         if getattr(args, name) is not None:
@@ -92,7 +94,7 @@ def build_trainer(model: str, precision: str, args, root: str, shared_dataset=No
     for item in args.override:
         key, _, value = item.partition("=")
         overrides[key] = yaml.safe_load(value)
-    parser.update(overrides)
+    parser.update(settings_overrides(parser.config, overrides))  # a setting by its field name: at its id
     if shared_dataset is not None:  # one cache of the training images for both models
         parser["shared_dataset"] = shared_dataset
         parser["train#dataloader"] = "$@stage2.train_loader(@shared_dataset, @train_sampler)"

@@ -66,12 +66,12 @@ part() {  # part <name> <seconds> <command...>: run under `timeout`, output to <
 kvasir_protocol() {  # Stage-1 (E1 epochs) -> Stage-2 (up to E2 epochs) -> evaluation, bf16, random encoder
     cd "$REPO/bundles/spectraflow_2d_segmentation" || return 1
     local common=(--bundle_root "$RUN_DIR" --dataset kvasir --dataset_dir "$DATA" --precision bf16
-        --num_workers "$WORKERS" --progress_bar False --pretrained_weights none
-        --data_path "${DATA_PATH:-device}" --log_every "${LOG_EVERY:-50}"
+        --run_settings#num_workers "$WORKERS" --run_settings#progress_bar False --pretrained_weights none
+        --data_settings#data_path "${DATA_PATH:-device}" --run_settings#log_every "${LOG_EVERY:-50}"
         --meta_file configs/metadata.json --logging_file configs/logging.conf $EXTRA)
     local t0=$SECONDS
     $PY -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${common[@]}" \
-        --stage1_epochs "$E1" || return 1
+        --run_settings#stage1_epochs "$E1" || return 1
     echo "stage-1: $E1 epochs in $((SECONDS - t0)) s (process start and data caching included)"
     t0=$SECONDS
     $PY -m monai.bundle run --config_file configs/train.yaml "${common[@]}" --max_epochs "$E2" || return 1

@@ -13,11 +13,11 @@ DATA=$(realpath "$1"); OUT=$(realpath -m "$2"); E1=${3:-300}; E2=${4:-100}; shif
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUNDLE="$HERE/../bundles/spectraflow_2d_segmentation"
 cd "$BUNDLE"
-COMMON=(--dataset kvasir --dataset_dir "$DATA" --progress_bar False --meta_file configs/metadata.json --logging_file configs/logging.conf "$@")
+COMMON=(--dataset kvasir --dataset_dir "$DATA" --run_settings#progress_bar False --meta_file configs/metadata.json --logging_file configs/logging.conf "$@")
 SF=(--bundle_root "$OUT/spectraflow")
 UN=(--bundle_root "$OUT/unet")
 set -x
-time python -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${SF[@]}" "${COMMON[@]}" --stage1_epochs "$E1"
+time python -m monai.bundle run --config_file "['configs/train.yaml','configs/train_stage1.yaml']" "${SF[@]}" "${COMMON[@]}" --run_settings#stage1_epochs "$E1"
 time python -m monai.bundle run --config_file configs/train.yaml "${SF[@]}" "${COMMON[@]}" --max_epochs "$E2"
 time python -m monai.bundle run --config_file "['configs/train.yaml','configs/evaluate.yaml']" "${SF[@]}" "${COMMON[@]}"
 UNET="configs/unet_baseline.yaml"   # the bundle's own baseline override (run from the bundle folder)

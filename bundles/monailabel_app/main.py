@@ -27,8 +27,11 @@ Settings (``--conf KEY VALUE``; read in ``lib/conf.py``, ``lib/served.py``, ``li
   the copy lacks are copied (``lib/served.py``); the copy's ``models/model.pt`` is the served model, which every
   training request replaces. It must not overlap the studies folder.
 - ``overrides``: a JSON object of bundle config ids and values applied to every served bundle, for both inference
-  and training, in the same form as ``python -m monai.bundle run --<id> <value>``; use it to serve a model trained
-  with non-default network settings, e.g. ``'{"encoder_name": "vit_base_patch14_dinov2"}'``.
+  and training, in the same form as ``python -m monai.bundle run --<id> <value>``; a setting may be named by its
+  field, and is given at the id that holds it in each config (``image_size``: ``model_settings#image_size`` in
+  training, ``pipeline#given#image_size`` in inference, :func:`spectraflow_monai.utils.bundles.settings_overrides`);
+  use it to serve a model trained with non-default network settings, e.g.
+  ``'{"encoder_name": "vit_base_patch14_dinov2"}'``.
 - ``overrides.<bundle name>``: the same for one bundle (applied after ``overrides``).
 - ``pretrained_weights``, ``encoder_init``: the encoder weights training starts from, passed to every bundle's
   training as the bundle settings of the same name (README "Encoder weights"): ``pretrained_weights`` is ``timm``,
@@ -117,6 +120,7 @@ from monailabel.tasks.activelearning.first import First
 from monailabel.utils.others.generic import file_checksum, strtobool
 
 import spectraflow_monai
+from spectraflow_monai.utils.bundles import settings_overrides
 from spectraflow_monai.utils.errors import DataError, SettingError
 from spectraflow_monai.utils.fingerprint import file_digest
 from spectraflow_monai.utils.run_record import MODEL_DIGEST_KEY, check_model_digest
@@ -509,7 +513,7 @@ class SpectraFlowApp(MONAILabelApp):
         parser = ConfigParser()
         parser.read_config(config)
         parser.config.update({"bundle_root": bundle_root or path})
-        parser.update({**self.overrides[name], **self.precision})
+        parser.update(settings_overrides(parser.config, {**self.overrides[name], **self.precision}))
         return parser.get_parsed_content("network_def", instantiate=True)
 
     def _pair_problem(self, name: str, folder: str) -> str | None:

@@ -64,7 +64,8 @@ def resolve_encoder_start(encoder_init: str, stage1_export: str | os.PathLike | 
     logger.warning(
         f"encoder_init auto: no Stage-1 export at {export!r}: Stage-2 starts from pretrained_weights, which trains "
         f"the paper's {NO_STAGE1_ROW!r} row (Table 2), not SpectraFlow's two stages; run Stage-1 first to start from "
-        "its export, or give --encoder_init stage1 to require it (--encoder_init pretrained to choose this row)."
+        "its export, or give --stage2_settings#encoder_init stage1 to require it (--stage2_settings#encoder_init "
+        "pretrained to choose this row)."
     )
     return "pretrained"
 
@@ -95,8 +96,8 @@ def resolve_encoder_init(
         raise SettingError(
             f"encoder_init='stage1': the Stage-1 encoder export {os.fspath(stage1_export or '<not set>')!r} does "
             "not exist. Either run Stage-1 first (configs/train.yaml + configs/train_stage1.yaml, which writes it), "
-            "or start Stage-2 without Stage-1 from pretrained_weights with --encoder_init pretrained (the paper's "
-            "'no Stage-1' row)."
+            "or start Stage-2 without Stage-1 from pretrained_weights with --stage2_settings#encoder_init pretrained "
+            "(the paper's 'no Stage-1' row)."
         )
     return os.fspath(stage1_export)
 
@@ -143,7 +144,7 @@ def initialize_encoder(
             dict(model_settings or {}),
             what="the Stage-1 export",
             hint="Run Stage-1 with these settings first, give the export's values, or start Stage-2 from "
-            "pretrained_weights (--encoder_init pretrained).",
+            "pretrained_weights (--stage2_settings#encoder_init pretrained).",
         )
     elif choice == "random":
         label = "random (encoder_init)"

@@ -13,8 +13,8 @@ beside the model file (:meth:`ModelPipeline.from_record`), so the same object su
 
 A bundle config keeps what is not the model's: the augmentation (training only, in the run record), the data
 source, the writers. A config key set on a step (``--load_transforms#4#spatial_size 112``) is refused naming the
-setting that decides it (``--image_size``): a model trained otherwise than its record says could not be served as
-it was trained.
+setting that decides it (``--model_settings#image_size``): a model trained otherwise than its record says could not be
+served as it was trained.
 
 The 2D bundle's pipeline is :class:`Image2DPipeline` (RGB images in [0, 1], masks of ``label_classes``); the Synapse
 bundle's is :class:`CTSlicePipeline` (CT volumes in HU, windowed, segmented slice by slice). :func:`model_pipeline`
@@ -42,8 +42,8 @@ from monai.transforms import (
 )
 
 from spectraflow_monai.apps.seg2d.labels import LabelSetup
-from spectraflow_monai.apps.synapse.settings import resolve_label_map, slice_nonfinite_value, volume_nonfinite_value
 from spectraflow_monai.apps.synapse.label_map import MapLabelsd
+from spectraflow_monai.apps.synapse.settings import VolumeLabels, slice_nonfinite_value, volume_nonfinite_value
 from spectraflow_monai.apps.synapse.transforms import CTWindowd, LoadSynapseSliced
 from spectraflow_monai.apps.workflow import recorded_network
 from spectraflow_monai.data.readers import Image2DReader
@@ -116,7 +116,7 @@ class ModelPipeline:
         Args:
             model_file: the model file (``models/model.pt``; for ONNX inference, the file the export was made from).
             defaults: settings a record of an earlier version does not hold (a warning names them). Defaults to None.
-            given: ``{setting: value}`` given to the run (a config's top-level values; None: not given); each must
+            given: ``{setting: value}`` given to the run (the config's ``pipeline#given``; None: not given); each must
                 agree with the record. Defaults to None.
 
         Raises:
@@ -170,7 +170,10 @@ class ModelPipeline:
         accepted = set(inspect.signature(function).parameters) - {"keys"}
         refused = sorted(set(options) - accepted)
         if refused:
-            hints = {k: f" (give --{_SETTING_OF_ARGUMENT[k]})" if k in _SETTING_OF_ARGUMENT else "" for k in refused}
+            hints = {
+                k: f" (give --model_settings#{_SETTING_OF_ARGUMENT[k]})" if k in _SETTING_OF_ARGUMENT else ""
+                for k in refused
+            }
             named = ", ".join(f"{k}={options[k]!r}{hints[k]}" for k in refused)
             raise SettingError(
                 f"preprocessing step {name!r}: {named}: the model's preprocessing is built from its settings "
@@ -291,8 +294,14 @@ class CTSlicePipeline(ModelPipeline):
         )
         return CheckFinited(keys, mode=nonfinite, value=replacement)
 
+    def labels(self, data_list_file_path: Any = None) -> VolumeLabels:
+        """What the label values of volumes are for this model on the data of ``data_list_file_path`` (a datalist
+        JSON, or None for a preset): the label map, the class names, the values read and written back."""
+        settings = self.settings
+        return VolumeLabels(self.num_classes, settings.label_map, settings.class_names, data_list_file_path)
+
     def _map_labels(self, keys: Any = "label", data_list_file_path: Any = None, unmapped: str = "error") -> MapLabelsd:
-        label_map = resolve_label_map(self.settings.label_map, data_list_file_path, self.num_classes)
+        label_map = self.labels(data_list_file_path).resolved_label_map
         return MapLabelsd(keys, label_map=label_map, num_classes=self.num_classes, unmapped=unmapped)
 
     def _orientation(self, keys: Any = "image") -> Orientationd:

@@ -1,9 +1,8 @@
 """The training stages both bundles run, written once in Python (Chen et al., Sec. 4 and 5.2).
 
 A bundle's ``configs/train.yaml`` keeps the values, its data, transforms, ``network_def`` and references; the
-settings objects are built from its top-level values by field name
-(:meth:`~spectraflow_monai.utils.settings.SettingsObject.from_bundle`), and each stage is a program object built
-from them, the only reader of them:
+settings objects are MONAI components of those values (``model_settings: {_target_: ...ModelSettings, image_size:
+224, ...}``), and each stage is a program object built from them, the only reader of them:
 
 - :class:`Stage2Program`: Stage-2 (Dice + (B)CE + boundary fine-tuning). The ids MONAI's tools and MONAI Label read
   (``train#dataset``, ``train#trainer``, ``train#handlers``, ``validate#evaluator``, ...) stay config keys whose
@@ -121,7 +120,7 @@ def _refuse_component_values(component: str, given: dict[str, Any]) -> None:
     """A value set on a Stage-2 component beside its settings would train unrecorded: one line naming it."""
     if given:
         named = ", ".join(
-            f"{component}#{k}={v!r} (give --{_SETTING_OF_ARGUMENT.get(k, 'the setting')} instead)"
+            f"{component}#{k}={v!r} (give --stage2_settings#{_SETTING_OF_ARGUMENT.get(k, '<setting>')} instead)"
             for k, v in given.items()
         )
         raise SettingError(

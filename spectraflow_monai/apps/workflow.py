@@ -218,7 +218,8 @@ def recorded_network(
         named = ", ".join(f"network_def#{k}={v!r}" for k, v in given.items())
         raise SettingError(
             f"{named}: the network is built from model_settings (the run record and model.json); give the model "
-            "setting instead (--image_size, --encoder_name, --encoder_kwargs, --fusion, --refine, --network_kwargs)."
+            "setting instead (--model_settings#<field>: image_size, encoder_name, encoder_kwargs, fusion, refine, "
+            "network_kwargs)."
         )
     entry = architecture(getattr(record, "architecture", "spectraflow"))
     arguments = entry.arguments(

@@ -233,7 +233,8 @@ def _draw_tsne(
     ablation: ExperimentRunner, sf: _Run, samples: Sequence[Mapping], idx: Sequence[int], out: Path, title: str
 ) -> tuple[str, dict[str, dict[str, float]]]:
     """Fig. 3: t-SNE of the pooled penultimate features of both Stage-1 exports, for test images and their masks."""
-    render = MaskToImage(channels=3, mean=sf.get("image_mean"), std=sf.get("image_std"))
+    model = sf.get("model_settings")
+    render = MaskToImage(channels=3, mean=list(model.image_mean), std=list(model.image_std))
     inputs = torch.stack([samples[i]["input"] for i in idx] + [render(samples[i]["label"]) for i in idx])
     classes = np.repeat([0, 1], len(idx))
     groups, spread = {}, {}

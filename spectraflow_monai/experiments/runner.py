@@ -124,10 +124,10 @@ def resolve_encoder_weights(common: Mapping[str, Any], bundle: str | os.PathLike
     if source is None:
         logger.warning("encoder weights: none: every run starts from a random encoder (%s)", RANDOM_INIT_NOTE)
         return {**common, "pretrained_weights": "none"}
-    name = parser.get_parsed_content("encoder_name")
+    model = parser.get_parsed_content("model_settings")
+    name = model.encoder_name
     try:
-        encoder = DINOv2Encoder(name, img_size=parser.get_parsed_content("image_size"),
-                                model_kwargs=parser.get_parsed_content("encoder_kwargs"))  # fmt: skip
+        encoder = DINOv2Encoder(name, img_size=model.image_size, model_kwargs=model.encoder_kwargs)
         encoder.load_pretrained(source)
     except (ValueError, OSError) as exc:  # SettingError (the hub), FileNotFoundError, a file that does not fit
         raise _weights_error(value, name, exc) from exc

@@ -94,7 +94,7 @@ def binary_mask_threshold(mask: Any, path: str | os.PathLike = "mask", max_grey_
             f"not a binary mask: {path!r} has values {_values_text(arr)}: neither a 0/1 mask nor a 0/255 mask. "
             "A 0/1 mask saved as JPEG (compression noise around 0 and 1) or an instance label map: "
             "--datalist_kwargs \"{'label_threshold': 1}\" (every non-zero value is foreground); a label map of "
-            "classes: --label_classes."
+            "classes: --model_settings#label_classes."
         )
     return 128
 

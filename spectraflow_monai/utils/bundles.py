@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,7 +23,10 @@ __all__ = [
     "bundle_config_files",
     "bundle_parser",
     "bundle_path",
-    "bundle_values",
+    "check_setting_names",
+    "merged_config",
+    "setting_ids",
+    "settings_overrides",
     "run_bundle_configs",
 ]
 
@@ -123,12 +126,26 @@ def bundle_config_files(bundle: str | os.PathLike, configs: Sequence[str]) -> li
     return files
 
 
+#: the arguments of ``python -m monai.bundle run`` that are not config overrides
+RUN_ARGUMENTS = ("config_file", "meta_file", "logging_file", "run_id", "init_id", "final_id", "tracking", "args_file")
+
+
+def merged_config(files: Iterable[str | os.PathLike]) -> dict[str, Any]:
+    """The raw config of ``files`` layered as MONAI layers them (``ConfigParser.load_config_files``: a later file's
+    top-level id replaces an earlier one's), nothing resolved."""
+    from monai.bundle import ConfigParser
+
+    return dict(ConfigParser.load_config_files([str(f) for f in files]))
+
+
 def check_run_configs(argv: Sequence[str] | None = None) -> None:
     """The first step of every bundle run: under ``python -m monai.bundle run``, the ``--config_file`` list of the
     command line must be one that runs (:func:`bundle_config_files`), else the run stops with one line naming the
     commands that work (a list in the wrong order would otherwise run another stage, or fail deep in MONAI's config
     resolution). Runs started from Python (``monai.bundle.run(...)``, the demo, the MONAI Label app) check their
-    lists themselves; then there is no ``--config_file`` and nothing is checked.
+    lists themselves; then there is no ``--config_file`` and nothing is checked. A setting given by its bare field name
+    where the config holds it in a settings object (``--image_size`` for ``--model_settings#image_size``) is refused
+    naming the id to give (:func:`check_setting_names`).
 
     Args:
         argv: the command line. Defaults to ``sys.argv``.
@@ -137,7 +154,6 @@ def check_run_configs(argv: Sequence[str] | None = None) -> None:
         SettingError: the list cannot run.
     """
     import ast
-    import sys
 
     argv = list(sys.argv if argv is None else argv)
     if "--config_file" not in argv[:-1] or not any("monai" in a and "bundle" in a for a in argv[:3]):
@@ -152,63 +168,110 @@ def check_run_configs(argv: Sequence[str] | None = None) -> None:
         return
     bundle = paths[0].parent.parent
     if all(p.parent.parent == bundle for p in paths):
-        bundle_config_files(bundle if bundle.parts else Path("."), [p.name for p in paths])
+        files = bundle_config_files(bundle if bundle.parts else Path("."), [p.name for p in paths])
+        names = [a[2:] for a in argv if a.startswith("--") and a[2:] not in RUN_ARGUMENTS]
+        check_setting_names(merged_config(files), names, where=", ".join(p.name for p in paths))
 
 
-def _parsing_resolver() -> Any:
-    """The ``monai.bundle.ReferenceResolver`` that is resolving a config item now: the nearest one up the call
-    stack (MONAI gives a component only its arguments, not the config it belongs to)."""
-    from monai.bundle.reference_resolver import ReferenceResolver
-
-    frame = sys._getframe(1)
-    while frame is not None:
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, ReferenceResolver):
-            return candidate
-        frame = frame.f_back
-    return None
+#: the component that reads a model's settings from its record in the serving configs (evaluation, inference): a
+#: model setting given to such a run is an entry of its ``given`` mapping
+RECORD_READER = "spectraflow_monai.apps.pipelines.ModelPipeline.from_record"
 
 
-#: the top-level ids being read by :func:`bundle_values` now (a value that needs its own reader is a circle)
-_READING: set[str] = set()
+def _settings_class(target: Any) -> Any:
+    """The settings class (a dataclass of :mod:`spectraflow_monai.utils.settings` or a bundle's data options) that a
+    component's ``_target_`` names, else None."""
+    import dataclasses
+
+    from monai.utils import optional_import
+
+    if not isinstance(target, str) or not target.startswith("spectraflow_monai.") or not target[:1].isalpha():
+        return None
+    module, _, name = target.rpartition(".")
+    found, ok = optional_import(module, name=name)
+    return found if ok and isinstance(found, type) and dataclasses.is_dataclass(found) else None
 
 
-def bundle_values(names: Iterable[str], what: str = "a settings object") -> dict[str, Any]:
-    """The values of the top-level ids ``names`` of the bundle config that MONAI is resolving, as MONAI resolves a
-    reference to each (``@<name>``: command-line overrides applied, expressions evaluated, components built); a name
-    the config does not hold is left out.
+def setting_ids(config: Mapping[str, Any]) -> dict[str, str]:
+    """Where a merged bundle config takes the value of each field of the settings objects it builds: the id to
+    override (``--<id> <value>``) for each field name.
 
-    This is how a bundle builds its settings objects from its top-level values by field name
-    (:meth:`~spectraflow_monai.utils.settings.SettingsObject.from_bundle`): ``model_settings: {_target_:
-    ...ModelSettings.from_bundle}`` instead of a line ``<field>: '@<field>'`` per field. It must be called while
-    MONAI resolves a config item (``python -m monai.bundle run``, ``monai.bundle.run``, a
-    ``ConfigParser.get_parsed_content``).
+    A settings object is a top-level component whose ``_target_`` is a settings dataclass
+    (``model_settings: {_target_: ...ModelSettings, image_size: 224}``): its field ``image_size`` is given as
+    ``model_settings#image_size``, or as the top-level id it forwards (``device: '@device'``: ``device``). In the
+    serving configs the model's settings are its record's (:data:`RECORD_READER`): a model setting given there is an
+    entry of the reader's ``given`` mapping (``pipeline#given#image_size``), which must agree with the record.
 
     Args:
-        names: the ids to read (the fields of a settings object).
-        what: what reads them, for the messages. Defaults to ``"a settings object"``.
+        config: the merged config of a run's files (``monai.bundle.ConfigParser.load_config_files``).
+    """
+    import dataclasses
+
+    ids: dict[str, str] = {}
+    for key, value in config.items():
+        if not isinstance(value, Mapping):
+            continue
+        target = value.get("_target_")
+        if target == RECORD_READER:
+            from spectraflow_monai.utils.settings import ModelSettings
+
+            ids.update({f.name: f"{key}#given#{f.name}" for f in dataclasses.fields(ModelSettings)})
+            continue
+        cls = _settings_class(target)
+        for field in dataclasses.fields(cls) if cls is not None else ():
+            given = value.get(field.name)
+            forwarded = isinstance(given, str) and given == f"@{field.name}" and field.name in config
+            ids.setdefault(field.name, field.name if forwarded else f"{key}#{field.name}")
+    return ids
+
+
+def settings_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` with each setting named by its field (``{"image_size": 112}``, as Python callers write them)
+    given at the id that holds it in ``config`` (:func:`setting_ids`: ``{"model_settings#image_size": 112}``); ids
+    (``train#trainer#max_epochs``) and top-level ids of ``config`` are kept as they are. In a serving config a key
+    inside a model setting's value (``network_kwargs#features``) is left out: the record holds the whole value."""
+    ids = setting_ids(config)
+    given = {k: _setting_id(config, ids, k) for k in overrides}
+    # a key inside a model setting's value given to a serving config (network_kwargs#features): the record holds the
+    # whole value, which the model was trained with; a part of it is not checked against it
+    return {given[k]: v for k, v in overrides.items() if not (k != given[k] and _inside_given(given[k]))}
+
+
+def _inside_given(key: str) -> bool:
+    head, _, rest = key.partition("#given#")
+    return bool(rest) and "#" in rest
+
+
+def _setting_id(config: Mapping[str, Any], ids: Mapping[str, str], key: str) -> str:
+    """The id of override ``key``: a top-level id or a path into a mapping of ``config`` as it is; a field name, or
+    ``<object>#<field>`` where ``<object>`` is not a component of its values here (the serving configs' model
+    settings are the record's), the id that holds that field (:func:`setting_ids`); ``<field>#<key>`` (a key inside
+    a setting's value, ``network_kwargs#features``) that key of the value at the field's id."""
+    head, _, field = key.rpartition("#")
+    if not head:
+        return key if key in config else ids.get(key, key)
+    top, _, rest = key.partition("#")
+    if "#" not in head and not isinstance(config.get(top), Mapping) and field in ids:
+        return ids[field]
+    if top not in config and top in ids:  # a key inside a setting's value: network_kwargs#features
+        return f"{ids[top]}#{rest}"
+    return key
+
+
+def check_setting_names(config: Mapping[str, Any], names: Iterable[str], where: str) -> None:
+    """Refuse a setting given by its bare field name where the config holds it in a settings object (MONAI would add
+    a top-level id that nothing reads: the run would silently train with the config's value), or given at an object
+    this config does not build from values (``--model_settings#image_size`` to evaluation, whose model settings are
+    the record's: ``--pipeline#given#image_size``).
 
     Raises:
-        SettingError: no MONAI config is being resolved, or a value read needs ``what`` itself (a circle).
+        SettingError: naming the id to give instead.
     """
-    resolver = _parsing_resolver()
-    if resolver is None:
-        raise SettingError(
-            f"{what} reads the top-level values of a bundle config by name: build it in a config that MONAI "
-            "resolves (python -m monai.bundle run, monai.bundle.ConfigParser), or call the class with the values."
-        )
-    values: dict[str, Any] = {}
+    ids = setting_ids(config)
     for name in names:
-        if name not in resolver.items:
-            continue
-        if name in _READING:
-            raise SettingError(f"{name}: its value needs {what}, which reads {name} (a circle in the config).")
-        _READING.add(name)
-        try:
-            values[name] = resolver.get_resolved_content(name)
-        finally:
-            _READING.discard(name)
-    return values
+        given = _setting_id(config, ids, name)
+        if given != name:
+            raise SettingError(f"{where}: --{name} is not read by this config; give --{given}.")
 
 
 def bundle_command(bundle: str | os.PathLike, configs: list[str], overrides: dict[str, Any]) -> str:
@@ -220,6 +283,7 @@ def bundle_command(bundle: str | os.PathLike, configs: list[str], overrides: dic
         for f in bundle_config_files(bundle, configs)
     ]
     files = "[" + ",".join(f"'{p}'" for p in paths) + "]"
+    overrides = settings_overrides(merged_config(bundle_config_files(bundle, configs)), overrides)
     args = " ".join(f"--{k} {shlex.quote(repr(v) if not isinstance(v, str) else v)}" for k, v in overrides.items())
     return f"python -m monai.bundle run --config_file \"{files}\" {args}"
 
@@ -232,15 +296,17 @@ def bundle_parser(bundle: Path, configs: list[str], overrides: dict[str, Any]) -
     from monai.bundle import ConfigParser
 
     parser = ConfigParser()
-    parser.read_config([str(f) for f in bundle_config_files(bundle, configs)])
+    files = bundle_config_files(bundle, configs)
+    parser.read_config([str(f) for f in files])
     parser.read_meta(str(bundle / "configs" / "metadata.json"))
-    parser.update(dict(overrides))
+    parser.update(settings_overrides(parser.config, overrides))
     return parser
 
 
 def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, Any], title: str) -> float:
-    """Run bundle ``configs`` (checked by :func:`bundle_config_files`) with ``overrides`` through
-    ``monai.bundle.run`` in this process, printing the equivalent command first; returns the wall time in seconds.
+    """Run bundle ``configs`` (checked by :func:`bundle_config_files`) with ``overrides`` (a setting named by its field
+    or by its id, :func:`settings_overrides`) through ``monai.bundle.run`` in this process, printing the equivalent
+    command first; returns the wall time in seconds.
 
     The working directory is the bundle folder while it runs (its configs address their logging and metadata files
     relative to it) and is restored afterwards.
@@ -250,13 +316,15 @@ def run_bundle_configs(bundle: Path, configs: list[str], overrides: dict[str, An
     from spectraflow_monai.utils.quiet import trusted_bundle_configs
 
     print(f"\n=== {title}\n(cd {bundle} && {bundle_command(bundle, configs, overrides)})", flush=True)
+    files = bundle_config_files(bundle, configs)
+    overrides = settings_overrides(merged_config(files), overrides)
     start = time.perf_counter()
     cwd = os.getcwd()
     try:
         os.chdir(bundle)  # the configs and their logging/metadata files are addressed relative to the bundle
         with trusted_bundle_configs():
             run(
-                config_file=[str(f) for f in bundle_config_files(bundle, configs)],
+                config_file=[str(f) for f in files],
                 meta_file=str(bundle / "configs" / "metadata.json"),
                 logging_file=str(bundle / "configs" / "logging.conf"),
                 **overrides,

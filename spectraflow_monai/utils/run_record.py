@@ -10,8 +10,8 @@ with two small JSON files:
   (:func:`record_components`: the optimizer the trainer holds, class and hyper-parameters). How a run starts is
   decided once (:func:`decide_restart`: continue, new run, or refuse) and both the record and the checkpoint loader
   follow that decision. A restart in the same folder whose record differs stops before any training, naming each
-  differing setting and the two ways forward (``--resume false`` starts over in that folder, keeping the earlier
-  files aside; or a new ``--bundle_root``);
+  differing setting and the two ways forward (``--run_settings#resume false`` starts over in that folder, keeping the
+  earlier files aside; or a new ``--bundle_root``);
 - ``<model>.json`` beside a model file (``models/model.json`` beside ``model.pt``, ``models/encoder_stage1.json``
   beside the Stage-1 export), written with the file itself (:func:`write_model_settings`): the model settings that
   built it, with two digests that tie the record to its model: ``model_sha256``, the SHA-256 of the model file's
@@ -233,7 +233,7 @@ def _check_earlier_format(old: Mapping[str, Any], path: str) -> None:
     if old.get("format") != RECORD_FORMAT:
         raise SettingError(
             f"{path} was written by spectraflow_monai {old.get('spectraflow_monai', '(unknown)')} in an earlier "
-            f"record format: continue that run with that version, or start over here with --resume false."
+            f"record format: continue that run with that version, or start over here with --run_settings#resume false."
         )
 
 
@@ -259,8 +259,9 @@ def _mixed_runs(folder: str, what: str, diffs: list[tuple[str, Any, Any]]) -> Se
     lines = "\n".join(f"  - {name}: recorded {a!r}, now {b!r}" for name, a, b in diffs)
     return SettingError(
         f"{folder} holds a run with {what} ({RECORD_FILE}); continuing it would mix two runs:\n{lines}\nNothing was "
-        "trained. Either\n  - start over in this folder: --resume false (the earlier checkpoints, the record and the "
-        "model files are kept aside as *.bak-<time>), or\n  - train into a new folder: --bundle_root <another folder>."
+        "trained. Either\n  - start over in this folder: --run_settings#resume false (the earlier checkpoints, the "
+        "record and the model files are kept aside as *.bak-<time>), or\n  - train into a new folder: --bundle_root "
+        "<another folder>."
     )
 
 
@@ -320,7 +321,7 @@ def decide_restart(
     if resume_from is not None and not os.path.isfile(resume_from):
         raise SettingError(f"resume_from: {resume_from!r} is not an existing checkpoint file.")
     continuing = resume and latest is not None
-    reason = "the newest checkpoint of this run; --resume false starts over"
+    reason = "the newest checkpoint of this run; --run_settings#resume false starts over"
     finished = (old or {}).get("finished") if continuing and resume_from is None else None
     no_epoch_left = finished and max_epochs is not None and finished.get("epoch", 0) >= max_epochs
     if finished and (finished.get("stopped_early") or no_epoch_left):
@@ -356,13 +357,14 @@ def decide_restart(
         if earlier and latest is not None and inside:
             raise SettingError(
                 f"resume_from: {resume_from!r} lies in {folder}, which this start keeps aside as a new run "
-                "(--resume false, or a finished run): give --resume true, or a checkpoint outside that folder."
+                "(--run_settings#resume false, or a finished run): give --run_settings#resume true, or a checkpoint "
+                "outside that folder."
             )
         return RestartDecision(folder, CONTINUE, resume_from, "resume_from", set_aside_earlier=earlier)
     if continuing:
         return RestartDecision(folder, CONTINUE, os.fspath(latest), reason)
     if not resume:
-        reason = "--resume false"
+        reason = "--run_settings#resume false"
     elif latest is None and reason.startswith("the newest"):
         reason = "nothing to continue"
     return RestartDecision(folder, NEW, None, reason, set_aside_earlier=earlier)

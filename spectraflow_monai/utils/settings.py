@@ -1,7 +1,9 @@
 """The settings of a run as typed objects, and the checks of single settings.
 
-A bundle's ``configs/train.yaml`` gives raw values (its constants, overridable on the command line) and builds one
-object of each kind from them: :class:`ModelSettings` (what builds the network and normalises its input),
+A bundle's ``configs/train.yaml`` builds one object of each kind as a MONAI component whose arguments are its values
+(``model_settings: {_target_: ...ModelSettings, image_size: 224, ...}``, overridden on the command line as
+``--model_settings#image_size 112``; a field the config does not give keeps its default here, and is recorded like
+the others): :class:`ModelSettings` (what builds the network and normalises its input),
 :class:`DataSettings` (which data), :class:`Stage2Settings` and :class:`Stage1Settings` (how each stage trains).
 Each value is checked once, where the object is built, and a wrong one stops the run before any data is read,
 naming the setting and the value. The run record and ``model.json`` are these objects written whole
@@ -21,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from spectraflow_monai.utils.architectures import ARCHITECTURES, PATCH_SIZE, Architecture, architecture
-from spectraflow_monai.utils.bundles import bundle_values
 from spectraflow_monai.utils.errors import SettingError
 
 __all__ = [
@@ -213,31 +214,6 @@ class SettingsObject:
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes`` (checked as when built)."""
         return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def from_bundle(cls, **fixed: Any) -> Any:
-        """The object of the bundle config that MONAI is resolving, built from its top-level values by field name
-        (:func:`~spectraflow_monai.utils.bundles.bundle_values`): each field takes the value of the top-level id of
-        the same name (command-line overrides included), a field the config does not hold keeps its default. So a
-        bundle builds the object in one line, ``model_settings: {_target_: ...ModelSettings.from_bundle}``, and adding
-        a setting is one field here plus its value line in each bundle.
-
-        Args:
-            fixed: fields the bundle fixes (e.g. the 2D bundle's ``in_channels: 3``); a top-level value of the same
-                name that differs is refused.
-
-        Raises:
-            SettingError: a fixed field given another value at the top level, or a value out of its range.
-        """
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(fixed) - set(names))
-        if unknown:
-            raise SettingError(f"{cls.__name__}.from_bundle: {unknown} are not fields of {cls.__name__}.")
-        values = bundle_values(names, what=cls.__name__)
-        for name, value in fixed.items():
-            if name in values and values[name] != value:
-                raise SettingError(f"{name}: this bundle fixes it to {value!r}, got {values[name]!r}.")
-        return cls(**{**values, **fixed})
 
 
 @dataclasses.dataclass(frozen=True)

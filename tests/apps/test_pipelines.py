@@ -55,9 +55,9 @@ def test_normalize_and_window_follow_the_settings():
 @pytest.mark.parametrize(
     "step, given, setting",
     [
-        ("resize", {"spatial_size": [112, 112]}, "--image_size"),
-        ("normalize", {"subtrahend": [0.5, 0.5, 0.5]}, "--image_mean"),
-        ("normalize", {"divisor": [0.5, 0.5, 0.5]}, "--image_std"),
+        ("resize", {"spatial_size": [112, 112]}, "--model_settings#image_size"),
+        ("normalize", {"subtrahend": [0.5, 0.5, 0.5]}, "--model_settings#image_mean"),
+        ("normalize", {"divisor": [0.5, 0.5, 0.5]}, "--model_settings#image_std"),
     ],
 )
 def test_an_argument_a_setting_decides_is_refused(step, given, setting):
@@ -85,10 +85,10 @@ def test_from_record_reads_the_record_and_refuses_a_contradiction(tmp_path):
 @pytest.mark.parametrize(
     "bundle, override, setting",
     [
-        ("spectraflow_2d_segmentation", {"load_transforms#4#spatial_size": [112, 112]}, "--image_size"),
-        ("spectraflow_2d_segmentation", {"normalize_transforms#0#subtrahend": [0.5, 0.5, 0.5]}, "--image_mean"),
-        ("spectraflow_synapse_segmentation", {"load_transforms#2#spatial_size": [112, 112]}, "--image_size"),
-        ("spectraflow_synapse_segmentation", {"normalize_transforms#1#divisor": [0.5, 0.5, 0.5]}, "--image_std"),
+        ("spectraflow_2d_segmentation", {"load_transforms#4#spatial_size": [112, 112]}, "--model_settings#image_size"),
+        ("spectraflow_2d_segmentation", {"normalize_transforms#0#subtrahend": [0.5, 0.5, 0.5]}, "--model_settings#image_mean"),
+        ("spectraflow_synapse_segmentation", {"load_transforms#2#spatial_size": [112, 112]}, "--model_settings#image_size"),
+        ("spectraflow_synapse_segmentation", {"normalize_transforms#1#divisor": [0.5, 0.5, 0.5]}, "--model_settings#image_std"),
     ],
 )
 def test_a_preprocessing_key_overridden_in_a_bundle_is_refused(bundle, override, setting, tmp_path):

@@ -12,6 +12,7 @@ import torch
 from monai.bundle import ConfigParser
 from monai.bundle import run as bundle_run
 
+from spectraflow_monai.utils.bundles import merged_config, settings_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = str(REPO / "bundles" / "schema" / "meta_schema_20240725.json")
@@ -35,7 +36,9 @@ def run_bundle(config_file, meta_file: str, **override) -> None:
     layered as the runs layer them (:func:`layered`)."""
     saved_path = list(sys.path)  # ConfigWorkflow.run() prepends the bundle folder to sys.path
     try:
-        bundle_run(config_file=layered(config_file), meta_file=meta_file, logging_file=False, **override)
+        files = layered(config_file)
+        override = settings_overrides(merged_config(files), override)
+        bundle_run(config_file=files, meta_file=meta_file, logging_file=False, **override)
     finally:
         sys.path[:] = saved_path
 
@@ -47,6 +50,7 @@ def missing_workflow_properties(config_file, workflow_type: str, meta_file: str,
 
     saved_path = list(sys.path)
     try:
+        override = settings_overrides(merged_config(layered(config_file)), override)
         workflow = ConfigWorkflow(
             config_file=layered(config_file),
             meta_file=meta_file,
@@ -64,7 +68,7 @@ def parse_config(config_file, **override) -> ConfigParser:
     """The parsed configs (layered as the runs layer them, :func:`layered`) with ``override`` applied."""
     parser = ConfigParser()
     parser.read_config(layered(config_file))
-    parser.update(override)
+    parser.update(settings_overrides(parser.config, override))  # a setting by its field name: at its id
     return parser
 
 
@@ -164,6 +168,7 @@ def start_bundle(config_files: list[str], override: dict, cwd: Path, log: Path) 
     """Start ``python -m monai.bundle run`` in a subprocess (CPU, one thread), its output going to ``log``; the
     configs (absolute paths) layered as the runs layer them (:func:`layered`)."""
     files = layered(config_files)
+    override = settings_overrides(merged_config([os.path.join(cwd, f) for f in files]), override)
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", repr(files), *bundle_args(override)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     with open(log, "w") as out:

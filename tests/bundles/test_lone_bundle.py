@@ -4,6 +4,7 @@ commands that work. A model trained with its own normalisation is evaluated and 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import pytest
 import torch
 from monai.transforms import NormalizeIntensityd
 
-from spectraflow_monai.utils.bundles import bundle_path
+from spectraflow_monai.utils.bundles import bundle_path, merged_config, settings_overrides
 from tests.bundles.helpers import bundle_args, parse_config
 
 TWO_D, SYNAPSE = "spectraflow_2d_segmentation", "spectraflow_synapse_segmentation"
@@ -42,6 +43,9 @@ def _lone_copy(bundle: str, tmp_path: Path) -> Path:
 
 
 def _run(folder: Path, configs: str, **override) -> subprocess.CompletedProcess:
+    files = [folder / f for f in (ast.literal_eval(configs) if configs.startswith("[") else [configs])]
+    if all(f.is_file() for f in files):  # each setting at its id (the settings objects' values)
+        override = settings_overrides(merged_config(files), override)
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", configs, *bundle_args(override)]
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
@@ -148,7 +152,7 @@ def test_a_synapse_model_is_served_with_its_window_and_label_map(tmp_path):
     window_transform = _window(parser.get_parsed_content("preprocessing"))
     assert (window_transform.scaler.a_min, window_transform.scaler.a_max) == (-200.0, 300.0)
     recorded = parser.get_parsed_content("pipeline").settings  # the record, read as one object
-    assert parser.get_parsed_content("label_map") is None and recorded.label_map == label_map
+    assert parser["pipeline"]["given"] == {} and recorded.label_map == label_map  # nothing given: the record's
     assert prediction_values(recorded.label_map, None, 3) == [0, 1, 6]
     _ok(_run(folder, "configs/inference.yaml", num_workers=0))  # told nothing but where the model is
     written = sorted((folder / "predictions").glob("*_seg.nii.gz"))

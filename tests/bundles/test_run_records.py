@@ -110,7 +110,7 @@ def test_a_restart_with_other_settings_stops_before_training(trained, data_dir, 
     text = _fails(TRAIN, **{**_common(killed, data_dir), **STAGE2, "learning_rate": 0.001, "image_size": 42})
     assert "learning_rate: recorded 0.0001, now 0.001" in text
     assert "model.image_size: recorded 28, now 42" in text
-    assert "Nothing was trained" in text and "--resume false" in text and "--bundle_root" in text
+    assert "Nothing was trained" in text and "--run_settings#resume false" in text and "--bundle_root" in text
     assert "size mismatch" not in text
     assert (killed / "models" / "model.pt").read_bytes() == model  # nothing changed
     assert (killed / "models" / "stage2" / "run_record.json").read_text() == record
@@ -172,7 +172,7 @@ def test_stage2_names_an_export_of_other_settings(trained, data_dir, tmp_path):
     settings = {**_common(root, data_dir), **STAGE2, "encoder_init": "stage1", "image_size": 42}
     text = _fails(TRAIN, **settings)
     assert "the Stage-1 export" in text and "image_size: 28 in the record, 42 given" in text
-    assert "--encoder_init pretrained" in text and "size mismatch" not in text
+    assert "--stage2_settings#encoder_init pretrained" in text and "size mismatch" not in text
 
 
 def test_starting_over_keeps_the_earlier_run_aside(trained, data_dir, tmp_path):

@@ -166,7 +166,7 @@ def test_stage2_starts_from_stage1_export(trained):
     # the default, finds the export) holds the exported encoder...
     set_determinism(seed=0)
     parser = _parse(TRAIN, **trained["common"])
-    assert parser["encoder_init"] == "auto" and parser.get_parsed_content("stage2").encoder_start == "stage1"
+    assert parser["stage2_settings#encoder_init"] == "auto" and parser.get_parsed_content("stage2").encoder_start == "stage1"
     parser.get_parsed_content("encoder_initialization")
     start = parser.get_parsed_content("network_def").encoder.vit.state_dict()
     for key, value in export.items():
@@ -312,15 +312,15 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
     args = [
         "--bundle_root", str(root), "--dataset_dir", trained["data_dir"],
         "--synthetic_size", f"{{'num_train':{NUM_TRAIN},'num_val':{NUM_VAL}}}",
-        "--image_size", str(IMAGE_SIZE), "--encoder_kwargs", f"{{'depth':{DEPTH}}}", "--num_workers", "0",
+        "--model_settings#image_size", str(IMAGE_SIZE), "--model_settings#encoder_kwargs", f"{{'depth':{DEPTH}}}", "--run_settings#num_workers", "0",
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
         "--pretrained_weights", "none",
     ]  # fmt: skip
     stage1_log = _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml",
          "configs/multi_gpu_train.yaml"],
-        args + ["--stage1_epochs", "1", "--stage1_batch_size", "2", "--head_hidden_channels", "32",
-                "--head_num_blocks", "1"],
+        args + ["--run_settings#stage1_epochs", "1", "--stage1_settings#stage1_batch_size", "2", "--stage1_settings#head_hidden_channels", "32",
+                "--stage1_settings#head_num_blocks", "1"],
         BUNDLE,
     )  # fmt: skip
     export_path = root / "models" / "encoder_stage1.pt"
@@ -334,7 +334,7 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
     assert len(PRECISION_LINE.findall(stage1_log)) == 2 and "process group: rank 1 of 2 (gloo)" in stage1_log
     stage2_log = _torchrun(
         ["configs/train.yaml", "configs/multi_gpu_train.yaml"],
-        args + ["--max_epochs", "1", "--batch_size", "2", "--val_batch_size", "2"],
+        args + ["--max_epochs", "1", "--stage2_settings#batch_size", "2", "--run_settings#val_batch_size", "2"],
         BUNDLE,
     )
     model_path = root / "models" / "model.pt"
@@ -392,7 +392,7 @@ def test_stage2_without_stage1_export_names_the_file_and_the_ways_forward(tmp_pa
              encoder_init="stage1", **NET)  # fmt: skip
     text = _error_text(info.value)
     assert os.path.join(str(tmp_path), "models", "encoder_stage1.pt") in text, text
-    assert "configs/train_stage1.yaml" in text and "--encoder_init pretrained" in text, text
+    assert "configs/train_stage1.yaml" in text and "--stage2_settings#encoder_init pretrained" in text, text
     assert not (tmp_path / "models" / "model.pt").exists()
 
 

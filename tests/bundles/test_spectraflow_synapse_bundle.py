@@ -165,11 +165,11 @@ def test_default_validation_cases_are_held_out_training_cases(dataset):
     from spectraflow_monai.apps.synapse import SYNAPSE_TEST_CASES, SYNAPSE_TRAIN_CASES
 
     parser = _parse(TRAIN, dataset=dataset)
-    val = parser.get_parsed_content("val_cases")
+    val = parser.get_parsed_content("data_options#val_cases")
     assert val and set(val) <= set(SYNAPSE_TRAIN_CASES) and not set(val) & set(SYNAPSE_TEST_CASES)
     assert len(val) < len(SYNAPSE_TRAIN_CASES)
     if dataset == "synthetic":  # the default phantom has the held-out case, and a training case besides it
-        phantom = parser.get_parsed_content("synthetic_size")["cases"]
+        phantom = parser.get_parsed_content("data_options#synthetic_size")["cases"]
         assert set(val) <= set(phantom) and set(phantom) & set(SYNAPSE_TRAIN_CASES) - set(val)
 
 
@@ -262,7 +262,7 @@ def test_the_run_records_the_data_options_once_and_refuses_an_earlier_record(tra
         _run(TRAIN, **{**trained["common"], "bundle_root": str(root)}, max_epochs=2, batch_size=6, val_batch_size=12)
     text = _error_text(info.value)
     assert "settings.data.data_options.hu_window: recorded [-125.0, 275.0], now '<not set>'" in text, text
-    assert "--resume false" in text, text
+    assert "--run_settings#resume false" in text, text
 
 
 # ---------------------------------------------------------------- 3. evaluation on whole volumes
@@ -508,16 +508,16 @@ def test_multi_gpu_override_two_processes(tmp_path):
     root = tmp_path / "ddp"
     args = [
         "--bundle_root", str(root), "--dataset_dir", str(root / "data"),
-        "--synthetic_size", "{'cases':[5,6,7,1,2],'shape':[64,64,12]}", "--val_cases", "[7]",
-        "--image_size", str(IMAGE_SIZE), "--encoder_kwargs", f"{{'depth':{DEPTH}}}", "--num_workers", "0",
+        "--data_options#synthetic_size", "{'cases':[5,6,7,1,2],'shape':[64,64,12]}", "--data_options#val_cases", "[7]",
+        "--model_settings#image_size", str(IMAGE_SIZE), "--model_settings#encoder_kwargs", f"{{'depth':{DEPTH}}}", "--run_settings#num_workers", "0",
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
         "--pretrained_weights", "none",
     ]  # fmt: skip
     stage1_log = _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml",
          "configs/multi_gpu_train.yaml"],
-        args + ["--stage1_epochs", "1", "--stage1_batch_size", "6", "--head_hidden_channels", "32",
-                "--head_num_blocks", "1"],
+        args + ["--run_settings#stage1_epochs", "1", "--stage1_settings#stage1_batch_size", "6", "--stage1_settings#head_hidden_channels", "32",
+                "--stage1_settings#head_num_blocks", "1"],
         BUNDLE,
     )  # fmt: skip
     export_path = root / "models" / "encoder_stage1.pt"
@@ -528,7 +528,7 @@ def test_multi_gpu_override_two_processes(tmp_path):
     assert (root / "models" / "stage1" / "run_record.json").is_file() and not (root / "models" / "stage2").exists()
     stage2_log = _torchrun(
         ["configs/train.yaml", "configs/multi_gpu_train.yaml"],
-        args + ["--max_epochs", "1", "--batch_size", "6", "--val_batch_size", "12"],
+        args + ["--max_epochs", "1", "--stage2_settings#batch_size", "6", "--run_settings#val_batch_size", "12"],
         BUNDLE,
     )
     index = json.loads((root / "cache" / f"synthetic_{IMAGE_SIZE}" / "index.json").read_text())

@@ -161,7 +161,7 @@ def test_a_refused_setting_leaves_its_traceback_in_the_runs_log_folder(tmp_path)
     cmd = [
         sys.executable, "-m", "monai.bundle", "run",
         "--config_file", "['configs/train.yaml']",
-        "--bundle_root", str(tmp_path / "run"), "--num_classes", "1", "--class_names", "['background']",
+        "--bundle_root", str(tmp_path / "run"), "--model_settings#num_classes", "1", "--model_settings#class_names", "['background']",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=CONFIGS.parent, capture_output=True, text=True, timeout=300)
     last = proc.stderr.strip().splitlines()[-1]
@@ -178,8 +178,10 @@ def _bundle_cli(configs: list[str], override: dict, cwd: Path) -> tuple[int, str
     import subprocess
     import sys
 
+    from spectraflow_monai.utils.bundles import merged_config, settings_overrides
     from tests.bundles.helpers import bundle_args
 
+    override = settings_overrides(merged_config([os.path.join(cwd, c) for c in configs]), override)  # at their ids
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", repr(configs), *bundle_args(override)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env.pop("SPECTRAFLOW_TRACEBACK", None)

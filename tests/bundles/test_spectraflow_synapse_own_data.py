@@ -179,4 +179,4 @@ def test_dataset_dir_defaults_to_the_json_folder(trained, tmp_path):
     parser = parse_config(TRAIN, **{**settings, "cache_dir": str(tmp_path / "cache")})
     assert parser.get_parsed_content("dataset_dir") == str(trained["data"])
     assert [d["case"] for d in parser.get_parsed_content("validate#datalist")][:1] == ["ct_02"]
-    assert parser.get_parsed_content("val_cases") is None and parser.get_parsed_content("layout") == "raw"
+    assert parser.get_parsed_content("data_options#val_cases") is None and parser.get_parsed_content("layout") == "raw"

@@ -26,5 +26,6 @@ def test_paper_preset_trains_on_every_training_case_and_validates_on_the_test_ca
     assert train == {"0005", "0006", "0040"}  # every training case of the phantom (TransUNet's list)
     assert val == {"0001", "0002"} and not train & val  # the test cases
     two_d = parse_config(str(TWO_D))
-    for key in ("batch_size", "val_batch_size", "max_epochs", "lr_patience", "early_stop_patience", "learning_rate"):
+    for key in ("stage2_settings#batch_size", "run_settings#val_batch_size", "max_epochs", "stage2_settings#lr_patience",
+                "run_settings#early_stop_patience", "stage2_settings#learning_rate"):
         assert paper.get_parsed_content(key) == two_d.get_parsed_content(key), key

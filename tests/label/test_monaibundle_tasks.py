@@ -23,7 +23,7 @@ from PIL import Image  # noqa: E402
 
 from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
 from spectraflow_monai.apps.synapse import synthetic_ct_volume  # noqa: E402
-from spectraflow_monai.utils.bundles import bundle_path  # noqa: E402
+from spectraflow_monai.utils.bundles import bundle_path, settings_overrides  # noqa: E402
 from spectraflow_monai.utils.run_record import write_model_settings  # noqa: E402
 from spectraflow_monai.utils.settings import ModelSettings  # noqa: E402
 
@@ -117,8 +117,9 @@ def test_stock_train_task_trains_the_bundle_on_datastore_labels(tmp_path, name, 
 
     folder = _served_bundle(tmp_path, name)
     config = ConfigParser.load_config_file(str(folder / "configs" / "train.yaml"))
-    config.update({**TINY_TRAIN, "batch_size": batch_size})
-    ConfigParser.export_config_file(config, str(folder / "configs" / "train.yaml"), fmt="yaml")
+    parser = ConfigParser(config)
+    parser.update(settings_overrides(config, {**TINY_TRAIN, "batch_size": batch_size}))  # at each setting's id
+    ConfigParser.export_config_file(parser.config, str(folder / "configs" / "train.yaml"), fmt="yaml")
     studies = tmp_path / "studies"
     datastore = LocalDatastore(str(studies), extensions=(_write_studies(studies, name),), auto_reload=False)
     before = (folder / "models" / "model.pt").read_bytes()

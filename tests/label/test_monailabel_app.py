@@ -44,10 +44,11 @@ from PIL import Image  # noqa: E402
 from spectraflow_monai.apps.seg2d.synthetic import synthesize_pair  # noqa: E402
 
 from .pacs import serving  # noqa: E402
-from spectraflow_monai.apps.synapse import (
+from spectraflow_monai.apps.synapse import (  # noqa: E402
     map_btcv_labels,
-    synthetic_ct_volume,  # noqa: E402
+    synthetic_ct_volume,
 )
+from spectraflow_monai.utils.bundles import merged_config, settings_overrides  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 APP_MAIN = REPO / "bundles" / "monailabel_app" / "main.py"
@@ -102,7 +103,7 @@ def _free_port() -> int:
 def _network(name: str, config: Path):
     parser = ConfigParser()
     parser.read_config(str(config))
-    parser.update(_overrides(name))
+    parser.update(settings_overrides(parser.config, _overrides(name)))  # a setting by its field name: at its id
     return parser
 
 
@@ -173,8 +174,9 @@ def _bundle_inference(name: str, bundle: Path, image: Path, out_dir: Path) -> Pa
     shutil.copy(image, in_dir / image.name)
     saved_path = list(sys.path)
     try:
+        config = str(bundle / "configs" / "inference.yaml")
         bundle_run(
-            config_file=str(bundle / "configs" / "inference.yaml"),
+            config_file=config,
             meta_file=str(bundle / "configs" / "metadata.json"),
             logging_file=False,
             bundle_root=str(bundle),
@@ -182,7 +184,7 @@ def _bundle_inference(name: str, bundle: Path, image: Path, out_dir: Path) -> Pa
             output_dir=str(out_dir / "pred"),
             device="cpu",
             amp=False,
-            **_overrides(name),
+            **settings_overrides(merged_config([config]), _overrides(name)),
         )
     finally:
         sys.path[:] = saved_path

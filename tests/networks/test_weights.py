@@ -224,7 +224,7 @@ def test_missing_stage1_export_is_an_error_not_a_fallback(tmp_path):
     text = str(info.value)
     assert str(export) in text  # the missing file
     assert "configs/train_stage1.yaml" in text  # way 1: run Stage-1
-    assert "--encoder_init pretrained" in text  # way 2: start from pretrained_weights
+    assert "--stage2_settings#encoder_init pretrained" in text  # way 2: start from pretrained_weights
     with pytest.raises(SettingError, match="<not set>"):
         resolve_encoder_init("stage1", None, "timm")
 

@@ -1,9 +1,12 @@
-"""The parts of MONAI the package relies on beyond its documented component calls, stated as tests.
+"""The parts of MONAI's bundle config the package relies on, stated as tests.
 
 ``setup.cfg`` bounds ``monai`` below the next minor version (``<1.7``): a newer MONAI is taken only when these tests
-pass with it. The bundles' settings objects read the top-level values of the config MONAI is resolving by field
-name (``SettingsObject.from_bundle`` / ``utils.bundles.bundle_values``), through the ``ReferenceResolver`` that
-resolves the config item; the serving configs name bound methods of objects (``'$@pipeline.network()'``).
+pass with it. The bundles build each settings object as a component whose arguments are its values
+(``model_settings: {_target_: ...ModelSettings, image_size: 224}``), overridden at ``model_settings#image_size``,
+read by other items as ``'@model_settings#<field>'`` (a sibling value) or ``'$@model_settings.<field>'`` (the
+checked object); a layered config sets a value of an object of an earlier file with an ``a#b`` key
+(``run_settings#stage1_epochs: 300`` in ``configs/train_stage1.yaml``); the serving configs name bound methods of
+objects (``'$@pipeline.network()'``). Nothing reads MONAI's resolver state.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from pathlib import Path
 
 import monai
 from monai.bundle import ConfigParser
-from monai.bundle.reference_resolver import ReferenceResolver
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -35,19 +37,28 @@ def test_monai_is_bounded_below_the_next_minor_version():
     assert Version(monai.__version__.split("+")[0]) in spec, (monai.__version__, spec)
 
 
-def test_the_reference_resolver_holds_what_bundle_values_reads():
-    assert callable(getattr(ReferenceResolver, "get_resolved_content", None))
-    assert "items" in ReferenceResolver().__dict__
-
-
-def test_a_settings_object_reads_the_top_level_values_being_resolved():
+def test_a_settings_object_is_a_component_of_its_values():
     parser = ConfigParser({
-        "image_size": 28,
-        "fusion": "add",
-        "model_settings": {"_target_": "spectraflow_monai.utils.settings.ModelSettings.from_bundle"},
+        "model_settings": {"_target_": "spectraflow_monai.utils.settings.ModelSettings", "image_size": 28,
+                           "fusion": "add", "out_channels": "@model_settings#num_classes", "num_classes": 3},
         "size": "$@model_settings.image_size",
-    })
-    parser.update({"image_size": 42})
-    assert parser.get_parsed_content("size") == 42
+        "raw": "@model_settings#fusion",
+    })  # fmt: skip
+    parser.update({"model_settings#image_size": 42})
+    assert parser.get_parsed_content("size") == 42 and parser.get_parsed_content("raw") == "add"
     settings = parser.get_parsed_content("model_settings")
-    assert isinstance(settings, ModelSettings) and settings.fusion == "add"
+    assert isinstance(settings, ModelSettings) and settings.fusion == "add" and settings.out_channels == 3
+
+
+def test_a_layered_file_sets_a_value_of_an_earlier_files_object(tmp_path):
+    first, second = tmp_path / "train.yaml", tmp_path / "stage1.yaml"
+    first.write_text("run_settings: {a: 1, b: 2}\n")
+    second.write_text("run_settings#b: 3\n")
+    merged = ConfigParser.load_config_files([str(first), str(second)])
+    assert merged["run_settings"] == {"a": 1, "b": 3}
+
+
+def test_a_component_can_name_a_bound_method_of_another():
+    parser = ConfigParser({"settings": {"_target_": "spectraflow_monai.utils.settings.ModelSettings"},
+                           "size": "$@settings.replace(image_size=56).image_size"})  # fmt: skip
+    assert parser.get_parsed_content("size") == 56

@@ -78,7 +78,7 @@ def test_a_restart_that_differs_is_named(tmp_path, change, named):
     with pytest.raises(SettingError) as info:
         record_run(tmp_path / "run", **{**base, **change})
     text = str(info.value)
-    assert named in text and "--resume false" in text and "--bundle_root" in text
+    assert named in text and "--run_settings#resume false" in text and "--bundle_root" in text
     # starting over keeps the earlier run (checkpoints and record) aside
     record_run(tmp_path / "run", **{**base, **change}, resume=False)
     assert len(list(tmp_path.glob("run.bak-*"))) == 1
@@ -152,7 +152,7 @@ def test_a_record_of_an_earlier_format_is_refused_in_one_line(tmp_path):
     torch.save({}, tmp_path / "run" / "checkpoint_epoch=1.pt")
     with pytest.raises(SettingError) as info:
         record_run(tmp_path / "run", Stage2Settings())
-    assert "earlier record format" in str(info.value) and "--resume false" in str(info.value)
+    assert "earlier record format" in str(info.value) and "--run_settings#resume false" in str(info.value)
     assert "\n" not in str(info.value)
     record_run(tmp_path / "run", Stage2Settings(), resume=False)  # starting over is allowed
 

@@ -14,6 +14,8 @@ from monai.data import MetaTensor
 from monai.transforms import LoadImage, LoadImaged, MapTransform
 from monailabel.tasks.infer.bundle import BundleInferTask
 
+from spectraflow_monai.utils.bundles import settings_overrides
+
 from .served import served_onnx, serving_runtime
 
 __all__ = [
@@ -198,7 +200,7 @@ class SpectraFlowInferTask(BundleInferTask):
     def _load_bundle_config(self, path: str, config: str) -> ConfigParser:
         parser = super()._load_bundle_config(path, config)
         if self.overrides:
-            parser.update(self.overrides)
+            parser.update(settings_overrides(parser.config, self.overrides))
         return parser
 
     def _get_network(self, device: str, data: Any) -> Any:

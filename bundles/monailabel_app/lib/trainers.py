@@ -17,13 +17,14 @@ import copy
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from monailabel.tasks.train.bundle import BundleTrainTask
 from monailabel.utils.others.generic import device_map
 
 from spectraflow_monai.data.validation import check_foreground
-from spectraflow_monai.utils.bundles import bundle_config_files
+from spectraflow_monai.utils.bundles import bundle_config_files, setting_ids, settings_overrides
 from spectraflow_monai.utils.run_record import read_model_settings
 from spectraflow_monai.utils.settings import ModelSettings, model_settings_path
 
@@ -74,7 +75,7 @@ class SpectraFlowTrainTask(BundleTrainTask):
             # the bundle's configs/train.yaml is the whole Stage-2 run (checked as the bundle's commands check it)
             self.config_files = [str(f) for f in bundle_config_files(path, [os.path.basename(self.bundle_config_path)])]
             if self.overrides:
-                self.bundle_config.update(self.overrides)
+                self.bundle_config.update(settings_overrides(self.bundle_config.config, self.overrides))
         remove_stale_runs(path)  # the folders of runs that a stop or a kill ended before their clean-up
         self.volume_input = has_volume_format(path)
         self._train_handlers = (
@@ -166,9 +167,10 @@ class SpectraFlowTrainTask(BundleTrainTask):
             return {}
         settings = ModelSettings.from_dict(recorded, source=model_settings_path(model_file))
         values = {}
+        bundle_settings = _listed_settings(self.bundle_config.config)
         for key in RECORDED_SETTINGS:
             value = getattr(settings, key)
-            if key not in recorded or value is None or key not in self.bundle_config:
+            if key not in recorded or value is None or key not in bundle_settings:
                 continue
             values[key] = list(value) if isinstance(value, tuple) else value
             given = self.overrides.get(key)
@@ -256,7 +258,24 @@ class SpectraFlowTrainTask(BundleTrainTask):
                 if key == self.const.key_validate_dataset_data():
                     check_foreground(overrides[key], "the validation pairs of this run", role="validation")
                 overrides[key] = self._to_bundle_data(overrides[key])
+        # a setting by its field name: at its id; in place, as BundleTrainTask.__call__ ignores the returned mapping
+        translated = settings_overrides(self.bundle_config.config, overrides)
+        overrides.clear()
+        overrides.update(translated)
         return overrides
+
+
+def _listed_settings(config: Mapping[str, Any]) -> set[str]:
+    """The settings that ``config`` gives a value: the fields its settings objects list (``model_settings:
+    {image_size: 224}``) or forward from a top-level id (:func:`~spectraflow_monai.utils.bundles.setting_ids`); a field
+    an object takes its default for (the Synapse bundle's ``architecture``) is not a setting of the bundle."""
+    listed = set()
+    for field, key in setting_ids(config).items():
+        head, _, name = key.rpartition("#")
+        holder = config.get(head) if head else None
+        if (not head and key in config) or (isinstance(holder, Mapping) and name in holder):
+            listed.add(field)
+    return listed
 
 
 def _same_setting(settings: ModelSettings, key: str, value: Any) -> bool:

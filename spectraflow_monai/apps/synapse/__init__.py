@@ -48,7 +48,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
     ".source": ("SynapseDataSource", "VolumeSlices", "check_test_volumes"),
     ".settings": (
         "LAYOUTS", "OUTPUT_FORMATS", "VAL_SPLITS", "all_class_names", "label_values", "SynapseDataOptions",
-        "prediction_values", "resolve_label_map", "synapse_class_names",
+        "prediction_values", "resolve_label_map", "synapse_class_names", "VolumeLabels",
         "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
         "slice_nonfinite_value", "volume_spacing",
     ),

@@ -41,8 +41,7 @@ from spectraflow_monai.apps.synapse.readers import check_volume_pair
 from spectraflow_monai.apps.synapse.settings import (
     LAYOUTS,
     OUTPUT_FORMATS,
-    all_class_names,
-    label_values,
+    VolumeLabels,
     resolve_label_map,
     volume_spacing,
 )
@@ -341,32 +340,24 @@ def volume_output_name(metadict: Mapping[str, Any] | None, saver: Any) -> dict[s
     return out
 
 
-def volume_label_reader(
-    class_names: Sequence[str] | None, num_classes: int, label_map: Any = None, data_list_file_path: Any = None
-) -> Any:
+def volume_label_reader(labels: VolumeLabels) -> Any:
     """The reader of the label volumes of ``configs/evaluate.yaml``
     (:class:`~spectraflow_monai.data.volumes.VolumeReader`): NIfTI and NRRD labels as stored, a 3D Slicer
     segmentation (``.seg.nrrd``) by segment name, each class as the value the run's label map turns into it
-    (:func:`~spectraflow_monai.apps.synapse.label_values`).
+    (:attr:`VolumeLabels.read_values`).
 
     Args:
-        class_names: the class names (background first, or the foreground ones); None: the defaults.
-        num_classes: classes including background.
-        label_map, data_list_file_path: the run's label map and datalist JSON.
+        labels: what the label values of the run's volumes are (``pipeline.labels(data_list_file_path)``).
     """
     from spectraflow_monai.data.volumes import VolumeReader
 
-    names = all_class_names(class_names, num_classes, data_list_file_path)
-    return VolumeReader("label", class_names=names, values=label_values(label_map, data_list_file_path, num_classes))
+    return VolumeReader("label", class_names=labels.names, values=labels.read_values)
 
 
-def series_seg_writer(
-    output_format: str, output_dir: str | os.PathLike, class_names: Sequence[str] | None, num_classes: int,
-    keys: Any = "pred",
-) -> Any:  # fmt: skip
+def series_seg_writer(output_format: str, output_dir: str | os.PathLike, labels: VolumeLabels, keys: Any = "pred") -> Any:
     """The DICOM SEG writer of ``configs/inference.yaml``: ``output_format: dicom_seg`` writes each prediction of a
     DICOM series input as ``<name>_seg.dcm`` beside its label file (:class:`SaveDicomSegd`, segments named by
-    ``class_names``); ``nifti``: nothing more (MONAI's ``Identityd``).
+    ``labels.names``); ``nifti``: nothing more (MONAI's ``Identityd``).
 
     Raises:
         SettingError: ``output_format`` is not one of :data:`OUTPUT_FORMATS`, naming the value.
@@ -375,7 +366,7 @@ def series_seg_writer(
         from monai.transforms import Identityd
 
         return Identityd(keys)
-    return SaveDicomSegd(keys, output_dir=output_dir, class_names=all_class_names(class_names, num_classes))
+    return SaveDicomSegd(keys, output_dir=output_dir, class_names=labels.names)
 
 
 def volume_metrics_handler(

@@ -33,6 +33,7 @@ __all__ = [
     "LAYOUTS",
     "OUTPUT_FORMATS",
     "VAL_SPLITS",
+    "VolumeLabels",
     "all_class_names",
     "SynapseDataOptions",
     "check_datalist_base",
@@ -102,8 +103,8 @@ class SynapseDataOptions(SettingsObject):
     """The Synapse bundle's own data settings: which cases train, validate and are tested, what a label value that
     the label map does not list becomes, and the synthetic phantom's size. It is the ``data_options`` of the run's
     :class:`~spectraflow_monai.utils.settings.DataSettings`, recorded whole in the run record (a restart with other
-    values stops, naming them); the bundle builds it from its top-level values by field name
-    (``data_options: {_target_: ...SynapseDataOptions.from_bundle}``), and the data source
+    values stops, naming them); the bundle builds it as a component of its values
+    (``data_options: {_target_: ...SynapseDataOptions, unmapped_labels: error, ...}``), and the data source
     (:class:`~spectraflow_monai.apps.synapse.SynapseDataSource`) reads it from the data settings. The CT
     preprocessing (``hu_window``, ``label_map``, ``class_names``, ``nonfinite``, ``nonfinite_value``) is the model's
     (:class:`~spectraflow_monai.utils.settings.ModelSettings`, recorded in ``models/model.json``), not a data setting.
@@ -226,6 +227,47 @@ def label_values(label_map: Any, data_list_file_path: Any, num_classes: Any) -> 
     JSON); None: class indices."""
     mapping = resolve_label_map(label_map, data_list_file_path, num_classes)
     return class_values(mapping, mapping is None, int(num_classes))
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumeLabels:
+    """What the label values of a run's volumes mean, derived once from the model's settings (its record:
+    ``num_classes``, ``label_map``, ``class_names``) and the data (a Decathlon datalist JSON or a preset): the label
+    map applied on reading, the name of every class, the value a class is read as from a 3D Slicer segmentation and
+    written back as in a prediction. Evaluation and inference read them from here
+    (:meth:`~spectraflow_monai.apps.pipelines.CTSlicePipeline.labels`), each component from the one object.
+
+    Args:
+        num_classes: classes including background.
+        label_map: the model's ``label_map`` (None: BTCV's map for the presets, the identity for a datalist JSON).
+        class_names: the model's ``class_names`` (None: the defaults, :func:`synapse_class_names`).
+        data_list_file_path: the run's datalist JSON, or None (a preset).
+    """
+
+    num_classes: int
+    label_map: Any = None
+    class_names: Any = None
+    data_list_file_path: Any = None
+
+    @property
+    def resolved_label_map(self) -> dict[int, int] | None:
+        """The label map the run applies (:func:`resolve_label_map`)."""
+        return resolve_label_map(self.label_map, self.data_list_file_path, self.num_classes)
+
+    @property
+    def names(self) -> list[str]:
+        """Every class name, background first (:func:`all_class_names`)."""
+        return all_class_names(self.class_names, self.num_classes, self.data_list_file_path)
+
+    @property
+    def read_values(self) -> list[int] | None:
+        """The value each class of a 3D Slicer segmentation is read as (:func:`label_values`)."""
+        return label_values(self.label_map, self.data_list_file_path, self.num_classes)
+
+    @property
+    def written_values(self) -> list | None:
+        """The source value each class is written back as in a prediction (:func:`prediction_values`)."""
+        return prediction_values(self.label_map, self.data_list_file_path, self.num_classes)
 
 
 # ---------------------------------------------------------------- settings the bundle derives from others
