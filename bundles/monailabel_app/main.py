@@ -28,8 +28,9 @@ Settings (``--conf KEY VALUE``; read in ``lib/conf.py``, ``lib/served.py``, ``li
   training request replaces. It must not overlap the studies folder.
 - ``overrides``: a JSON object of bundle config ids and values applied to every served bundle, for both inference
   and training, in the same form as ``python -m monai.bundle run --<id> <value>``; a setting may be named by its
-  field, and is given at the id that holds it in each config (``image_size``: ``model_settings#image_size`` in
-  training, ``pipeline#given#image_size`` in inference, :func:`spectraflow_monai.utils.bundles.settings_overrides`);
+  field, and is given at the id that holds it in each config (``image_size``: ``model_settings#image_size``, in
+  inference a value that must agree with the served model's record,
+  :func:`spectraflow_monai.utils.bundles.settings_overrides`);
   use it to serve a model trained with non-default network settings, e.g.
   ``'{"encoder_name": "vit_base_patch14_dinov2"}'``.
 - ``overrides.<bundle name>``: the same for one bundle (applied after ``overrides``).

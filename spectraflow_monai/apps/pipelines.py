@@ -116,7 +116,7 @@ class ModelPipeline:
         Args:
             model_file: the model file (``models/model.pt``; for ONNX inference, the file the export was made from).
             defaults: settings a record of an earlier version does not hold (a warning names them). Defaults to None.
-            given: ``{setting: value}`` given to the run (the config's ``pipeline#given``; None: not given); each must
+            given: ``{setting: value}`` given to the run (the serving config's ``model_settings``; None: not given); each must
                 agree with the record. Defaults to None.
 
         Raises:

@@ -200,7 +200,8 @@ def setting_ids(config: Mapping[str, Any]) -> dict[str, str]:
     (``model_settings: {_target_: ...ModelSettings, image_size: 224}``): its field ``image_size`` is given as
     ``model_settings#image_size``, or as the top-level id it forwards (``device: '@device'``: ``device``). In the
     serving configs the model's settings are its record's (:data:`RECORD_READER`): a model setting given there is an
-    entry of the reader's ``given`` mapping (``pipeline#given#image_size``), which must agree with the record.
+    entry of the mapping the reader's ``given`` names (``given: '@model_settings'``, ``model_settings: {}``: the same
+    ``model_settings#image_size`` as in training), which must agree with the record.
 
     Args:
         config: the merged config of a run's files (``monai.bundle.ConfigParser.load_config_files``).
@@ -215,7 +216,8 @@ def setting_ids(config: Mapping[str, Any]) -> dict[str, str]:
         if target == RECORD_READER:
             from spectraflow_monai.utils.settings import ModelSettings
 
-            ids.update({f.name: f"{key}#given#{f.name}" for f in dataclasses.fields(ModelSettings)})
+            root = _given_root(key, value)
+            ids.update({f.name: f"{root}#{f.name}" for f in dataclasses.fields(ModelSettings)})
             continue
         cls = _settings_class(target)
         for field in dataclasses.fields(cls) if cls is not None else ():
@@ -234,12 +236,22 @@ def settings_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) 
     given = {k: _setting_id(config, ids, k) for k in overrides}
     # a key inside a model setting's value given to a serving config (network_kwargs#features): the record holds the
     # whole value, which the model was trained with; a part of it is not checked against it
-    return {given[k]: v for k, v in overrides.items() if not (k != given[k] and _inside_given(given[k]))}
+    readers = [(k, v) for k, v in config.items() if isinstance(v, Mapping) and v.get("_target_") == RECORD_READER]
+    roots = {_given_root(k, v) for k, v in readers}
+
+    def inside_given(key: str) -> bool:
+        return any(key.startswith(f"{r}#") and key.count("#") > r.count("#") + 1 for r in roots)
+
+    return {given[k]: v for k, v in overrides.items() if not (k != given[k] and inside_given(given[k]))}
 
 
-def _inside_given(key: str) -> bool:
-    head, _, rest = key.partition("#given#")
-    return bool(rest) and "#" in rest
+def _given_root(key: str, reader: Mapping[str, Any]) -> str:
+    """The id of the mapping of model settings given to a serving config: the one the record reader's ``given``
+    names (``'@model_settings'``), else its own ``given`` entry."""
+    given = reader.get("given")
+    if isinstance(given, str) and given.startswith("@") and not given.startswith("@@"):
+        return given[1:]
+    return f"{key}#given"
 
 
 def _setting_id(config: Mapping[str, Any], ids: Mapping[str, str], key: str) -> str:
@@ -260,9 +272,9 @@ def _setting_id(config: Mapping[str, Any], ids: Mapping[str, str], key: str) -> 
 
 def check_setting_names(config: Mapping[str, Any], names: Iterable[str], where: str) -> None:
     """Refuse a setting given by its bare field name where the config holds it in a settings object (MONAI would add
-    a top-level id that nothing reads: the run would silently train with the config's value), or given at an object
-    this config does not build from values (``--model_settings#image_size`` to evaluation, whose model settings are
-    the record's: ``--pipeline#given#image_size``).
+    a top-level id that nothing reads: the run would silently train with the config's value), or given inside an id
+    that holds no mapping of values here (``--<object>#<field>`` where ``<object>`` is an expression), naming the id
+    that holds the field.
 
     Raises:
         SettingError: naming the id to give instead.

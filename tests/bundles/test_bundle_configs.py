@@ -229,7 +229,7 @@ def test_serving_configs_read_the_record_as_one_object(bundle, config):
     text = (BUNDLES / bundle / "configs" / config).read_text()
     assert "$@model_record." not in text and "check_model_settings" not in text
     assert "spectraflow_monai.apps.pipelines.ModelPipeline.from_record" in text
-    # no model setting is an id of its own here, nor forwarded: a value given is an entry of `pipeline#given`
+    # no model setting is an id of its own here, nor forwarded: a value given is an entry of `model_settings`
     fields = {f.name for f in dataclasses.fields(ModelSettings)}
     assert not fields & set(yaml.safe_load(text)), sorted(fields & set(yaml.safe_load(text)))
     forwarded = re.findall(r"""^\s*([A-Za-z0-9_]+): *'@\1'""", text, flags=re.M)

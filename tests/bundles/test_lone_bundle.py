@@ -152,7 +152,7 @@ def test_a_synapse_model_is_served_with_its_window_and_label_map(tmp_path):
     window_transform = _window(parser.get_parsed_content("preprocessing"))
     assert (window_transform.scaler.a_min, window_transform.scaler.a_max) == (-200.0, 300.0)
     recorded = parser.get_parsed_content("pipeline").settings  # the record, read as one object
-    assert parser["pipeline"]["given"] == {} and recorded.label_map == label_map  # nothing given: the record's
+    assert parser["model_settings"] == {} and recorded.label_map == label_map  # nothing given: the record's
     assert prediction_values(recorded.label_map, None, 3) == [0, 1, 6]
     _ok(_run(folder, "configs/inference.yaml", num_workers=0))  # told nothing but where the model is
     written = sorted((folder / "predictions").glob("*_seg.nii.gz"))
