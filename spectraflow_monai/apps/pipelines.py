@@ -116,8 +116,8 @@ class ModelPipeline:
         Args:
             model_file: the model file (``models/model.pt``; for ONNX inference, the file the export was made from).
             defaults: settings a record of an earlier version does not hold (a warning names them). Defaults to None.
-            given: ``{setting: value}`` given to the run (the serving config's ``model_settings``; None: not given); each must
-                agree with the record. Defaults to None.
+            given: ``{setting: value}`` given to the run (the serving config's ``model_settings``; None: not
+                given); each must agree with the record. Defaults to None.
 
         Raises:
             SettingError: a given value that differs from the record (naming both), an unreadable or foreign record.
