@@ -8,7 +8,7 @@
 #   bash benchmarks/data_path_accuracy.sh ../shared/data/kvasir-seg runs/data_path 6 112 0 1
 #
 # Without DINOv2 weights (no hub here) the encoder starts random and every block trains (encoder_init random,
-# trainable_blocks all); pass e.g. "-- --pretrained_weights /w/dinov2_vits14_pretrain.pth --stage2_settings#encoder_init pretrained
+# trainable_blocks all); pass e.g. "-- --stage2_settings#pretrained_weights /w/dinov2_vits14_pretrain.pth --stage2_settings#encoder_init pretrained
 # --stage2_settings#trainable_blocks 1" for the paper's start. Device: the bundle's default (cuda:0 when available).
 set -euo pipefail
 DATA=${1:?kvasir dir}; OUT=${2:?output dir}; EPOCHS=${3:-6}; SIZE=${4:-112}
@@ -21,8 +21,8 @@ done
 (( ${#SEEDS[@]} )) || SEEDS=(0 1)
 BUNDLE="$(cd "$(dirname "$0")/../bundles/spectraflow_2d_segmentation" && pwd)"
 DATA=$(cd "$DATA" && pwd); mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-COMMON=(--dataset kvasir --dataset_dir "$DATA" --model_settings#image_size "$SIZE" --max_epochs "$EPOCHS" --run_settings#progress_bar False
-        --pretrained_weights none --stage2_settings#encoder_init random --stage2_settings#trainable_blocks all)
+COMMON=(--data_settings#dataset kvasir --dataset_dir "$DATA" --model_settings#image_size "$SIZE" --max_epochs "$EPOCHS" --run_settings#progress_bar False
+        --stage2_settings#pretrained_weights none --stage2_settings#encoder_init random --stage2_settings#trainable_blocks all)
 cd "$BUNDLE"
 for path in monai device; do
     for seed in "${SEEDS[@]}"; do
@@ -32,7 +32,7 @@ for path in monai device; do
             python -m monai.bundle run --config_file configs/train.yaml --bundle_root "$run" --data_settings#data_seed "$seed" \
                 --data_settings#data_path "$path" "${COMMON[@]}" "${EXTRA[@]}"
             python -m monai.bundle run --config_file "['configs/train.yaml','configs/evaluate.yaml']" \
-                --bundle_root "$run" --data_settings#data_seed "$seed" --dataset kvasir --dataset_dir "$DATA" --run_settings#progress_bar False
+                --bundle_root "$run" --data_settings#data_seed "$seed" --data_settings#dataset kvasir --dataset_dir "$DATA" --run_settings#progress_bar False
         fi
     done
 done

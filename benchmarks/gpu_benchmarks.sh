@@ -3,7 +3,7 @@
 # own file in <output dir> as it runs:
 #
 #   bash benchmarks/gpu_benchmarks.sh <kvasir-seg dir> <output dir> [num_workers=12] [stage1 epochs=3] [stage2 epochs=8] \
-#       [extra bundle overrides of the Kvasir protocol, split at spaces, e.g. --pretrained_weights /w/dinov2_vits14.pth]
+#       [extra bundle overrides of the Kvasir protocol, split at spaces, e.g. --stage2_settings#pretrained_weights /w/dinov2_vits14.pth]
 #   bash benchmarks/gpu_benchmarks.sh --dry-run <output dir>    # the same parts on the CPU at tiny sizes (a check of
 #                                                               # this script; no GPU, no data set, no protocol)
 #
@@ -65,8 +65,8 @@ part() {  # part <name> <seconds> <command...>: run under `timeout`, output to <
 
 kvasir_protocol() {  # Stage-1 (E1 epochs) -> Stage-2 (up to E2 epochs) -> evaluation, bf16, random encoder
     cd "$REPO/bundles/spectraflow_2d_segmentation" || return 1
-    local common=(--bundle_root "$RUN_DIR" --dataset kvasir --dataset_dir "$DATA" --precision bf16
-        --run_settings#num_workers "$WORKERS" --run_settings#progress_bar False --pretrained_weights none
+    local common=(--bundle_root "$RUN_DIR" --data_settings#dataset kvasir --dataset_dir "$DATA" --precision bf16
+        --run_settings#num_workers "$WORKERS" --run_settings#progress_bar False --stage2_settings#pretrained_weights none
         --data_settings#data_path "${DATA_PATH:-device}" --run_settings#log_every "${LOG_EVERY:-50}"
         --meta_file configs/metadata.json --logging_file configs/logging.conf $EXTRA)
     local t0=$SECONDS

@@ -7,13 +7,13 @@
 #
 # <kvasir-seg dir> holds Kvasir-SEG/images, Kvasir-SEG/masks and splits/{train,val}.txt. Stage-1 starts from the
 # DINOv2 weights of timm's hub (pretrained_weights: timm, needs internet); without internet pass e.g.
-# --pretrained_weights /path/dinov2_vits14_pretrain.pth as an extra override (README "Encoder weights").
+# --stage2_settings#pretrained_weights /path/dinov2_vits14_pretrain.pth as an extra override (README "Encoder weights").
 set -euo pipefail
 DATA=$(realpath "$1"); OUT=$(realpath -m "$2"); E1=${3:-300}; E2=${4:-100}; shift $(( $# < 4 ? $# : 4 ))
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUNDLE="$HERE/../bundles/spectraflow_2d_segmentation"
 cd "$BUNDLE"
-COMMON=(--dataset kvasir --dataset_dir "$DATA" --run_settings#progress_bar False --meta_file configs/metadata.json --logging_file configs/logging.conf "$@")
+COMMON=(--data_settings#dataset kvasir --dataset_dir "$DATA" --run_settings#progress_bar False --meta_file configs/metadata.json --logging_file configs/logging.conf "$@")
 SF=(--bundle_root "$OUT/spectraflow")
 UN=(--bundle_root "$OUT/unet")
 set -x

@@ -119,7 +119,7 @@ def resolve_encoder_weights(common: Mapping[str, Any], bundle: str | os.PathLike
     if "pretrained_weights" in common:
         value = common["pretrained_weights"]
     else:
-        value = parser.get_parsed_content("pretrained_weights")  # the bundle's default
+        value = parser.get_parsed_content("stage2_settings").pretrained_weights  # the bundle's default
     source = normalize_weights_source(value)
     if source is None:
         logger.warning("encoder weights: none: every run starts from a random encoder (%s)", RANDOM_INIT_NOTE)

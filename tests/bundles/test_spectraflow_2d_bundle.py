@@ -314,7 +314,7 @@ def test_multi_gpu_override_two_processes(trained, tmp_path):
         "--synthetic_size", f"{{'num_train':{NUM_TRAIN},'num_val':{NUM_VAL}}}",
         "--model_settings#image_size", str(IMAGE_SIZE), "--model_settings#encoder_kwargs", f"{{'depth':{DEPTH}}}", "--run_settings#num_workers", "0",
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
-        "--pretrained_weights", "none",
+        "--stage2_settings#pretrained_weights", "none",
     ]  # fmt: skip
     stage1_log = _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml",

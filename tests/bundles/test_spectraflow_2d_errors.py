@@ -45,9 +45,11 @@ def test_last_output_line_names_the_file_and_the_problem(tmp_path):
     cmd = [
         sys.executable, "-m", "monai.bundle", "run",
         "--config_file", "['configs/train.yaml']",
-        "--bundle_root", str(tmp_path / "b"), "--dataset", "kvasir", "--dataset_dir", str(tmp_path / "kvasir"),
-        "--model_settings#image_size", "28", "--model_settings#encoder_kwargs", "{'depth': 2}", "--run_settings#num_workers", "0",
-        "--stage2_settings#encoder_init", "pretrained", "--pretrained_weights", "none",  # no Stage-1 export, no hub here
+        "--bundle_root", str(tmp_path / "b"), "--data_settings#dataset", "kvasir",
+        "--dataset_dir", str(tmp_path / "kvasir"), "--model_settings#image_size", "28",
+        "--model_settings#encoder_kwargs", "{'depth': 2}", "--run_settings#num_workers", "0",
+        "--stage2_settings#encoder_init", "pretrained",
+        "--stage2_settings#pretrained_weights", "none",  # no Stage-1 export, no hub here
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=BUNDLE, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0

@@ -511,7 +511,7 @@ def test_multi_gpu_override_two_processes(tmp_path):
         "--data_options#synthetic_size", "{'cases':[5,6,7,1,2],'shape':[64,64,12]}", "--data_options#val_cases", "[7]",
         "--model_settings#image_size", str(IMAGE_SIZE), "--model_settings#encoder_kwargs", f"{{'depth':{DEPTH}}}", "--run_settings#num_workers", "0",
         "--meta_file", "configs/metadata.json", "--logging_file", "configs/logging.conf",
-        "--pretrained_weights", "none",
+        "--stage2_settings#pretrained_weights", "none",
     ]  # fmt: skip
     stage1_log = _torchrun(
         ["configs/train.yaml", "configs/train_stage1.yaml",

@@ -258,6 +258,37 @@ def test_task_bodies_are_checked_and_status_routes_keep_answering(server, route,
         assert answer.status_code in (200, 404), (status_route, answer.status_code, answer.text[:500])
 
 
+def _train_tasks(server) -> int:
+    """How many training tasks the server lists (all of them, finished ones too)."""
+    r = requests.get(f"{server.base}/train/", params={"all": True}, timeout=TIMEOUT)
+    tasks = r.json() if r.status_code == 200 else []
+    return len(tasks) if isinstance(tasks, list) else 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"image_size": 112},  # a setting by its field name (the server translates --conf overrides, not requests)
+        {"model_settings#image_size": 112},  # a setting at its id
+        {"model_settings": {"_target_": "os.system", "command": "touch pwned"}},  # a settings object replaced
+        {"run_settings#model_path": "/tmp/elsewhere/model.pt"},  # where the run's model would be written
+        {"run_settings#log_dir": "../../outside"},  # where the run's logs would be written
+        {"model_path": "/tmp/elsewhere/model.pt"},
+        {"stage2_settings#pretrained_weights": "/etc/passwd"},  # a file the encoder would be loaded from
+        {"data_settings#data_list_file_path": "/etc/passwd"},  # a datalist the run would read
+    ],
+)
+def test_a_training_request_cannot_name_a_bundle_setting(server, body):
+    """Bundle settings are server settings (--conf overrides): a request naming one, by its field, at its id or as a
+    whole settings object, is 422 before any run starts; no task is submitted and nothing is written."""
+    before = _train_tasks(server)
+    r = requests.post(f"{server.base}/train/{NAME_2D}", json={"max_epochs": 1, **body}, timeout=TIMEOUT)
+    assert r.status_code == 422, (body, r.status_code, r.text)
+    assert "server settings" in r.text, r.text
+    assert _train_tasks(server) == before  # no training task was submitted
+    assert not (server.root / "pwned").exists() and not Path("/tmp/elsewhere").exists()
+
+
 def test_session_keeps_image_and_dicom_names_only(server):
     files = [("files", (name, b"\x00" * 16, "application/octet-stream"))
              for name in ("1.2.3.dcm", "IM0001", "evil.py", "lib.so", "x.pth", ".hidden.png")]  # fmt: skip

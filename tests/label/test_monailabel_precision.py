@@ -65,7 +65,8 @@ def test_request_precision_becomes_the_bundle_setting(served, monkeypatch):
 
     def run_single_gpu(request, overrides):  # records the setting; the run's "best model" is the served one
         seen.append(overrides["precision"])
-        shutil.copy(os.path.join(task.bundle_path, "models", "model.pt"), os.path.dirname(overrides["model_path"]))
+        best = overrides["run_settings#model_path"]  # the override at its id
+        shutil.copy(os.path.join(task.bundle_path, "models", "model.pt"), os.path.dirname(best))
 
     monkeypatch.setattr(task, "run_single_gpu", run_single_gpu)
     monkeypatch.setattr(app, "check_train_data", lambda request=None: None)  # (recorded, not run: no labels)
