@@ -51,7 +51,8 @@ def test_bundle_command_lists_the_configs(tmp_path):
     bundle = bundle_path("spectraflow_2d_segmentation")
     command = bundle_command(bundle, ["train.yaml", str(extra)], {"max_epochs": 2, "dataset": "kvasir"})
     files = f"['configs/train.yaml','{extra}']"
-    assert command == f'python -m monai.bundle run --config_file "{files}" --max_epochs 2 --dataset kvasir'
+    # a setting named by its field is printed at its id, the command a user would type
+    assert command == f'python -m monai.bundle run --config_file "{files}" --max_epochs 2 --data_settings#dataset kvasir'
 
 
 @pytest.mark.parametrize(
