@@ -52,7 +52,8 @@ def test_bundle_command_lists_the_configs(tmp_path):
     command = bundle_command(bundle, ["train.yaml", str(extra)], {"max_epochs": 2, "dataset": "kvasir"})
     files = f"['configs/train.yaml','{extra}']"
     # a setting named by its field is printed at its id, the command a user would type
-    assert command == f'python -m monai.bundle run --config_file "{files}" --max_epochs 2 --data_settings#dataset kvasir'
+    given = "--max_epochs 2 --data_settings#dataset kvasir"
+    assert command == f'python -m monai.bundle run --config_file "{files}" {given}'
 
 
 @pytest.mark.parametrize(
