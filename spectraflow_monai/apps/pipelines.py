@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch.nn as nn
 from monai.inferers import SimpleInferer
 from monai.transforms import (
@@ -274,8 +275,16 @@ class CTSlicePipeline(ModelPipeline):
     def inferer(self, precision: Precision, sw_batch_size: int = 16, progress: bool = False) -> AutocastInferer:
         """Axial slices of a prepared volume, ``sw_batch_size`` per network call (``AxialSliceInferer``: the logits
         of MONAI's ``SliceInferer`` for whole-slice windows, without its sliding-window cost), under the autocast of
-        ``precision``."""
-        return AutocastInferer(AxialSliceInferer(sw_batch_size, progress=progress), precision=precision)
+        ``precision``.
+
+        Raises:
+            SettingError: ``sw_batch_size`` is not a positive int, naming the setting and the value.
+        """
+        if isinstance(sw_batch_size, bool) or not isinstance(sw_batch_size, (int, np.integer)) or sw_batch_size < 1:
+            raise SettingError(
+                f"sw_batch_size must be a positive int (slices per network call), got {sw_batch_size!r}."
+            )
+        return AutocastInferer(AxialSliceInferer(int(sw_batch_size), progress=progress), precision=precision)
 
     def _read_volume(self, keys: Any = "image") -> LoadImaged:
         return LoadImaged(keys, reader=VolumeReader(), image_only=True)

@@ -431,8 +431,8 @@ def inference_files(
         tests = content.get("test") if isinstance(content, dict) else None
         if not tests:
             raise DatasetError(
-                f"datalist {path!r} has no 'test' list to segment; add one, or pass --input_dir <folder of images> "
-                "without data_list_file_path."
+                f"datalist {path!r} has no 'test' list to segment; add one, or give --inference_settings#input_dir "
+                "<folder of images> without data_list_file_path."
             )
         files = [e if isinstance(e, str) else e.get("image") if isinstance(e, Mapping) else None for e in tests]
         if any(not isinstance(f, str) for f in files):
@@ -448,6 +448,6 @@ def inference_files(
     if require_any and not images:
         raise FileNotFoundError(
             f"no image matches {input_pattern!r} in {os.fspath(input_dir)!r} (image extensions: "
-            f"{', '.join(sorted(IMAGE_EXTENSIONS))}); give --input_dir and --input_pattern."
+            f"{', '.join(sorted(IMAGE_EXTENSIONS))}); give --inference_settings#input_dir and #input_pattern."
         )
     return images

@@ -38,7 +38,7 @@ __all__ += ["EncoderExportHandler", "encoder_export_state_dict", "save_encoder_e
 from .frequency import FrequencyBandErrorHandler  # noqa: E402
 from .hd95 import HD95, HD95EmptyAsDiagonal  # noqa: E402
 from .metric_suite import MetricSuiteHandler, name_from_path  # noqa: E402
-from .volume_metrics import VolumeMetricsHandler, spacing_from_affine  # noqa: E402
+from .volume_metrics import SPACING_UNITS_KEY, VolumeMetricsHandler, spacing_from_affine  # noqa: E402
 
 __all__ += ["FrequencyBandErrorHandler", "HD95", "HD95EmptyAsDiagonal", "MetricSuiteHandler", "VolumeMetricsHandler"]
-__all__ += ["name_from_path", "spacing_from_affine"]
+__all__ += ["SPACING_UNITS_KEY", "name_from_path", "spacing_from_affine"]

@@ -8,7 +8,8 @@ MONAI's convention with the spacing in mm, and TransUNet's voxel-unit values), a
 organ-wise Markdown table and a JSON summary at the end of the epoch.
 
 MONAI's ``HausdorffDistance`` handler has no spacing argument, so its HD95 is in voxels; this handler reads the
-spacing of each volume from the affine of its label ``MetaTensor`` (``spacing="meta"``).
+spacing of each volume from the affine of its label ``MetaTensor`` (``spacing="meta"``), or unit spacing for a volume
+that its loader marks as carrying no geometry (:data:`SPACING_UNITS_KEY`: TransUNet's preprocessed volumes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ if TYPE_CHECKING:
 else:
     Engine, _ = optional_import("ignite.engine", IgniteInfo.OPT_IMPORT_VERSION, min_version, "Engine")
 
-__all__ = ["VolumeMetricsHandler", "spacing_from_affine"]
+__all__ = ["SPACING_UNITS_KEY", "VolumeMetricsHandler", "spacing_from_affine"]
+
+#: the metadata key by which a loader marks a volume that carries no geometry (its affine is the identity by
+#: convention, not a measurement): ``meta[SPACING_UNITS_KEY] == "voxels"``; ``spacing="meta"`` then scores it with
+#: unit spacing and reports HD95 in voxels (TransUNet's preprocessed volumes,
+#: :class:`~spectraflow_monai.apps.synapse.LoadSynapseH5d`)
+SPACING_UNITS_KEY = "spacing_units"
 
 
 def spacing_from_affine(affine: Any) -> tuple[float, ...]:
@@ -87,7 +94,8 @@ class VolumeMetricsHandler(EvaluationReportHandler):
             batch tensor. Defaults to ``from_engine(["pred", "label"])``.
         batch_transform: maps ``engine.state.batch`` to what case names are read from. Defaults to identity.
         spacing: voxel spacing for the MONAI HD95: ``"meta"`` reads it from the affine of each label ``MetaTensor``
-            (mm); a number or one number per axis fixes it (mm); None uses unit spacing (HD95 in voxels, e.g. for
+            (mm), unit spacing for a label its loader marks as without geometry (:data:`SPACING_UNITS_KEY`, HD95 in
+            voxels); a number or one number per axis fixes it (mm); None uses unit spacing (HD95 in voxels, e.g. for
             TransUNet's preprocessed volumes, which carry no geometry). Defaults to ``"meta"``.
         name_key: item key holding the case name. Defaults to ``"case"``.
         num_classes: number of classes including background. Defaults to 9 (Synapse).
@@ -171,6 +179,9 @@ class VolumeMetricsHandler(EvaluationReportHandler):
     def _spacing(self, label: Any, case: str) -> Any:
         if self.spacing != "meta":
             return self.spacing
+        units = getattr(label, "meta", {}).get(SPACING_UNITS_KEY)
+        if (units[0] if isinstance(units, (list, tuple)) and units else units) == "voxels":
+            return None  # no geometry: distances in voxels
         affine = getattr(label, "affine", None)
         if affine is None:
             raise ValueError(

@@ -4,7 +4,8 @@ A bundle's ``configs/train.yaml`` builds one object of each kind as a MONAI comp
 (``model_settings: {_target_: ...ModelSettings, image_size: 224, ...}``, overridden on the command line as
 ``--model_settings#image_size 112``; a field the config does not give keeps its default here, and is recorded like
 the others): :class:`ModelSettings` (what builds the network and normalises its input),
-:class:`DataSettings` (which data), :class:`Stage2Settings` and :class:`Stage1Settings` (how each stage trains).
+:class:`DataSettings` (which data), :class:`Stage2Settings` and :class:`Stage1Settings` (how each stage trains);
+``configs/inference.yaml`` builds an :class:`InferenceSettings` (what it segments and where it writes).
 Each value is checked once, where the object is built, and a wrong one stops the run before any data is read,
 naming the setting and the value. The run record and ``model.json`` are these objects written whole
 (:func:`settings_dict`), and evaluation, inference and the MONAI Label app read them back
@@ -18,7 +19,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,6 +40,7 @@ __all__ = [
     "NONFINITE_MODES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "InferenceSettings",
     "ModelSettings",
     "REFINE_MODES",
     "RunSettings",
@@ -572,6 +574,60 @@ class RunSettings(SettingsObject):
         """Every field as JSON data (the device and folders by name)."""
         return {name: value if value is None or isinstance(value, (bool, int, float)) else str(value)
                 for name, value in settings_dict(self).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceSettings(SettingsObject):
+    """What an inference run (a bundle's ``configs/inference.yaml``) segments and where it writes, as one object
+    that the run's datalist and writers read (``inference_settings: {_target_: ..., input_dir: ...}``, given on the
+    command line as ``--inference_settings#input_dir /data/images``). Each bundle adds what its outputs need
+    (:class:`~spectraflow_monai.apps.seg2d.ImageInferenceSettings`,
+    :class:`~spectraflow_monai.apps.synapse.VolumeInferenceSettings`); the model's own settings come from its
+    record, never from here.
+
+    Args:
+        input_dir: the folder of inputs, or None when ``data_list_file_path`` is given (then it is not read).
+            Defaults to None.
+        input_pattern: glob of the inputs in ``input_dir``. Defaults to ``"*"``.
+        data_list_file_path: a Decathlon datalist JSON whose ``test`` list is segmented instead of ``input_dir``, or
+            None (an empty text reads as None). Defaults to None.
+        dataset_dir: base of the JSON's relative paths (None: the JSON's folder). Defaults to None.
+        output_dir: the folder the predictions are written into. Defaults to ``"predictions"``.
+
+    Raises:
+        SettingError: (a ``ValueError``) a value of the wrong kind, or neither ``input_dir`` nor
+            ``data_list_file_path`` given, naming the setting and the value.
+    """
+
+    input_dir: Any = None
+    input_pattern: str = "*"
+    data_list_file_path: Any = None
+    dataset_dir: Any = None
+    output_dir: Any = "predictions"
+
+    def __post_init__(self) -> None:
+        for name in ("input_dir", "data_list_file_path", "dataset_dir"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, None if value in (None, "") else _path(name, value))
+        if self.input_dir is None and self.data_list_file_path is None:
+            raise SettingError("give input_dir (a folder of inputs) or data_list_file_path (a datalist JSON).")
+        if not isinstance(self.input_pattern, str) or not self.input_pattern:
+            raise SettingError(f"input_pattern must be a glob pattern such as '*.png', got {self.input_pattern!r}.")
+        object.__setattr__(self, "output_dir", _path("output_dir", self.output_dir))
+
+    #: the bundle's listing of its inputs, ``(input_dir, input_pattern, data_list_file_path, dataset_dir,
+    #: require_any=...) -> list`` (set by each bundle's settings class)
+    list_inputs: ClassVar[Any] = None
+
+    def inputs(self, require_any: bool = True) -> list:
+        """What the run segments: the ``test`` list of ``data_list_file_path`` when given, else the inputs of
+        ``input_dir`` matching ``input_pattern`` (the bundle's :attr:`list_inputs`); ``require_any``: none found stops
+        the run naming where nothing was found."""
+        if self.list_inputs is None:
+            raise NotImplementedError(f"{type(self).__name__} does not say how its inputs are listed (list_inputs).")
+        return self.list_inputs(
+            self.input_dir, self.input_pattern, self.data_list_file_path, self.dataset_dir, require_any=require_any
+        )
 
 
 @dataclasses.dataclass(frozen=True)

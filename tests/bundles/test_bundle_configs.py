@@ -118,19 +118,29 @@ def test_each_settings_object_is_a_component_of_its_values(bundle, key, kind):
 
 
 @pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])
-def test_a_setting_given_by_its_bare_name_on_the_command_line_is_refused(bundle):
-    """``--image_size 112`` would add a top-level id that nothing reads (MONAI keeps any override): the run's first
-    step refuses it naming the id to give."""
+@pytest.mark.parametrize(
+    "configs, bare, given, value",
+    [
+        ("['configs/train.yaml']", "image_size", "model_settings#image_size", "112"),
+        ("['configs/inference.yaml']", "input_dir", "inference_settings#input_dir", "/data/images"),
+        ("['configs/inference.yaml','configs/inference_onnx.yaml']", "output_dir", "inference_settings#output_dir",
+         "/data/out"),
+        ("['configs/inference.yaml']", "data_list_file_path", "inference_settings#data_list_file_path", "/d.json"),
+    ],
+)  # fmt: skip
+def test_a_setting_given_by_its_bare_name_on_the_command_line_is_refused(bundle, configs, bare, given, value):
+    """``--image_size 112`` (``--input_dir /data``) would add a top-level id that nothing reads (MONAI keeps any
+    override): the run's first step refuses it naming the id to give."""
     from spectraflow_monai.utils.bundles import check_run_configs
     from spectraflow_monai.utils.errors import SettingError
 
-    argv = ["python", "-m", "monai.bundle", "run", "--config_file", "['configs/train.yaml']", "--image_size", "112"]
+    argv = ["python", "-m", "monai.bundle", "run", "--config_file", configs, f"--{bare}", value]
     cwd = os.getcwd()
     os.chdir(BUNDLES / bundle)
     try:
-        with pytest.raises(SettingError, match=r"--image_size is not read by this config; give --model_settings#image"):
+        with pytest.raises(SettingError, match=rf"--{bare} is not read by this config; give --{given}\."):
             check_run_configs(argv)
-        check_run_configs(argv[:-2] + ["--model_settings#image_size", "112", "--data_settings#dataset", "synthetic"])
+        check_run_configs(argv[:-2] + [f"--{given}", value, "--dataset_dir", "/data"])
     finally:
         os.chdir(cwd)
 
@@ -215,6 +225,20 @@ def test_each_train_yaml_holds_values_data_transforms_and_references():
         assert len(forwarded) <= 10, (bundle, forwarded)
     shared = set(_code_lines(texts[TWO_D])) & set(_code_lines(texts[SYNAPSE]))
     assert len(shared) <= 150, len(shared)
+
+
+def test_the_synapse_serving_configs_forward_at_most_10_values():
+    """Evaluation and inference of the Synapse bundle spread no value into ids and gather none back: together they
+    hold at most 10 lines that forward a value under its own name (``x: '@x'``): MONAI's wiring of its evaluator
+    (``device``, ``network``, ``inferer``, ``postprocessing``, ``dataset``: the properties ``check_properties`` looks
+    for) and the few values read in two places; what inference segments and writes is one settings object."""
+    forward = re.compile(r"""^\s+([A-Za-z0-9_]+): *'@\1' *(#.*)?$""")
+    forwarded = {
+        name: [m.group(1) for m in map(forward.match, (BUNDLES / SYNAPSE / "configs" / name).read_text().splitlines())
+               if m]
+        for name in ("evaluate.yaml", "inference.yaml", "inference_onnx.yaml")
+    }  # fmt: skip
+    assert sum(map(len, forwarded.values())) <= 10, forwarded
 
 
 @pytest.mark.parametrize("bundle", [TWO_D, SYNAPSE])

@@ -182,7 +182,7 @@ def test_a_record_that_contradicts_the_weights_prints_no_traceback(tmp_path):
     images.mkdir()
     Image.fromarray(np.zeros((30, 40, 3), dtype=np.uint8)).save(images / "a.png")
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "['configs/inference.yaml']",
-           "--bundle_root", str(tmp_path / "b"), "--input_dir", str(images)]  # fmt: skip
+           "--bundle_root", str(tmp_path / "b"), "--inference_settings#input_dir", str(images)]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env.pop("SPECTRAFLOW_TRACEBACK", None)
     proc = subprocess.run(cmd, cwd=BUNDLE, env=env, capture_output=True, text=True, timeout=300)

@@ -497,6 +497,10 @@ def test_bad_transunet_label_is_named(transunet_root, tmp_path):
     out = LoadSynapseH5d(num_classes=None)({"image": str(h5), "label": str(h5), "case": "0003"})
     assert out["image"].shape == (1, 8, 8, 4) and out["label"].meta["case"] == "0003"
     torch.testing.assert_close(out["image"].affine, torch.eye(4, dtype=torch.float64))
+    # no geometry, and its metadata say so: the volume metrics score it in voxels (as TransUNet does)
+    from spectraflow_monai.handlers import SPACING_UNITS_KEY
+
+    assert out["label"].meta[SPACING_UNITS_KEY] == "voxels" == out["image"].meta[SPACING_UNITS_KEY]
 
 
 # ---------------------------------------------------------------- 7. multi-GPU override (2 CPU processes, gloo)

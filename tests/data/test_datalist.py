@@ -229,7 +229,8 @@ def test_inference_files_globs_images_of_a_folder(tmp_path):
     with pytest.raises(DatasetError, match="not a folder"):
         inference_files(tmp_path / "missing")
     assert inference_files(tmp_path, "*.jpg") == []
-    with pytest.raises(FileNotFoundError, match=r"no image matches '\*\.jpg' in .*--input_dir and --input_pattern"):
+    expected = r"no image matches '\*\.jpg' in .*--inference_settings#input_dir and #input_pattern"
+    with pytest.raises(FileNotFoundError, match=expected):
         inference_files(tmp_path, "*.jpg", require_any=True)
 
 

@@ -180,11 +180,12 @@ def _bundle_inference(name: str, bundle: Path, image: Path, out_dir: Path) -> Pa
             meta_file=str(bundle / "configs" / "metadata.json"),
             logging_file=False,
             bundle_root=str(bundle),
-            input_dir=str(in_dir),
-            output_dir=str(out_dir / "pred"),
             device="cpu",
             amp=False,
-            **settings_overrides(merged_config([config]), _overrides(name)),
+            **settings_overrides(
+                merged_config([config]),
+                {"input_dir": str(in_dir), "output_dir": str(out_dir / "pred"), **_overrides(name)},
+            ),
         )
     finally:
         sys.path[:] = saved_path

@@ -11,7 +11,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "kvasir_seg_datalist", "synthetic_datalist",
     ),
     ".synthetic": ("generate_synthetic_dataset", "synthesize_pair"),
-    ".datalist": ("DataSource", "build_datalist", "canonical_source_name"),
+    ".datalist": (
+        "DataSource", "ImageInferenceSettings", "MASK_EXTENSIONS", "build_datalist", "canonical_source_name",
+    ),
     ".augmentation": ("evaluation_corruption", "train_augmentation"),
     ".labels": (
         "LabelSetup", "OneHotOutput", "label_setup", "label_transform", "metric_suite_handler", "postprocessing",

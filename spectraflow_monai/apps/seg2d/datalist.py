@@ -4,22 +4,65 @@ or a preset (Kvasir-SEG, ISIC-2016, GlaS, synthetic), one contract for all (:mod
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
 
 from spectraflow_monai.apps.seg2d.presets import DATASET_PRESETS, canonical_dataset_name
-from spectraflow_monai.data.datalist import DATA_SOURCES, OWN_DATA_KWARGS, decathlon_datalist, folder_datalist
+from spectraflow_monai.data.datalist import (
+    DATA_SOURCES,
+    OWN_DATA_KWARGS,
+    decathlon_datalist,
+    folder_datalist,
+    inference_files,
+)
 from spectraflow_monai.data.subsets import check_val_fraction, holdout, low_data_subset
 from spectraflow_monai.utils.errors import SettingError, brief
+from spectraflow_monai.utils.settings import InferenceSettings
 
-__all__ = ["TEST_AS_VALIDATION", "DataSource", "build_datalist", "canonical_source_name"]
+__all__ = [
+    "MASK_EXTENSIONS",
+    "TEST_AS_VALIDATION",
+    "DataSource",
+    "ImageInferenceSettings",
+    "build_datalist",
+    "canonical_source_name",
+]
 
 logger = logging.getLogger(__name__)
 
 #: presets whose validation split is their test set (the official releases have no validation split): the test set
 #: then picks the checkpoint. ``datalist_kwargs`` ``val_from_train`` holds out a share of training instead.
 TEST_AS_VALIDATION: tuple[str, ...] = ("isic2016", "glas")
+#: the mask files inference writes (MONAI's ``PILWriter``; lossless, 8 or 16 bits per pixel)
+MASK_EXTENSIONS: tuple[str, ...] = (".png", ".tif", ".tiff")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInferenceSettings(InferenceSettings):
+    """What the 2D bundle's ``configs/inference.yaml`` segments and writes
+    (:class:`~spectraflow_monai.utils.settings.InferenceSettings`): the images of ``input_dir`` matching
+    ``input_pattern`` with an image extension, or the ``test`` list of ``data_list_file_path``; one mask per image,
+    ``<name>_seg<output_ext>`` in ``output_dir``.
+
+    Args:
+        input_dir, input_pattern, data_list_file_path, dataset_dir, output_dir: as
+            :class:`~spectraflow_monai.utils.settings.InferenceSettings` (``input_pattern`` defaults to ``"*.*"``).
+        output_ext: the mask files' extension, one of :data:`MASK_EXTENSIONS`. Defaults to ``".png"``.
+
+    Raises:
+        SettingError: (a ``ValueError``) a value of the wrong kind, naming the setting and the value.
+    """
+
+    input_pattern: str = "*.*"
+    output_ext: str = ".png"
+    list_inputs = staticmethod(inference_files)  # image paths
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.output_ext not in MASK_EXTENSIONS:
+            raise SettingError(f"output_ext must be one of {list(MASK_EXTENSIONS)}, got {self.output_ext!r}.")
 
 
 def _preset_datalist(

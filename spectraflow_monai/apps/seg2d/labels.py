@@ -138,17 +138,14 @@ def prediction_writer(label_setup: LabelSetup, output_dir: str, keys: Any = "pre
     """The writer of predicted masks: :class:`~spectraflow_monai.transforms.SaveLabelValuesd` with MONAI's
     ``PILWriter``, 0/255 masks for binary tasks, label maps with the source label values otherwise
     (``LabelSetup.save_values`` / ``save_scale`` / ``save_dtype``), ``<name>_seg<output_ext>`` directly in
-    ``output_dir``; ``kwargs`` are further ``SaveImaged`` arguments (``output_ext``, ``print_log``, ...)."""
-    options = {"output_postfix": "seg", "output_ext": ".png", "separate_folder": False, "resample": False, **kwargs}
-    return SaveLabelValuesd(
-        keys,
-        values=label_setup.save_values,
-        output_dir=output_dir,
-        writer="PILWriter",
-        scale=label_setup.save_scale,
-        output_dtype=label_setup.save_dtype,
-        **options,
-    )
+    ``output_dir``; ``kwargs`` are further ``SaveLabelValuesd`` arguments (``output_ext``, ``print_log``, ...),
+    replacing these (``values=None``: the class indices)."""
+    options = {
+        "values": label_setup.save_values, "writer": "PILWriter", "scale": label_setup.save_scale,
+        "output_dtype": label_setup.save_dtype, "output_postfix": "seg", "output_ext": ".png",
+        "separate_folder": False, "resample": False, **kwargs,
+    }  # fmt: skip
+    return SaveLabelValuesd(keys, output_dir=output_dir, **options)
 
 
 def metric_suite_handler(label_setup: LabelSetup, output_dir: str, original_size: bool = False, **kwargs: Any) -> Any:

@@ -50,7 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "LAYOUTS", "OUTPUT_FORMATS", "VAL_SPLITS", "all_class_names", "label_values", "SynapseDataOptions",
         "prediction_values", "resolve_label_map", "synapse_class_names", "VolumeLabels",
         "check_datalist_base", "synapse_layout", "default_val_cases", "volume_nonfinite_value",
-        "slice_nonfinite_value", "volume_spacing",
+        "slice_nonfinite_value",
     ),
     ".label_map": ("MapLabels", "MapLabelsd"),
     ".constants": (
@@ -78,7 +78,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # fmt: skip
         "decathlon_synapse_datalist", "synapse_inference_datalist", "volume_input_check",
     ),
     ".bundle": (
-        "synapse_split", "check_inference_settings", "prediction_writer", "series_seg_writer", "volume_label_reader",
+        "synapse_split", "VolumeInferenceSettings", "prediction_writer", "series_seg_writer", "volume_label_reader",
         "volume_output_name", "volume_loading",
         "volume_metrics_handler", "volume_postprocessing",
     ),

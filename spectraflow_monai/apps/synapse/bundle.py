@@ -1,5 +1,5 @@
-"""The Synapse bundle's entry points: one datalist call for every source, the serving settings no settings object
-holds, and the evaluation and inference components.
+"""The Synapse bundle's entry points: one datalist call for every source, what inference segments and writes
+(:class:`VolumeInferenceSettings`), and the evaluation and inference components.
 
 SpectraFlow (Chen et al.) reports its 3D experiment on Synapse multi-organ CT with TransUNet's protocol
 (:mod:`spectraflow_monai.apps.synapse`: split, label map, readers, slice cache). :func:`synapse_split` is what the
@@ -13,6 +13,7 @@ Layering (no import circle): protocol, readers and cache <- own-data datalists (
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -34,7 +35,11 @@ from spectraflow_monai.apps.synapse.constants import (
     SYNAPSE_TRAIN_CASES,
     format_case_id,
 )
-from spectraflow_monai.apps.synapse.datalist import case_fraction, decathlon_synapse_datalist
+from spectraflow_monai.apps.synapse.datalist import (
+    case_fraction,
+    decathlon_synapse_datalist,
+    synapse_inference_datalist,
+)
 from spectraflow_monai.apps.synapse.layouts import case_list, synapse_datalist
 from spectraflow_monai.apps.synapse.phantom import PHANTOM_MANIFEST, generate_synthetic_ct, phantom_parameters
 from spectraflow_monai.apps.synapse.readers import check_volume_pair
@@ -43,17 +48,17 @@ from spectraflow_monai.apps.synapse.settings import (
     OUTPUT_FORMATS,
     VolumeLabels,
     resolve_label_map,
-    volume_spacing,
 )
 from spectraflow_monai.apps.synapse.transforms import SaveDicomSegd
 from spectraflow_monai.data.validation import DatasetError
 from spectraflow_monai.handlers.volume_metrics import VolumeMetricsHandler
 from spectraflow_monai.transforms.label import SaveLabelValuesd
 from spectraflow_monai.utils.errors import SettingError
+from spectraflow_monai.utils.settings import InferenceSettings
 
 __all__ = [
     "synapse_split",
-    "check_inference_settings",
+    "VolumeInferenceSettings",
     "prediction_writer",
     "series_seg_writer",
     "volume_label_reader",
@@ -68,33 +73,31 @@ logger = logging.getLogger(__name__)
 _RAW_IMAGE_NAME = re.compile(r"^img(\d+)\.nii(\.gz)?$")
 
 
-def check_inference_settings(sw_batch_size: Any = None, output_format: Any = None) -> dict[str, Any]:
-    """Check the serving settings of ``configs/evaluate.yaml`` and ``configs/inference.yaml`` that no settings object
-    holds, before any work starts (the data and model settings are checked where their objects are built:
-    :class:`~spectraflow_monai.apps.synapse.SynapseDataOptions`,
-    :class:`~spectraflow_monai.utils.settings.ModelSettings`,
-    :class:`~spectraflow_monai.apps.synapse.SynapseDataSource`). Settings left at None are not checked.
+@dataclasses.dataclass(frozen=True)
+class VolumeInferenceSettings(InferenceSettings):
+    """What ``configs/inference.yaml`` segments and writes
+    (:class:`~spectraflow_monai.utils.settings.InferenceSettings`): the volumes of ``input_dir`` matching
+    ``input_pattern`` and its DICOM series folders, or the ``test`` list of ``data_list_file_path``; a label volume of
+    each, and with ``output_format: dicom_seg`` a DICOM SEG of each DICOM series, in ``output_dir``.
 
     Args:
-        sw_batch_size: the slices per network call, a positive int. Defaults to None.
-        output_format: what inference writes: one of :data:`OUTPUT_FORMATS`. Defaults to None.
-
-    Returns:
-        the checked settings given.
+        input_dir, input_pattern, data_list_file_path, dataset_dir, output_dir: as
+            :class:`~spectraflow_monai.utils.settings.InferenceSettings` (``input_pattern`` defaults to
+            ``"*.nii*"``).
+        output_format: one of :data:`OUTPUT_FORMATS`: ``nifti`` (``<name>_seg.nii.gz``) or ``dicom_seg`` (also
+            ``<name>_seg.dcm`` of each DICOM series input). Defaults to ``"nifti"``.
 
     Raises:
-        SettingError: (a ``ValueError``) naming the setting and its value.
+        SettingError: (a ``ValueError``) a value of the wrong kind, naming the setting and the value.
     """
-    out: dict[str, Any] = {}
-    if sw_batch_size is not None:
-        if isinstance(sw_batch_size, bool) or not isinstance(sw_batch_size, (int, np.integer)) or sw_batch_size < 1:
-            raise SettingError(
-                f"sw_batch_size must be a positive int (slices per network call), got {sw_batch_size!r}."
-            )
-        out["sw_batch_size"] = int(sw_batch_size)
-    if output_format is not None:
-        out["output_format"] = _check_output_format(output_format)
-    return out
+
+    input_pattern: str = "*.nii*"
+    output_format: str = "nifti"
+    list_inputs = staticmethod(synapse_inference_datalist)  # [{"image": path}, ...]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_output_format(self.output_format)
 
 
 def _check_output_format(output_format: Any) -> str:
@@ -354,10 +357,14 @@ def volume_label_reader(labels: VolumeLabels) -> Any:
     return VolumeReader("label", class_names=labels.names, values=labels.read_values)
 
 
-def series_seg_writer(output_format: str, output_dir: str | os.PathLike, labels: VolumeLabels, keys: Any = "pred") -> Any:
+def series_seg_writer(
+    output_format: str, output_dir: str | os.PathLike, class_names: Sequence[str], keys: Any = "pred"
+) -> Any:
     """The DICOM SEG writer of ``configs/inference.yaml``: ``output_format: dicom_seg`` writes each prediction of a
     DICOM series input as ``<name>_seg.dcm`` beside its label file (:class:`SaveDicomSegd`, segments named by
-    ``labels.names``); ``nifti``: nothing more (MONAI's ``Identityd``).
+    ``class_names``, background first: ``VolumeLabels.names``); ``nifti``: nothing more (MONAI's ``Identityd``).
+    A transform of its own, not a ``SaveImaged``: MONAI Label's ``BundleInferTask`` drops the label writer and keeps
+    this one, which writes nothing under the default ``nifti``.
 
     Raises:
         SettingError: ``output_format`` is not one of :data:`OUTPUT_FORMATS`, naming the value.
@@ -366,30 +373,26 @@ def series_seg_writer(output_format: str, output_dir: str | os.PathLike, labels:
         from monai.transforms import Identityd
 
         return Identityd(keys)
-    return SaveDicomSegd(keys, output_dir=output_dir, class_names=labels.names)
+    return SaveDicomSegd(keys, output_dir=output_dir, class_names=list(class_names))
 
 
 def volume_metrics_handler(
-    output_dir: str | os.PathLike, layout: Any, num_classes: int = 9, organ_names: Sequence[str] | None = None,
-    **kwargs: Any,
+    output_dir: str | os.PathLike, num_classes: int = 9, organ_names: Sequence[str] | None = None, **kwargs: Any,
 ) -> Any:  # fmt: skip
     """The per-organ volume metrics of ``configs/evaluate.yaml``: a
-    :class:`~spectraflow_monai.handlers.VolumeMetricsHandler` writing into ``output_dir``, with the spacing of the
-    layout's volumes (:func:`~spectraflow_monai.apps.synapse.volume_spacing`: HD95 in mm for NIfTI volumes, in
-    voxels for TransUNet's, which carry no geometry) and the rows of the paper's table
+    :class:`~spectraflow_monai.handlers.VolumeMetricsHandler` writing into ``output_dir``, with the spacing of each
+    label volume's affine (HD95 in mm for NIfTI / NRRD / DICOM volumes; TransUNet's volumes, which carry no
+    geometry, are loaded with an identity affine, :class:`~spectraflow_monai.apps.synapse.LoadSynapseH5d`: in voxels)
+    and the rows of the paper's table
     (:data:`PAPER_ORGAN_ORDER`, :data:`ORGAN_DISPLAY_NAMES`; Synapse organs only, other class names in class order).
 
     Args:
         output_dir: the evaluation folder.
-        layout: ``"raw"`` or ``"transunet"``.
         num_classes: classes including background. Defaults to 9.
         organ_names: the class names (the bundle's ``class_names``). Defaults to None.
         kwargs: further ``VolumeMetricsHandler`` arguments, replacing the defaults above.
-
-    Raises:
-        SettingError: ``layout`` is unknown, naming the value.
     """
-    options = {"order": list(PAPER_ORGAN_ORDER), "display_names": dict(ORGAN_DISPLAY_NAMES), **kwargs}
-    return VolumeMetricsHandler(
-        output_dir, spacing=volume_spacing(layout), num_classes=num_classes, organ_names=organ_names, **options
-    )
+    options = {
+        "spacing": "meta", "order": list(PAPER_ORGAN_ORDER), "display_names": dict(ORGAN_DISPLAY_NAMES), **kwargs,
+    }  # fmt: skip
+    return VolumeMetricsHandler(output_dir, num_classes=num_classes, organ_names=organ_names, **options)

@@ -346,7 +346,7 @@ def synapse_inference_datalist(
         if lists["test"] is None:
             raise DatasetError(
                 f"datalist {os.fspath(data_list_file_path)!r} has no 'test' list to segment; add one, or pass "
-                "--input_dir <folder of volumes> without data_list_file_path."
+                "--inference_settings#input_dir <folder of volumes> without data_list_file_path."
             )
         logger.info("inference on the 'test' list of %s (%d volume(s))", data_list_file_path, len(lists["test"]))
         items = [{"image": e["image"]} for e in lists["test"]]

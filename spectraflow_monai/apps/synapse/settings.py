@@ -45,7 +45,6 @@ __all__ = [
     "synapse_class_names",
     "synapse_layout",
     "volume_nonfinite_value",
-    "volume_spacing",
 ]
 
 #: the on-disk layouts of the Synapse data (:func:`synapse_layout`): the BTCV NIfTI release (and one's own NIfTI
@@ -361,14 +360,3 @@ def slice_nonfinite_value(nonfinite_value: Any, layout: Any) -> float:
     if _check_layout(layout) == "raw" or nonfinite_value is None:
         return 0.0
     return nonfinite_value
-
-
-def volume_spacing(layout: Any) -> str | None:
-    """The voxel spacing the volume metrics use (``VolumeMetricsHandler(spacing=...)``): ``"meta"`` (each volume's
-    spacing from its affine, HD95 in mm) for NIfTI volumes (``layout: raw``), None (unit spacing, HD95 in voxels) for
-    TransUNet's volumes, which carry no geometry.
-
-    Raises:
-        SettingError: ``layout`` is unknown, naming the value.
-    """
-    return "meta" if _check_layout(layout) == "raw" else None

@@ -34,6 +34,7 @@ from monai.transforms import MapTransform, ScaleIntensityRange, ScaleIntensityRa
 from monai.utils import convert_to_dst_type
 
 from spectraflow_monai.apps.synapse.readers import check_synapse_labels, load_synapse_h5, map_btcv_labels
+from spectraflow_monai.handlers.volume_metrics import SPACING_UNITS_KEY
 from spectraflow_monai.utils.errors import DatasetError
 
 __all__ = [
@@ -284,7 +285,8 @@ class LoadSynapseH5d(MapTransform):
     without any geometry. They are returned with the axial axis last (``(1, H, W, D)``, as RAS NIfTI volumes, so
     ``monai.inferers.SliceInferer(spatial_dim=2)`` slices them the same way) and an identity affine: the spacing is
     one voxel, so distances measured on them are in voxels, as in TransUNet's evaluation (used by SpectraFlow, Chen
-    et al., for its Synapse table). Each distinct path is read once (``{"image": p, "label": p}`` opens ``p`` a
+    et al., for its Synapse table); their metadata say so (``SPACING_UNITS_KEY: "voxels"``, which the volume metrics
+    read). Each distinct path is read once (``{"image": p, "label": p}`` opens ``p`` a
     single time); reading needs the optional ``h5py`` (``pip install spectraflow_monai[h5]``).
 
     Args:
@@ -354,6 +356,7 @@ class LoadSynapseH5d(MapTransform):
             }
             if case is not None:
                 meta["case"] = str(case)
+            meta[SPACING_UNITS_KEY] = "voxels"  # no geometry: the identity affine below is not a measurement
             tensor = torch.from_numpy(np.ascontiguousarray(arr[None]))
             d[key] = MetaTensor(tensor, affine=torch.eye(4, dtype=torch.float64), meta=meta)
         return d

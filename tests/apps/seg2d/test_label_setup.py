@@ -54,6 +54,8 @@ def test_prediction_writer_saves_the_source_values(tmp_path, classes, values, sc
     writer = prediction_writer(LabelSetup.read(classes), str(tmp_path), output_ext=".png", print_log=False)
     assert writer.values == values and writer.saver.output_ext == ".png"
     assert writer.saver.init_kwargs["scale"] == scale and writer.saver.folder_layout.postfix == "seg"
+    # the class indices instead of the source values (--prediction_writer#values '$None')
+    assert prediction_writer(LabelSetup.read(classes), str(tmp_path), values=None).values is None
 
 
 @pytest.mark.parametrize("classes, per_class", [(None, False), (INVERTED, True)])

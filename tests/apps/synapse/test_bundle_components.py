@@ -33,10 +33,9 @@ from spectraflow_monai.apps.synapse import (
     volume_metrics_handler,
     volume_nonfinite_value,
     volume_postprocessing,
-    volume_spacing,
 )
 from spectraflow_monai.data import DatasetError
-from spectraflow_monai.handlers import VolumeMetricsHandler
+from spectraflow_monai.handlers import SPACING_UNITS_KEY, VolumeMetricsHandler
 from spectraflow_monai.transforms import SaveLabelValuesd
 from spectraflow_monai.utils.errors import SettingError
 
@@ -130,19 +129,12 @@ def test_slice_nonfinite_value(nonfinite_value, layout, expected):
     assert slice_nonfinite_value(nonfinite_value, layout) == expected
 
 
-@pytest.mark.parametrize("layout, expected", [("raw", "meta"), ("transunet", None)])
-def test_volume_spacing(layout, expected):
-    assert volume_spacing(layout) == expected
-
-
 @pytest.mark.parametrize(
     "call",
     [
         lambda layout: volume_nonfinite_value(None, layout, [-125, 275]),
         lambda layout: slice_nonfinite_value(None, layout),
-        volume_spacing,
         lambda layout: volume_loading({"raw": [], "transunet": []}, layout),
-        lambda layout: volume_metrics_handler("/tmp/eval", layout),
     ],
 )
 @pytest.mark.parametrize("layout", ["h5", None, "RAW"])
@@ -215,13 +207,21 @@ def test_prediction_writer_names_a_bad_folder(output_dir):
         prediction_writer(output_dir)
 
 
-@pytest.mark.parametrize("layout, spacing", [("raw", "meta"), ("transunet", None)])
-def test_volume_metrics_handler(tmp_path, layout, spacing):
-    handler = volume_metrics_handler(str(tmp_path), layout, 9, list(SYNAPSE_ORGANS))
-    assert isinstance(handler, VolumeMetricsHandler) and handler.spacing == spacing
+def test_volume_metrics_handler(tmp_path):
+    handler = volume_metrics_handler(str(tmp_path), 9, list(SYNAPSE_ORGANS))
+    assert isinstance(handler, VolumeMetricsHandler) and handler.spacing == "meta"
     assert handler.table_args == (9, list(SYNAPSE_ORGANS), list(PAPER_ORGAN_ORDER), dict(ORGAN_DISPLAY_NAMES))
-    other = volume_metrics_handler(str(tmp_path), layout, 3, ["background", "a", "b"], order="class")
+    other = volume_metrics_handler(str(tmp_path), 3, ["background", "a", "b"], order="class")
     assert other.table_args[2] == "class"
+    from monai.data import MetaTensor
+
+    # each label's spacing from its affine (a NIfTI volume's, in mm); TransUNet's h5 volumes carry no geometry and
+    # say so (LoadSynapseH5d): unit spacing, HD95 in voxels, as TransUNet scores them
+    nifti = MetaTensor(torch.zeros(1, 4, 4, 2), affine=torch.diag(torch.tensor([0.8, 0.7, 2.5, 1.0])))
+    assert handler._spacing(nifti, "0001") == pytest.approx((0.8, 0.7, 2.5))
+    assert handler._spacing(MetaTensor(torch.zeros(1, 4, 4, 2)), "0002") == pytest.approx((1.0, 1.0, 1.0))
+    h5 = MetaTensor(torch.zeros(1, 4, 4, 2), meta={SPACING_UNITS_KEY: "voxels"})
+    assert handler._spacing(h5, "0003") is None
 
 
 # ---------------------------------------------------------------- the checked inference datalist
@@ -269,11 +269,9 @@ def test_components_resolve_from_a_config(tmp_path):
                    "layout": "@layout", "hu_window": [-125, 275]},  # fmt: skip
         "slice": {"_target_": "spectraflow_monai.apps.synapse.slice_nonfinite_value", "nonfinite_value": 0.5,
                   "layout": "@layout"},  # fmt: skip
-        "spacing": {"_target_": "spectraflow_monai.apps.synapse.volume_spacing", "layout": "@layout"},
     }
     parser = ConfigParser(config)
     assert parser.get_parsed_content("layout") == "transunet"
     assert parser.get_parsed_content("val_cases") == [39, 40]
     assert parser.get_parsed_content("cache_dir") == os.path.join(str(tmp_path), "cache", "transunet_56")
     assert parser.get_parsed_content("volume") == 0.0 and parser.get_parsed_content("slice") == 0.5
-    assert parser.get_parsed_content("spacing") is None
