@@ -40,7 +40,10 @@ rounds (the same load for each):
 - onnxruntime with each export variant of :func:`spectraflow_monai.networks.onnx_runtime.export_variant`:
   ``fp32``, ``int8-encoder`` and ``cpu`` (fused attention nodes + int8 encoder; ``export-onnx --variant cpu``),
   run by :class:`spectraflow_monai.networks.export.OnnxNetwork` with ``--threads`` threads, sleeping between runs
-  as in the Synapse bundle's ``inference_onnx.yaml`` (``--onnx-spinning``: onnxruntime's spinning threads).
+  as in the Synapse bundle's ``inference_onnx.yaml`` (``--onnx-spinning``: onnxruntime's spinning threads);
+- ``onnxruntime static-int8`` (a candidate, not an export the package offers): every matrix product and convolution
+  of the ``fp32`` export in int8 by onnxruntime's static quantisation (QDQ, uint8 activations per tensor, int8
+  weights), calibrated on 8 slices of the volume itself (:func:`static_int8_export`).
 
 Each path's label volume is compared with the eager float32 one: the fraction of voxels with the same label and
 the Dice between the two of every organ either holds. ``--model`` takes a bundle's trained ``model.pt`` (with its
@@ -151,7 +154,36 @@ def postprocess(logits: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return nn.functional.interpolate(labels, size=shape, mode="nearest")[0, 0].to(torch.uint8)
 
 
-SERVING_PATHS = ("eager fp32", "precision auto", "onnxruntime fp32", "onnxruntime int8-encoder", "onnxruntime cpu")
+SERVING_PATHS = (
+    "eager fp32", "precision auto", "onnxruntime fp32", "onnxruntime int8-encoder", "onnxruntime cpu",
+    "onnxruntime static-int8",
+)  # fmt: skip
+
+
+def static_int8_export(fp32_file: str, out_file: str, x: torch.Tensor, slices: int = 8) -> None:
+    """The ``fp32`` export with every matrix product and convolution in int8: onnxruntime's ``quantize_static``
+    (QDQ, uint8 activations per tensor, int8 weights) after its ``quant_pre_process``, calibrated on ``slices``
+    axial slices of the prepared volume ``x`` (1, 3, s, s, D), evenly spaced, in batches of 4."""
+    import onnxruntime
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    prepared = out_file + ".pre.onnx"
+    quant_pre_process(fp32_file, prepared, skip_symbolic_shape=True)
+    name = onnxruntime.InferenceSession(prepared, providers=["CPUExecutionProvider"]).get_inputs()[0].name
+    picks = np.linspace(0, x.shape[-1] - 1, slices).round().astype(int)
+    feeds = [{name: x[0, ..., picks[i:i + 4]].permute(3, 0, 1, 2).contiguous().numpy()} for i in range(0, slices, 4)]
+
+    class Slices(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantize_static(prepared, out_file, Slices(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, per_channel=False)  # fmt: skip
+    os.remove(prepared)
 
 
 def serving_network(model_file: str | None, size: int) -> tuple[nn.Module, str]:
@@ -214,11 +246,18 @@ def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple
         "eager fp32": (net, slice_inferer),
         "precision auto": (net, AutocastInferer(slice_inferer, auto)),
     }
-    for variant in ("fp32", "int8-encoder", "cpu"):
+    for variant in ("fp32", "int8-encoder", "cpu", "static-int8"):
         onnx_file = os.path.join(onnx_dir, f"{stem}_{args.size}_{variant}.onnx")
+        needed = {f"onnxruntime {variant}"} | ({"onnxruntime static-int8"} if variant == "fp32" else set())
+        if not needed & set(args.paths):  # an export made only when a path asked for runs it (or is made from it)
+            continue
         if not os.path.isfile(onnx_file):
             t0 = time.perf_counter()
-            export_variant(net, onnx_file, variant, image_size=args.size, atol=float("inf"))
+            if variant == "static-int8":
+                static_int8_export(os.path.join(onnx_dir, f"{stem}_{args.size}_fp32.onnx"), onnx_file,
+                                   preprocess(image, args.size))  # fmt: skip
+            else:
+                export_variant(net, onnx_file, variant, image_size=args.size, atol=float("inf"))
             print(f"exported {variant} in {time.perf_counter() - t0:.0f} s: {onnx_file}", flush=True)
         session = CPU_SESSION_CONFIG if not args.onnx_spinning else None
         network = OnnxNetwork(onnx_file, threads=args.threads, session_config=session)
