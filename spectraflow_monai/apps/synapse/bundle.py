@@ -381,9 +381,9 @@ def volume_metrics_handler(
 ) -> Any:  # fmt: skip
     """The per-organ volume metrics of ``configs/evaluate.yaml``: a
     :class:`~spectraflow_monai.handlers.VolumeMetricsHandler` writing into ``output_dir``, with the spacing of each
-    label volume's affine (HD95 in mm for NIfTI / NRRD / DICOM volumes; TransUNet's volumes, which carry no
-    geometry, are loaded with an identity affine, :class:`~spectraflow_monai.apps.synapse.LoadSynapseH5d`: in voxels)
-    and the rows of the paper's table
+    label volume's affine (HD95 in mm for NIfTI / NRRD / DICOM volumes), unit spacing for TransUNet's volumes, which
+    carry no geometry and whose loader says so (:class:`~spectraflow_monai.apps.synapse.LoadSynapseH5d`,
+    :data:`~spectraflow_monai.handlers.SPACING_UNITS_KEY`: HD95 in voxels), and the rows of the paper's table
     (:data:`PAPER_ORGAN_ORDER`, :data:`ORGAN_DISPLAY_NAMES`; Synapse organs only, other class names in class order).
 
     Args:
