@@ -5,7 +5,9 @@ session folder) serves the module:
 
 - **no request names code**: a ``sitecustomize.py`` uploaded into a session is not kept under that name, and no task
   request may name the folder a task runs from (``bundle_path``) or its GPUs: scoring (both routes), batch inference
-  and training answer 422, and no file of the session is ever imported (a marker it would write stays absent);
+  and training answer 422, and no file of the session is ever imported (a marker it would write stays absent); an
+  inference request naming what the bundle's inference reads or writes (``inference_settings``, by field, at its id,
+  as an object or an expression) writes nothing where it points nor in the served bundle's output folder;
 - **the server is the only writer of its record**: 300 label saves with infos and 120 image-info saves, sent from
   eight threads while forced scoring runs score the unlabelled images, are all kept, and so are all the scores;
 - **one scoring run at a time**: eight concurrent forced requests start one run (the others 429), ``GET /info/``
@@ -287,6 +289,36 @@ def test_a_training_request_cannot_name_a_bundle_setting(server, body):
     assert "server settings" in r.text, r.text
     assert _train_tasks(server) == before  # no training task was submitted
     assert not (server.root / "pwned").exists() and not Path("/tmp/elsewhere").exists()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"output_dir": "@elsewhere"},  # what inference writes, by its field name
+        {"inference_settings#output_dir": "@elsewhere"},  # at its id
+        {"inference_settings#input_dir": "/etc", "inference_settings#input_pattern": "*"},  # what it would read
+        {"inference_settings#output_ext": ".py"},
+        {"inference_settings": {"_target_": "os.system", "command": "touch pwned"}},  # the object replaced
+        {"inference_settings": "$__import__('os').system('touch pwned')"},
+    ],
+)
+def test_an_inference_request_cannot_name_what_inference_reads_or_writes(server, options):
+    """``inference_settings`` (inputs, output folder, mask format) are the bundle's, read by ``configs/inference.yaml``
+    runs; through the server the label comes back in the response and nothing is written beside it: a request naming
+    one of them (by its field, at its id, or as a whole object or expression) is answered as any inference request is,
+    and no file appears where it points, in the served bundle's own output folder, or from evaluated code."""
+    elsewhere = server.root / "elsewhere"
+    values = {k: str(elsewhere) if v == "@elsewhere" else v for k, v in options.items()}
+    form = {"params": (None, json.dumps({"device": "cpu", **values}))}
+    r = requests.post(f"{server.base}/infer/{NAME_2D}", params={"image": "u000", "output": "image"}, files=form,
+                      timeout=TIMEOUT)  # fmt: skip
+    assert r.status_code in (200, 422), (options, r.status_code, r.text)
+    if r.status_code == 200:  # the label map itself, at the image's size
+        assert np.asarray(Image.open(io.BytesIO(r.content))).shape == (24, 24)
+    served = server.models.parent
+    assert not elsewhere.exists() and not (served / "predictions").exists()
+    assert not (server.root / "pwned").exists() and not (served / "pwned").exists() and not Path("pwned").exists()
+    assert not any(p.suffix == ".py" for p in served.rglob("*_seg.py"))
 
 
 def test_session_keeps_image_and_dicom_names_only(server):
