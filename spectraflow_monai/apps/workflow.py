@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 from ignite.engine import Engine
 from monai.data import CacheDataset, DataLoader, Dataset
+from monai.engines import SupervisedEvaluator
 from monai.handlers import CheckpointLoader, MeanDice, MeanIoUHandler, from_engine
 from monai.transforms import Compose, RandomizableTrait, Transform
 
@@ -51,6 +52,7 @@ __all__ = [
     "pretrainer_checkpoint",
     "recorded_network",
     "segmentation_metrics",
+    "serving_evaluator",
     "split_at_random",
     "start_training",
     "total_iterations",
@@ -170,6 +172,14 @@ def flat_compose(transforms: Sequence[Any]) -> Compose:
         else:
             flat.append(item)
     return Compose(flat)
+
+
+def serving_evaluator(precision: Any, **components: Any) -> SupervisedEvaluator:
+    """MONAI's ``SupervisedEvaluator`` of an evaluation or inference config (its ``components``: device, loader,
+    network, inferer, postprocessing, handlers) under the run's resolved precision
+    (:class:`~spectraflow_monai.utils.Precision`): ``amp`` only for float16 on CUDA, where MONAI's engine adds its
+    scaler, ``amp_kwargs`` the precision's dtype; the inferer's autocast covers the other precisions."""
+    return SupervisedEvaluator(amp=precision.use_grad_scaler, amp_kwargs=precision.amp_kwargs, **components)
 
 
 def total_iterations(epochs: int, data_loader: Any) -> int:

@@ -15,6 +15,7 @@ from spectraflow_monai.apps.workflow import (
     pretrainer_checkpoint,
     recorded_network,
     segmentation_metrics,
+    serving_evaluator,
     start_training,
     total_iterations,
     trainable_parameters,
@@ -203,3 +204,21 @@ def test_flat_compose_keeps_the_order_of_lists_and_composes():
     a, b, c, d = Identityd("x"), RandFlipd("x", prob=0.5), Identityd("y"), Identityd("z")
     flat = flat_compose([[a], Compose([b, Compose([c])]), d, []])
     assert flat.transforms == (a, b, c, d)
+
+
+@pytest.mark.parametrize("setting, device", [("fp32", "cpu"), ("bf16", "cpu")])
+def test_serving_evaluator_runs_under_the_resolved_precision(setting, device):
+    from monai.engines import SupervisedEvaluator
+
+    from spectraflow_monai.utils import resolve_precision
+
+    precision = resolve_precision(setting, device)
+    net = torch.nn.Conv2d(1, 1, 1)
+    loader = [{"image": torch.ones(1, 1, 4, 4), "label": torch.zeros(1, 1, 4, 4)}]
+    evaluator = serving_evaluator(precision, device=torch.device(device), val_data_loader=loader, network=net)
+    assert isinstance(evaluator, SupervisedEvaluator)
+    # MONAI's amp only for float16 on CUDA (its scaler); the dtype is the precision's either way
+    assert evaluator.amp is precision.use_grad_scaler is False
+    assert evaluator.amp_kwargs == precision.amp_kwargs
+    evaluator.run()
+    assert evaluator.state.output[0]["pred"].shape == (1, 4, 4)

@@ -357,23 +357,23 @@ def volume_label_reader(labels: VolumeLabels) -> Any:
     return VolumeReader("label", class_names=labels.names, values=labels.read_values)
 
 
-def series_seg_writer(
-    output_format: str, output_dir: str | os.PathLike, class_names: Sequence[str], keys: Any = "pred"
-) -> Any:
-    """The DICOM SEG writer of ``configs/inference.yaml``: ``output_format: dicom_seg`` writes each prediction of a
-    DICOM series input as ``<name>_seg.dcm`` beside its label file (:class:`SaveDicomSegd`, segments named by
-    ``class_names``, background first: ``VolumeLabels.names``); ``nifti``: nothing more (MONAI's ``Identityd``).
-    A transform of its own, not a ``SaveImaged``: MONAI Label's ``BundleInferTask`` drops the label writer and keeps
-    this one, which writes nothing under the default ``nifti``.
+def series_seg_writer(settings: VolumeInferenceSettings, class_names: Sequence[str], keys: Any = "pred") -> Any:
+    """The DICOM SEG writer of ``configs/inference.yaml``: with ``settings.output_format`` ``dicom_seg``, each
+    prediction of a DICOM series input is written as ``<name>_seg.dcm`` into ``settings.output_dir``, beside its label
+    file (:class:`SaveDicomSegd`, segments named by ``class_names``, background first: ``VolumeLabels.names``);
+    ``nifti``: nothing more (MONAI's ``Identityd``). A transform of its own, not a ``SaveImaged``: MONAI Label's
+    ``BundleInferTask`` drops the label writer and keeps this one, which writes nothing under the default ``nifti``.
 
     Raises:
-        SettingError: ``output_format`` is not one of :data:`OUTPUT_FORMATS`, naming the value.
+        SettingError: ``settings`` is not a :class:`VolumeInferenceSettings`.
     """
-    if _check_output_format(output_format) == "nifti":
+    if not isinstance(settings, VolumeInferenceSettings):
+        raise SettingError(f"settings must be a VolumeInferenceSettings, got {type(settings).__name__}.")
+    if settings.output_format == "nifti":
         from monai.transforms import Identityd
 
         return Identityd(keys)
-    return SaveDicomSegd(keys, output_dir=output_dir, class_names=list(class_names))
+    return SaveDicomSegd(keys, output_dir=settings.output_dir, class_names=list(class_names))
 
 
 def volume_metrics_handler(

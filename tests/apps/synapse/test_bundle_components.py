@@ -24,7 +24,9 @@ from spectraflow_monai.apps.synapse import (
     SYNAPSE_TEST_CASES,
     SYNAPSE_TRAIN_CASES,
     default_val_cases,
+    VolumeInferenceSettings,
     prediction_writer,
+    series_seg_writer,
     slice_cache_dir,
     slice_nonfinite_value,
     synapse_inference_datalist,
@@ -205,6 +207,18 @@ def test_prediction_writer_writes_uint8_nifti_with_the_values(tmp_path, values):
 def test_prediction_writer_names_a_bad_folder(output_dir):
     with pytest.raises(SettingError, match=rf"output_dir must be a folder path, got {output_dir!r}"):
         prediction_writer(output_dir)
+
+
+def test_series_seg_writer_reads_the_inference_settings(tmp_path):
+    from spectraflow_monai.apps.synapse import SaveDicomSegd
+
+    names = ["background", *SYNAPSE_ORGANS]
+    nifti = VolumeInferenceSettings(input_dir=str(tmp_path), output_dir=str(tmp_path / "out"))
+    assert isinstance(series_seg_writer(nifti, names), Identityd)  # nifti: the label NIfTI only
+    seg = series_seg_writer(nifti.replace(output_format="dicom_seg"), names)
+    assert isinstance(seg, SaveDicomSegd) and seg.output_dir == str(tmp_path / "out") and seg.class_names == names
+    with pytest.raises(SettingError, match="settings must be a VolumeInferenceSettings, got dict"):
+        series_seg_writer({"output_format": "dicom_seg"}, names)
 
 
 def test_volume_metrics_handler(tmp_path):
