@@ -43,7 +43,10 @@ rounds (the same load for each):
   as in the Synapse bundle's ``inference_onnx.yaml`` (``--onnx-spinning``: onnxruntime's spinning threads);
 - ``onnxruntime static-int8`` (a candidate, not an export the package offers): every matrix product and convolution
   of the ``fp32`` export in int8 by onnxruntime's static quantisation (QDQ, uint8 activations per tensor, int8
-  weights), calibrated on 8 slices of the volume itself (:func:`static_int8_export`).
+  weights), calibrated on 8 slices of the volume itself (:func:`static_int8_export`);
+- ``onnxruntime int8-per-matrix`` (for comparison, not an export the package offers): ``int8-encoder`` with one int8
+  scale per weight matrix instead of one per output channel (``quantize_encoder_linear(..., per_channel=False)``,
+  what the int8 exports were before).
 
 Each path's label volume is compared with the eager float32 one: the fraction of voxels with the same label and
 the Dice between the two of every organ either holds. ``--model`` takes a bundle's trained ``model.pt`` (with its
@@ -156,7 +159,7 @@ def postprocess(logits: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 SERVING_PATHS = (
     "eager fp32", "precision auto", "onnxruntime fp32", "onnxruntime int8-encoder", "onnxruntime cpu",
-    "onnxruntime static-int8",
+    "onnxruntime static-int8", "onnxruntime int8-per-matrix",
 )  # fmt: skip
 
 
@@ -224,7 +227,7 @@ def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple
 
     from monai.inferers import SliceInferer
 
-    from spectraflow_monai.networks.export import OnnxNetwork
+    from spectraflow_monai.networks.export import OnnxNetwork, quantize_encoder_linear
     from spectraflow_monai.networks.onnx_runtime import (
         CPU_SESSION_CONFIG,
         export_variant,
@@ -246,16 +249,19 @@ def time_serving_paths(args: argparse.Namespace, image: np.ndarray, shape: tuple
         "eager fp32": (net, slice_inferer),
         "precision auto": (net, AutocastInferer(slice_inferer, auto)),
     }
-    for variant in ("fp32", "int8-encoder", "cpu", "static-int8"):
+    from_fp32 = {"onnxruntime static-int8", "onnxruntime int8-per-matrix"}  # candidates made from the fp32 export
+    for variant in ("fp32", "int8-encoder", "cpu", "static-int8", "int8-per-matrix"):
         onnx_file = os.path.join(onnx_dir, f"{stem}_{args.size}_{variant}.onnx")
-        needed = {f"onnxruntime {variant}"} | ({"onnxruntime static-int8"} if variant == "fp32" else set())
+        needed = {f"onnxruntime {variant}"} | (from_fp32 if variant == "fp32" else set())
         if not needed & set(args.paths):  # an export made only when a path asked for runs it (or is made from it)
             continue
         if not os.path.isfile(onnx_file):
             t0 = time.perf_counter()
+            fp32_file = os.path.join(onnx_dir, f"{stem}_{args.size}_fp32.onnx")
             if variant == "static-int8":
-                static_int8_export(os.path.join(onnx_dir, f"{stem}_{args.size}_fp32.onnx"), onnx_file,
-                                   preprocess(image, args.size))  # fmt: skip
+                static_int8_export(fp32_file, onnx_file, preprocess(image, args.size))
+            elif variant == "int8-per-matrix":
+                quantize_encoder_linear(fp32_file, onnx_file, per_channel=False)
             else:
                 export_variant(net, onnx_file, variant, image_size=args.size, atol=float("inf"))
             print(f"exported {variant} in {time.perf_counter() - t0:.0f} s: {onnx_file}", flush=True)

@@ -4,8 +4,8 @@ Three variants of one exported model, each made by :func:`export_variant`:
 
 - ``"fp32"``: the network as it is (:func:`~spectraflow_monai.networks.export.export_onnx`); logits equal to
   PyTorch's within float32 round-off.
-- ``"int8-encoder"``: the ViT's attention and MLP linear layers dynamically quantised to int8
-  (:func:`~spectraflow_monai.networks.export.quantize_encoder_linear`); the decoder stays float32.
+- ``"int8-encoder"``: the ViT's attention and MLP linear layers dynamically quantised to int8, one scale per output
+  channel (:func:`~spectraflow_monai.networks.export.quantize_encoder_linear`); the decoder stays float32.
 - ``"cpu"``: the recommended variant for CPU servers. Each ViT attention (the ``qkv`` projection, the scaled
   dot-product attention over the heads) is exported as one onnxruntime ``com.microsoft.Attention`` node
   (:func:`fuse_vit_attention`) instead of a projection, a split into heads, two matrix products, a softmax and the

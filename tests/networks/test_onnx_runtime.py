@@ -38,6 +38,21 @@ def _ops(path) -> list[tuple[str, str]]:
     return [(n.domain, n.op_type) for n in onnx.load(str(path)).graph.node]
 
 
+def _quantised_weights(path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(int8 weight, its zero point) of each ``MatMulInteger`` and ``QAttention`` node of the ONNX file ``path``."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    where = {"MatMulInteger": (1, 3), "QAttention": (1, 7)}  # (weight, weight zero point) input positions
+    return [
+        (constants[n.input[where[n.op_type][0]]], constants[n.input[where[n.op_type][1]]])
+        for n in model.graph.node
+        if n.op_type in where
+    ]
+
+
 @pytest.mark.parametrize("encoder", ["vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2"])
 def test_fused_attention_copy_runs_as_the_network(encoder):
     net = _net(encoder=encoder, out_channels=3)
@@ -86,6 +101,9 @@ def test_export_variants(variant, tmp_path):
     assert quantised == {"fp32": set(), "int8-encoder": {"MatMulInteger"}, "cpu": {"QAttention", "MatMulInteger"}}[
         variant
     ]
+    # one int8 scale and zero point per output column of each weight (per channel), not one per matrix
+    for weight, zero_point in _quantised_weights(path):
+        assert zero_point.shape == (weight.shape[1],), (weight.shape, zero_point.shape)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert session.get_modelmeta().custom_metadata_map["k"] == "v"
     x = torch.randn(4, 3, 28, 28)
