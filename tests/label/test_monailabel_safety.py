@@ -430,3 +430,36 @@ def test_the_log_names_only_the_files_set_aside(tmp_path, caplog, how, what, kee
     else:
         assert text == f"the {what} models/model.pt is not kept (--conf kept_model_backups 0)"
     assert "model.json" not in text and "starting over" not in caplog.text
+
+
+def test_the_file_watcher_outlives_a_removed_label_folder(tmp_path, caplog):
+    """``labels`` removed while the server runs: the watcher's refresh fails on the missing folder, logs it,
+    and goes on following the studies folder (an exception would end its thread: new images would never appear)."""
+    import logging
+    import shutil
+    import time
+
+    from lib.datastore import CheckedLocalDatastore
+
+    studies = tmp_path / "studies"
+    _write_2d_pairs(studies, 2)
+    store = CheckedLocalDatastore(str(studies), extensions=("*.png",), auto_reload=True)
+    try:
+        assert sorted(store.list_images()) == ["s0", "s1"] and store._observer.is_alive()
+
+        def until(done) -> bool:
+            deadline = time.monotonic() + 20.0
+            while time.monotonic() < deadline and not done():
+                time.sleep(0.1)
+            return done()
+
+        with caplog.at_level(logging.WARNING):
+            shutil.rmtree(studies / "labels")  # its files' delete events refresh without the folder
+            assert until(lambda: "did not follow a change in its studies folder" in caplog.text), caplog.text
+        assert store._observer.is_alive()
+        (studies / "labels" / "final").mkdir(parents=True)
+        shutil.copy(studies / "s0.png", studies / "s2.png")  # the watcher still follows the folder
+        assert until(lambda: "s2" in store.list_images()), store.list_images()
+    finally:
+        store._observer.stop()
+        store._observer.join(timeout=10)

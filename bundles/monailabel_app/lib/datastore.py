@@ -128,8 +128,15 @@ class CheckedLocalDatastore(LocalDatastore):
             super().refresh()
 
     def _on_any_event(self, event: Any) -> None:
+        """The file watcher's call after a change under the studies folder: the record follows the folder. A folder
+        gone under it (``labels`` removed while the server runs) is logged and the watcher goes on; raised
+        here, the error would end the watcher's thread and the record would silently stop following the folder."""
         with self._mutex:
-            super()._on_any_event(event)
+            try:
+                super()._on_any_event(event)
+            except OSError as e:
+                logger.warning(f"the datastore did not follow a change in its studies folder ({short_reason(e)}); "
+                               "it follows the next one")  # fmt: skip
 
     def _on_modify_event(self, event: Any) -> None:
         with self._mutex:
