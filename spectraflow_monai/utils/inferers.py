@@ -27,7 +27,8 @@ class AxialSliceInferer(Inferer):
     slices per call; returns ``(B, C_out, H_out, W_out, D)``.
 
     The logits equal those of ``monai.inferers.SliceInferer(roi_size=(H, W), spatial_dim=2)`` (each slice one window
-    of weight 1; tested), with a MetaTensor input's metadata on the output as there.
+    of weight 1; tested), with a MetaTensor input's metadata on the output as there. The output's classes are its
+    innermost axis in memory (``output.permute(0, 2, 3, 4, 1)`` is contiguous), for the argmax over them.
 
     Args:
         sw_batch_size: slices per network call (a positive integer). Defaults to 16.
@@ -69,7 +70,11 @@ class AxialSliceInferer(Inferer):
             if start == 0:  # (B * D, C_out, H_out, W_out), the first call's dtype and device
                 output = logits.new_empty((batch * depth, *logits.shape[1:]))
             output[start:stop] = logits
-        result = output.reshape(batch, depth, *output.shape[1:]).permute(0, 2, 3, 4, 1).contiguous()
+        # (B, C_out, H_out, W_out, D) over a (B, H_out, W_out, D, C_out) buffer: the classes innermost in memory, where
+        # the argmax over them that follows (MONAI's AsDiscreted) takes a fifth of the time it takes over classes
+        # outermost (9 classes at 224x224x100 on 2 CPU threads: 0.09 against 0.51 s)
+        result = output.reshape(batch, depth, *output.shape[1:]).permute(0, 3, 4, 1, 2).contiguous()
+        result = result.permute(0, 4, 1, 2, 3)
         if isinstance(inputs, MetaTensor):
             meta = MetaTensor([]).copy_meta_from(inputs, copy_attr=False)
             return convert_to_dst_type(result, meta, device=result.device)[0]
