@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from monai.data import MetaTensor
 from monai.inferers import Inferer
-from monai.utils import convert_to_dst_type
 
 __all__ = ["AxialSliceInferer"]
 
@@ -75,7 +74,8 @@ class AxialSliceInferer(Inferer):
         # outermost (9 classes at 224x224x100 on 2 CPU threads: 0.09 against 0.51 s)
         result = output.reshape(batch, depth, *output.shape[1:]).permute(0, 3, 4, 1, 2).contiguous()
         result = result.permute(0, 4, 1, 2, 3)
-        if isinstance(inputs, MetaTensor):
-            meta = MetaTensor([]).copy_meta_from(inputs, copy_attr=False)
-            return convert_to_dst_type(result, meta, device=result.device)[0]
+        if isinstance(inputs, MetaTensor):  # the input's metadata; not convert_to_dst_type, which makes it contiguous
+            output = MetaTensor(result)
+            output.copy_meta_from(MetaTensor([]).copy_meta_from(inputs, copy_attr=False))
+            return output
         return result
