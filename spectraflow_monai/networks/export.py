@@ -258,7 +258,7 @@ def quantize_encoder_linear(source: str | os.PathLike, target: str | os.PathLike
     onnxruntime ``Attention`` nodes (their ``qkv`` projection; :mod:`spectraflow_monai.networks.onnx_runtime`); the
     decoder, FDConv and the real DFT matrix products stay float32. Each weight has one scale per output channel
     by default: on a phantom Synapse model this kept 99.996 % of the voxels and every organ's Dice >= 0.999 against
-    float32, where one scale per matrix kept 99.93 % and a spleen Dice of 0.981, for about 4 % more time
+    float32, where one scale per matrix kept 99.93 % and a spleen Dice of 0.981, in the same time per volume
     (docs/benchmarks.md, "Synapse CT volumes on a CPU server"). ``target`` may be ``source``. The ``metadata_props``
     of ``source`` (what it was exported from, :func:`export_digests`) are kept.
 

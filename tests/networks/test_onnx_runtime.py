@@ -114,6 +114,19 @@ def test_export_variants(variant, tmp_path):
     assert float((got.argmax(1) == want.argmax(1)).float().mean()) >= 0.95
 
 
+def test_one_int8_scale_per_matrix_on_request(tmp_path):
+    """``quantize_encoder_linear(per_channel=False)``: onnxruntime's default, one scale and zero point per weight
+    matrix (the benchmark's comparison with the per-channel exports)."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    from spectraflow_monai.networks.export import quantize_encoder_linear
+
+    fp32 = export_variant(_net(out_channels=3), tmp_path / "fp32.onnx", "fp32", image_size=28, atol=1e-3)
+    quantize_encoder_linear(fp32, tmp_path / "per_matrix.onnx", per_channel=False)
+    weights = _quantised_weights(tmp_path / "per_matrix.onnx")
+    assert weights and all(zero_point.shape == () for _, zero_point in weights)
+
+
 def test_export_variant_arguments(tmp_path):
     with pytest.raises(ValueError, match="variant must be one of"):
         export_variant(_net(), tmp_path / "x.onnx", "fp16")
