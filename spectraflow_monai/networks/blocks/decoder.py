@@ -108,6 +108,11 @@ class SpectraFlowDecoder(nn.Module):
         fdconv_kwargs: the options of :class:`FDConv2d`, the fields of :class:`FDConvConfig` (e.g. ``kernel_num``).
     """
 
+    # TorchScript compiles only the fusion branch a decoder takes: these are constants of the scripted module. (An
+    # ``isinstance`` test on ``self.fuse`` named the DAF class by its TorchScript name, which is another decoder's once
+    # two differently built decoders were scripted in one process: the second one failed to script.)
+    __constants__ = ["gated_fusion", "concat_fusion"]
+
     def __init__(
         self,
         in_channels: int,
@@ -131,6 +136,8 @@ class SpectraFlowDecoder(nn.Module):
         if fusion not in FUSION_MODES:
             raise ValueError(f"fusion must be one of {FUSION_MODES}, got {fusion!r}.")
         self.fusion = fusion
+        self.gated_fusion = fusion == "daf"
+        self.concat_fusion = fusion == "concat"
         c0 = decoder_channels[0]
 
         def conv(cin: int, cout: int, k: int, conv_only: bool = False) -> Convolution:
@@ -170,9 +177,9 @@ class SpectraFlowDecoder(nn.Module):
         f_dec = self.up0(self._up(self.project(final)))
         f_skip = self._up(self.skip_project(skip))
         gate: torch.Tensor | None = None
-        if isinstance(self.fuse, DirectAttentionalFusion):
+        if self.gated_fusion:
             x, gate = self.fuse.fuse_with_gate(f_dec, f_skip)
-        elif self.fusion == "concat":
+        elif self.concat_fusion:
             x = self.fuse(torch.cat([f_dec, f_skip], dim=1))
         else:
             x = f_dec + f_skip

@@ -213,3 +213,22 @@ def test_an_export_carries_the_digests_of_its_model_and_record(tmp_path):
     assert "carries no digests" in refused() and "python -m spectraflow_monai export-onnx" in refused()
     path.write_bytes(path.read_bytes()[:100])  # truncated
     assert "not an ONNX model" in refused(DataError)
+
+
+def test_differently_built_decoders_script_in_one_process():
+    """Whether a decoder scripts does not depend on the decoders scripted before it in the process: TorchScript gives
+    a second, differently built DAF another name (``___torch_mangle_<n>``), and a branch chosen by an ``isinstance``
+    test on the class failed for it ("Argument f_skip not provided")."""
+    from spectraflow_monai.networks.blocks.decoder import SpectraFlowDecoder
+
+    final, skip = torch.randn(2, 16, 4, 4), torch.randn(2, 16, 4, 4)
+    for kwargs in ({"act": "leakyrelu"}, {}, {"fusion": "concat"}, {"fusion": "add", "act": "leakyrelu"}, {}):
+        torch.manual_seed(0)
+        decoder = SpectraFlowDecoder(16, 3, decoder_channels=(8, 4), **kwargs).eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scripted = torch.jit.script(decoder)
+        with torch.no_grad():
+            (got, gate), (want, want_gate) = scripted(final, skip), decoder(final, skip)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert (gate is None) == (want_gate is None) == (kwargs.get("fusion", "daf") != "daf")
