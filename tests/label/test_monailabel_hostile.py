@@ -22,7 +22,9 @@ session folder) serves the module:
   replaced pair is not kept) without touching a link named like a backup (to another run's folder or file outside
   ``models/``) or a user's file named like one;
 - **re-uploads and the proxy**: an image uploaded again at another size (with labels) or extension is 409, an info
-  over 64 KB is 413, ``/proxy/dicom/...`` on a local datastore is 404.
+  over 64 KB is 413, ``/proxy/dicom/...`` on a local datastore is 404;
+- **a second process changes the studies folder** (a server of its own): ``labels/`` removed while the server runs
+  leaves its file watcher following the folder (an image copied in afterwards is listed, its label saved).
 """
 
 from __future__ import annotations
@@ -474,3 +476,40 @@ def test_re_uploads_infos_and_the_proxy(server):
     for path in ("/proxy/dicom/x", "/proxy/dicom/qido/studies", "/proxy/dicom/wado/studies/1"):
         r = requests.get(f"{server.base}{path}", timeout=TIMEOUT)
         assert r.status_code == 404 and "local folder" in r.text, (path, r.status_code, r.text[:200])
+
+
+# ---------------------------------------------------------------- a second process changes the studies folder
+def test_the_server_follows_its_studies_after_another_process_removes_labels(tmp_path):
+    """Another process removes ``labels/`` (with a saved label in it) while the server runs: the datastore's file
+    watcher logs that it could not follow that change and goes on, the server keeps answering, an image that process
+    copies in afterwards is listed, and a label saved for it over HTTP is kept (own server, not the module's)."""
+    studies, bundles = _studies_and_bundles(tmp_path)
+    with running_server(tmp_path, studies, bundles, CONF) as (base, log):
+        r = requests.put(f"{base}/datastore/label", params={"image": "img_a", "tag": "final"},
+                         files={"label": ("img_a.png", _png_bytes(np.ones((70, 90), np.uint8)))},
+                         timeout=TIMEOUT)  # fmt: skip
+        assert r.status_code == 200, r.text
+        subprocess.run(["rm", "-rf", str(studies / "labels")], check=True)  # the other process
+
+        def until(done, what: str) -> None:
+            deadline = time.monotonic() + TIMEOUT
+            while not done():
+                assert time.monotonic() < deadline, f"{what}:\n{log.read_text()[-3000:]}"
+                time.sleep(0.2)
+
+        until(lambda: "did not follow a change in its studies folder" in log.read_text(), "no warning logged")
+        assert requests.get(f"{base}/info/", timeout=TIMEOUT).status_code == 200
+        subprocess.run(["cp", str(studies / "img_a.png"), str(studies / "late.png")], check=True)
+
+        def listed() -> set[str]:
+            return set(requests.get(f"{base}/datastore/", params={"output": "all"}, timeout=TIMEOUT).json()["objects"])
+
+        until(lambda: "late" in listed(), "the image copied in afterwards is not listed")
+        r = requests.put(f"{base}/datastore/label", params={"image": "late", "tag": "final"},
+                         files={"label": ("late.png", _png_bytes(np.ones((70, 90), np.uint8)))},
+                         timeout=TIMEOUT)  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert (studies / "labels" / "final" / "late.png").is_file()
+        assert "late" in requests.get(f"{base}/datastore/", params={"output": "all"},
+                                      timeout=TIMEOUT).json()["objects"]  # fmt: skip
+        assert "Traceback" not in log.read_text().split("did not follow a change")[-1]
