@@ -62,18 +62,24 @@ class AxialSliceInferer(Inferer):
                 starts = tqdm(starts)
             except ImportError:
                 pass
-        output = torch.empty(0)
+        # one (B, H_out, W_out, D, C_out) buffer, each call's logits written into it once: the classes innermost in
+        # memory, where the argmax over them that follows (MONAI's AsDiscreted) takes a fifth of the time it takes
+        # over classes outermost (9 classes at 224x224x100 on 2 CPU threads: 0.09 against 0.51 s)
+        output = by_slice = torch.empty(0)
         for start in starts:
             stop = min(start + self.sw_batch_size, batch * depth)
             logits = network(slices[start:stop], *args, **kwargs)
-            if start == 0:  # (B * D, C_out, H_out, W_out), the first call's dtype and device
-                output = logits.new_empty((batch * depth, *logits.shape[1:]))
-            output[start:stop] = logits
-        # (B, C_out, H_out, W_out, D) over a (B, H_out, W_out, D, C_out) buffer: the classes innermost in memory, where
-        # the argmax over them that follows (MONAI's AsDiscreted) takes a fifth of the time it takes over classes
-        # outermost (9 classes at 224x224x100 on 2 CPU threads: 0.09 against 0.51 s)
-        result = output.reshape(batch, depth, *output.shape[1:]).permute(0, 3, 4, 1, 2).contiguous()
-        result = result.permute(0, 4, 1, 2, 3)
+            if start == 0:  # the first call's size, dtype and device
+                output = logits.new_empty((batch, *logits.shape[2:], depth, logits.shape[1]))
+                by_slice = output.permute(0, 3, 1, 2, 4)  # (B, D, H_out, W_out, C_out), a view
+            logits = logits.permute(0, 2, 3, 1)
+            index = start
+            while index < stop:  # the run of slices of each volume in this call
+                volume, first = divmod(index, depth)
+                count = min(stop - index, depth - first)
+                by_slice[volume, first : first + count] = logits[index - start : index - start + count]
+                index += count
+        result = output.permute(0, 4, 1, 2, 3)  # (B, C_out, H_out, W_out, D)
         if isinstance(inputs, MetaTensor):  # the input's metadata; not convert_to_dst_type, which makes it contiguous
             output = MetaTensor(result)
             output.copy_meta_from(MetaTensor([]).copy_meta_from(inputs, copy_attr=False))
